@@ -1,0 +1,116 @@
+"""Sessions: ``nox`` runs the default set (what CI runs); ``nox -s bench`` etc. on demand.
+
+CI machines have exactly one Python, so sessions use the interpreter nox runs
+on and never download another one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests", "tests_real", "examples", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_external_run = True
+nox.options.download_python = "never"
+nox.options.default_venv_backend = "venv"
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def _group(name: str) -> list[str]:
+    return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
+def _install_project(session: nox.Session, extras: str = "all") -> None:
+    """Install herdless (editable, or the wheel given with --installpkg) and its test deps."""
+    spec = "." if not extras else f".[{extras}]"
+    wheel = os.environ.get("HERDLESS_INSTALLPKG")
+    if wheel:
+        session.install(f"{wheel}[{extras}]" if extras else wheel)
+    else:
+        session.install("-e", spec)
+
+
+def _tests_impl(session: nox.Session, *, extras: str, marker: str, paths: list[str]) -> None:
+    _install_project(session, extras)
+    session.install(*_group("test"))
+    args = session.posargs or paths
+    session.run(
+        "coverage", "run", "--parallel-mode", "-m", "pytest", "-m", marker, *args,
+        env={"COVERAGE_FILE": str(ROOT / ".coverage")},
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and format check."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the package, the typing tests and this file."""
+    _install_project(session, "all")
+    session.install(*_group("typecheck"))
+    session.run("mypy", "sdk/herdless", "tests/typing", "noxfile.py")
+
+
+@nox.session
+@nox.parametrize("extras", ["", "all"], ids=["core", "all"])
+def tests(session: nox.Session, extras: str) -> None:
+    """Unit and in-process tests; ``core`` proves the SDK works without the server extras."""
+    marker = "not integration and not vllm"
+    if not extras:
+        # Without the server extras only the SDK's own tests can run.
+        marker += " and not server"
+    _tests_impl(session, extras=extras, marker=marker, paths=["tests"])
+
+
+@nox.session
+def tests_real(session: nox.Session) -> None:
+    """Integration tests: real emulator and gateway processes on 127.0.0.1."""
+    _tests_impl(session, extras="all", marker="integration", paths=["tests"])
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Each example's own test."""
+    _install_project(session, "all")
+    session.install(*_group("test"))
+    tests = sorted(str(p) for p in (ROOT / "examples").glob("*/test_*.py"))
+    if not tests:
+        session.skip("no examples yet")
+    for extra in sorted({p.parent / "requirements.txt" for p in map(Path, tests)}):
+        if extra.exists():
+            session.install("-r", str(extra))
+    session.run("pytest", "-p", "no:cacheprovider", *tests)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly."""
+    _install_project(session, "all")
+    session.install(*_group("docs"))
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """Combine the coverage data of the test sessions and report."""
+    session.install("coverage[toml]")
+    session.run("coverage", "combine", success_codes=[0, 1])
+    session.run("coverage", "report")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: scenarios measured as ratios against baselines in the same run."""
+    _install_project(session, "all")
+    session.install("openai", "tenacity")
+    session.run("herdless", "bench", "all", "--out", str(ROOT / "bench-results"), *session.posargs)

@@ -1,0 +1,7 @@
+"""``python -m herdless`` is the ``herdless`` command."""
+
+import sys
+
+from herdless.cli import main
+
+sys.exit(main())

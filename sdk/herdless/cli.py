@@ -1,0 +1,63 @@
+"""The ``herdless`` command: ``serve``, ``emulate``, ``demo`` and ``bench``.
+
+Each subcommand lives next to the code it runs and exposes
+``main(argv: list[str]) -> int``; this module only dispatches, importing the
+subcommand lazily so that ``herdless --help`` works with the core SDK alone and a
+missing extra gives a clear message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    # name: (module, extra that provides its dependencies, one-line help)
+    "serve": ("herdless.gateway.cli", "server", "run the admission gateway in front of vLLM"),
+    "emulate": ("herdless.emulator.cli", "server", "run an emulated vLLM server (no GPU needed)"),
+    "demo": ("herdless.demo.cli", "demo", "play a day at the office on an embedded default"),
+    "bench": ("herdless.bench.cli", "demo", "run load scenarios and write results and plots"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: herdless COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
+    lines += ["", "Run 'herdless COMMAND --help' for the flags of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``herdless`` command line and return its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    if args[0] in {"-V", "--version"}:
+        from herdless._version import __version__
+
+        print(f"herdless {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in _COMMANDS:
+        print(f"herdless: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, extra, _ = _COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("herdless"):
+            raise
+        print(
+            f"herdless {name}: missing dependency {exc.name!r}; "
+            f"install it with: pip install 'herdless[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+    status: int = module.main(rest)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover -- exercised through the console script
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Events: one frozen record per decision the client takes.
+
+Every retry, wait, breaker change and fallback is emitted as an event to the
+client's ``on_event`` hook *before* any wait happens, so that a fallback buys
+time without hiding a primary that has been dead for days. ``client.stats()``
+is computed from the same events.
+
+All events share ``call_id`` (the request id of the logical call, also sent as
+``X-Request-ID``; ``None`` for client-wide events), ``backend`` (the backend's
+name) and ``at`` (the client clock's monotonic time, in seconds).
+
+    Event
+    ├── AttemptStarted
+    ├── AttemptFailed
+    ├── RetryScheduled
+    ├── BackpressureReceived
+    ├── BreakerStateChanged
+    ├── FallbackUsed
+    ├── PrimaryDegraded
+    ├── CallFinished
+    └── CallFailed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias
+
+__all__ = [
+    "AttemptFailed",
+    "AttemptStarted",
+    "BackpressureReceived",
+    "BreakerState",
+    "BreakerStateChanged",
+    "CallFailed",
+    "CallFinished",
+    "Event",
+    "EventHook",
+    "FallbackUsed",
+    "PrimaryDegraded",
+    "RetryScheduled",
+]
+
+BreakerState: TypeAlias = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Fields every event carries."""
+
+    call_id: str | None
+    """Request id of the logical call (``X-Request-ID``); ``None`` for client-wide events."""
+    backend: str | None
+    """Name of the backend the decision is about."""
+    at: float
+    """Monotonic time of the decision, in seconds, from the client's clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptStarted(Event):
+    """One HTTP attempt is about to be sent."""
+
+    attempt: int
+    """1 for the first attempt of the call, counting across backends."""
+    model: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed(Event):
+    """One HTTP attempt ended without a usable answer."""
+
+    attempt: int
+    kind: str
+    """What went wrong: ``"status"``, ``"connect"``, ``"timeout"``, ``"first_byte_timeout"``,
+    ``"read"``, ``"protocol"``, ``"stream_cut"``."""
+    status: int | None = None
+    """HTTP status when the server answered."""
+    retry_after: float | None = None
+    """Seconds the server asked us to wait, when it said so."""
+    message: str = ""
+    """A short description; never contains an API key."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryScheduled(Event):
+    """The call will try the same backend again after ``delay`` seconds."""
+
+    attempt: int
+    """The attempt that failed."""
+    delay: float
+    """Seconds the client is about to wait."""
+    reason: str
+    """Why: ``"status_429"``, ``"status_503"``, ``"connect"``, ``"timeout"``, ..."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackpressureReceived(Event):
+    """A backend asked the whole client to slow down (Retry-After or drain)."""
+
+    retry_after: float
+    """Seconds until the backend said it would have room."""
+    draining: bool = False
+    """True when the backend is draining for maintenance: switch to the fallback now."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerStateChanged(Event):
+    """A backend's circuit breaker moved between closed, open and half-open."""
+
+    old: BreakerState
+    new: BreakerState
+    reason: str
+    """Why: ``"failure_rate"``, ``"consecutive_failures"``, ``"draining"``, ``"probe_ok"``,
+    ``"probe_failed"``, ``"open_elapsed"``."""
+    open_for: float | None = None
+    """When ``new == "open"``: seconds until a probe is allowed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FallbackUsed(Event):
+    """The call moved to the next backend; ``backend`` is the one it moves to."""
+
+    from_backend: str
+    reason: str
+    """Why: ``"breaker_open"``, ``"retries_exhausted"``, ``"retry_after_exceeds_deadline"``,
+    ``"draining"``, ``"budget_exhausted"``, ``"deadline"``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrimaryDegraded(Event):
+    """Repeated while fallbacks keep serving: the primary is not answering.
+
+    ``backend`` is the primary. Emitted at most once per ``interval`` per client,
+    so a primary dead for days stays visible behind a working fallback.
+    """
+
+    since: float
+    """Monotonic time of the first fallback in this degraded period."""
+    fallbacks: int
+    """Calls served elsewhere since then."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFinished(Event):
+    """A call returned a result; ``backend`` is the one that answered."""
+
+    attempts: int
+    latency: float
+    """Seconds from the start of the call to the result (to the end of the stream)."""
+    fallback_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFailed(Event):
+    """A call raised; ``error`` is the exception's class name."""
+
+    attempts: int
+    latency: float
+    error: str
+
+
+class EventHook(Protocol):
+    """Receives events. A sync client needs a plain callable; an async client
+    accepts a coroutine function too. A hook that raises is logged and never
+    breaks the call."""
+
+    def __call__(self, event: Event, /) -> None | Awaitable[None]: ...

@@ -1,0 +1,1 @@
+"""herdless.gateway."""

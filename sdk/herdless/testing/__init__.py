@@ -1,0 +1,40 @@
+"""Helpers for testing code that uses herdless: a fake clock, scripted backends."""
+
+from __future__ import annotations
+
+__all__ = ["FakeClock"]
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to.
+
+    >>> clock = FakeClock()
+    >>> clock.advance(1.5)
+    >>> clock.monotonic()
+    1001.5
+    """
+
+    __slots__ = ("_now",)
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds`` (must not be negative)."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+        self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """A ``sleep`` to inject into a sync driver: advances instead of waiting."""
+        self.advance(max(0.0, seconds))
+
+    async def asleep(self, seconds: float) -> None:
+        """An async ``sleep`` to inject into an async driver."""
+        self.advance(max(0.0, seconds))
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self._now!r})"

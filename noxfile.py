@@ -40,7 +40,14 @@ def _tests_impl(session: nox.Session, *, extras: str, marker: str, paths: list[s
     session.install(*_group("test"))
     args = session.posargs or paths
     session.run(
-        "coverage", "run", "--parallel-mode", "-m", "pytest", "-m", marker, *args,
+        "coverage",
+        "run",
+        "--parallel-mode",
+        "-m",
+        "pytest",
+        "-m",
+        marker,
+        *args,
         env={"COVERAGE_FILE": str(ROOT / ".coverage")},
     )
 

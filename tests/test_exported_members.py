@@ -10,6 +10,13 @@ def test_all_is_sorted_and_complete() -> None:
         assert hasattr(herdless, name), name
     public = {n for n in dir(herdless) if not n.startswith("_")} - {
         # subpackages and modules that are imported as a side effect
-        "cli", "events", "errors", "testing", "gateway", "emulator", "bench", "demo",
+        "cli",
+        "events",
+        "errors",
+        "testing",
+        "gateway",
+        "emulator",
+        "bench",
+        "demo",
     }
     assert public <= exported | {"__version__"}

@@ -1,0 +1,113 @@
+"""The sans-I/O protocol between the call flow (decisions) and the two drivers (I/O).
+
+The flow (``herdless._flow``) is a generator. It yields *actions*; the driver
+performs each and sends back the *outcome*::
+
+    action = next(flow)
+    while True:
+        if isinstance(action, Sleep):
+            sleep(action.seconds); action = flow.send(None)
+        else:  # Send
+            action = flow.send(perform(action))
+    # the flow ends with StopIteration(value=Accepted(...)) or raises a HerdlessError
+
+``Client`` performs the actions with ``httpx.Client`` and ``time.sleep``;
+``AsyncClient`` with ``httpx.AsyncClient`` and ``asyncio.sleep``. Every rule
+(retry, backoff, breaker, budget, fallback, deadline) lives in the flow, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from herdless._backend import Backend, Timeouts
+
+__all__ = [
+    "Accepted",
+    "Action",
+    "Outcome",
+    "Response",
+    "Send",
+    "Sleep",
+    "TransportFailure",
+    "TransportFailureKind",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send:
+    """Perform one HTTP attempt: ``POST backend.chat_url`` with ``body`` and ``headers``.
+
+    The driver adds ``Authorization`` from ``backend.api_key``; ``headers`` already hold
+    ``X-Request-ID`` and ``X-Herdless-Attempt``. ``timeouts`` are already clipped to the
+    call's remaining deadline. With ``stream=True`` the driver returns once the status
+    and the first body chunk arrived (or failed), keeping the stream open.
+    """
+
+    backend: Backend
+    attempt: int
+    body: Mapping[str, Any]
+    headers: Mapping[str, str]
+    timeouts: Timeouts
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sleep:
+    """Wait ``seconds`` before the next action. The flow never sleeps itself."""
+
+    seconds: float
+
+
+Action: TypeAlias = Send | Sleep
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    """The backend answered with a status.
+
+    ``body`` is the whole body for a non-streaming answer and for any error status
+    (read with a size cap); it is ``b""`` for an accepted (2xx) stream, whose open
+    handle the driver keeps in ``stream``. ``elapsed`` is seconds since the send.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    elapsed: float
+    stream: Any = field(default=None, repr=False, compare=False)
+
+
+TransportFailureKind: TypeAlias = Literal[
+    "connect",  # refused, DNS, reset before any answer: nothing was processed, safe to retry
+    "connect_timeout",  # no connection within timeouts.connect
+    "first_byte_timeout",  # connected, sent, then silence: the backend may be generating
+    "read_timeout",  # a stream went idle longer than timeouts.read
+    "read",  # the connection broke while reading the answer
+    "protocol",  # the answer was not HTTP or not the expected format
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportFailure:
+    """The attempt ended without an HTTP status. ``message`` never contains a secret."""
+
+    kind: TransportFailureKind
+    message: str
+    elapsed: float
+
+
+Outcome: TypeAlias = Response | TransportFailure
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Accepted:
+    """The flow's result: ``response`` (2xx) from ``backend`` is the call's answer."""
+
+    backend: Backend
+    response: Response
+    attempts: tuple[Any, ...]
+    """The call's attempt records (``herdless.AttemptRecord``), oldest first."""
+    fallback_reason: str | None = None

@@ -1,0 +1,108 @@
+"""The values ``chat()`` returns: results, stream chunks, usage and attempt records.
+
+All are frozen and slotted: a result is a record of what happened, never a handle to
+change it. ``raw`` keeps the server's decoded JSON for anything herdless does not lift
+into a field; it is left out of ``repr`` because it can be large.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
+
+__all__ = ["AttemptRecord", "ChatResult", "Chunk", "Message", "Usage"]
+
+
+class Message(TypedDict):
+    """One chat message in the OpenAI format, e.g. ``{"role": "user", "content": "Hi"}``."""
+
+    role: str
+    content: str
+    name: NotRequired[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Token counts as the server reported them (vLLM counts the EOS token)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptRecord:
+    """One step of a call: an HTTP attempt, or a backend the call skipped.
+
+    Attributes:
+        backend: the backend's name.
+        attempt: 1 for the call's first attempt, counting across backends.
+        kind: ``"ok"``; ``"status"`` (the server answered with an error status);
+            a transport failure kind (``"connect"``, ``"connect_timeout"``,
+            ``"first_byte_timeout"``, ``"read_timeout"``, ``"read"``, ``"protocol"``);
+            ``"stream_cut"``; or a reason the backend was not tried at all
+            (``"skipped_breaker_open"``, ...).
+        status: the HTTP status when the server answered, else ``None``.
+        waited: seconds the call waited before this attempt (backoff, Retry-After).
+        elapsed: seconds the attempt itself took (0 when skipped).
+    """
+
+    backend: str
+    attempt: int
+    kind: str
+    status: int | None = None
+    waited: float = 0.0
+    elapsed: float = 0.0
+
+    def describe(self) -> str:
+        """A short form for error messages: ``primary#2 503 after 0.40s wait``."""
+        what = str(self.status) if self.kind == "status" else self.kind
+        wait = f" after {self.waited:.2f}s wait" if self.waited else ""
+        return f"{self.backend}#{self.attempt} {what}{wait}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatResult:
+    """The answer to a non-streaming ``chat()`` call.
+
+    Attributes:
+        content: the assistant's text (first choice); ``""`` when the server sent none.
+        backend: the name of the backend that answered.
+        model: the model the server says answered.
+        usage: token counts, when the server sent them.
+        attempts: every attempt of the call, oldest first (the last one is ``"ok"``).
+        fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...);
+            ``None`` when the primary answered.
+        request_id: the call's id, sent as ``X-Request-ID`` on every attempt.
+        finish_reason: ``"stop"``, ``"length"``, ...; ``None`` when absent.
+        raw: the server's whole JSON answer.
+    """
+
+    content: str
+    backend: str
+    model: str | None
+    usage: Usage | None
+    attempts: tuple[AttemptRecord, ...]
+    fallback_reason: str | None
+    request_id: str
+    finish_reason: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    """One piece of a streamed answer.
+
+    Attributes:
+        content: the text delta of the first choice (``""`` for role-only, finish-only
+            and usage chunks).
+        finish_reason: set on the chunk that ends the choice.
+        usage: set on the final usage chunk (``stream_options.include_usage``).
+        raw: the chunk's decoded JSON.
+    """
+
+    content: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -1,0 +1,197 @@
+"""The OpenAI chat-completions wire format, encoded and decoded without I/O.
+
+Request bodies go out as compact JSON. Answers come back as one JSON document, or, for
+``stream=True``, as server-sent events: ``data: {json}`` blocks separated by a blank line
+and ended by ``data: [DONE]`` (vLLM's framing; see ``VLLM_WIRE.md``). Streams ask for
+``stream_options.include_usage`` so that the final usage chunk arrives.
+
+The SSE decoder is written here rather than taken from ``httpx-sse`` because the core SDK
+depends only on httpx, backoff, aiolimiter and pydantic-settings; it works on lines (httpx
+splits them) and is about twenty lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NamedTuple
+
+from herdless._types import Chunk, Usage
+
+__all__ = [
+    "DONE",
+    "Completion",
+    "SSEDecoder",
+    "build_body",
+    "encode_body",
+    "parse_chunk",
+    "parse_completion",
+    "with_model",
+]
+
+DONE: Final = "[DONE]"
+"""The data of the event that ends an OpenAI stream."""
+
+_STREAM_OPTIONS: Final = {"include_usage": True}
+
+
+def build_body(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    max_tokens: int | None,
+    temperature: float | None,
+    stream: bool,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The chat-completions body without ``model`` (each backend gets its own).
+
+    ``extra`` passes unknown OpenAI fields through unchanged. A stream asks for the usage
+    chunk unless the caller set ``stream_options`` themselves.
+
+    Raises:
+        TypeError: ``messages`` is not a list of mappings, or ``extra`` sets ``model``,
+            ``messages`` or ``stream``, which have their own arguments.
+    """
+    if not isinstance(messages, list | tuple) or not all(isinstance(m, Mapping) for m in messages):
+        raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': ...}")
+    clash = {"model", "messages", "stream"} & extra.keys()
+    if clash:
+        raise TypeError(f"pass {', '.join(sorted(clash))} as chat() arguments, not as extra")
+    body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    body.update(extra)
+    if stream:
+        body["stream"] = True
+        body.setdefault("stream_options", _STREAM_OPTIONS)
+    return body
+
+
+def with_model(body: Mapping[str, Any], model: str | None) -> dict[str, Any]:
+    """``body`` with ``model`` first, as OpenAI clients send it (omitted when ``None``)."""
+    return {"model": model, **body} if model is not None else dict(body)
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON, the way vLLM itself writes it."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _usage(data: Mapping[str, Any]) -> Usage | None:
+    usage = data.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    return Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        total_tokens=int(usage.get("total_tokens") or 0),
+    )
+
+
+def _first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = data.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        return choices[0]
+    return {}
+
+
+def _object(text: str | bytes) -> dict[str, Any]:
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+class Completion(NamedTuple):
+    """A decoded non-streaming answer (its first choice)."""
+
+    content: str
+    model: str | None
+    usage: Usage | None
+    finish_reason: str | None
+    raw: dict[str, Any]
+
+
+def parse_completion(body: bytes) -> Completion:
+    """Decode a non-streaming answer.
+
+    Raises:
+        ValueError: the body is not a JSON object.
+    """
+    data = _object(body)
+    choice = _first_choice(data)
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, Mapping) else None
+    model = data.get("model")
+    return Completion(
+        content if isinstance(content, str) else "",
+        model if isinstance(model, str) else None,
+        _usage(data),
+        choice.get("finish_reason"),
+        data,
+    )
+
+
+def parse_chunk(data: str) -> Chunk:
+    """Decode one SSE ``data`` payload of a stream into a ``Chunk``.
+
+    Raises:
+        ValueError: the payload is not a JSON object, or it is an error object
+            (vLLM reports failures inside a started stream as ``{"error": {...}}``).
+    """
+    obj = _object(data)
+    if "error" in obj:
+        error = obj["error"]
+        message = error.get("message") if isinstance(error, Mapping) else error
+        raise ValueError(f"the server reported an error in the stream: {message}")
+    choice = _first_choice(obj)
+    delta = choice.get("delta")
+    content = delta.get("content") if isinstance(delta, Mapping) else None
+    return Chunk(
+        content=content if isinstance(content, str) else "",
+        finish_reason=choice.get("finish_reason"),
+        usage=_usage(obj),
+        raw=obj,
+    )
+
+
+class SSEDecoder:
+    """Turns the lines of a ``text/event-stream`` body into event ``data`` strings.
+
+    Feed it every line (without its line ending); it returns the event's data when a
+    blank line completes an event, else ``None``. Comment lines (``:``) and fields other
+    than ``data`` are ignored; several ``data`` lines of one event are joined by ``\\n``
+    (the SSE specification).
+
+    >>> decoder = SSEDecoder()
+    >>> [decoder.feed(line) for line in ["data: {}", ""]]
+    [None, '{}']
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        """Consume one line; return the completed event's data, if this line ends one."""
+        if not line:
+            return self.flush()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if name == "data":
+            # One optional space after the colon belongs to the framing, not the value.
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None
+
+    def flush(self) -> str | None:
+        """Return the pending event at the end of the body (a server that omits the last
+        blank line), or ``None``."""
+        if not self._data:
+            return None
+        data = "\n".join(self._data)
+        self._data.clear()
+        return data

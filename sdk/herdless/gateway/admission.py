@@ -1,0 +1,551 @@
+"""Admission: who runs now, who waits, who is refused and when to come back (pure, no I/O).
+
+The gateway's decisions live here, apart from its HTTP layer: :class:`Admission`
+is a clock-injected state machine that the async driver (``gate.py``) and the
+unit tests both drive by calling methods, never by sleeping.
+
+Rules, checked in this order by :meth:`Admission.offer`:
+
+1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_loading``
+   or ``upstream_unavailable``.
+2. a request that could never fit the KV budget (its price alone exceeds
+   ``max_inflight_tokens``) -> 400 ``request_too_large``: retrying cannot help.
+3. requests per second, one token bucket per key (``rate``, ``burst``) ->
+   429 ``rate_limited``.
+4. LLM tokens per minute, one bucket per key, priced before the request runs
+   (estimated prompt tokens + ``max_tokens``) and settled against the real
+   usage afterwards (refund or debt) -> 429 ``token_budget``.
+5. runs now when nobody waits, a concurrency slot is free and its price fits
+   the KV budget (``inflight_tokens + price <= max_inflight_tokens``).
+6. otherwise waits in the bounded queue, unless the queue (or this key's share
+   of it, ``ceil(max_queue * key_queue_share)``) is full -> 429 ``queue_full``,
+   or ``kv_budget`` when slots are free and only the KV budget blocks. A waiter
+   that is not started within ``queue_timeout`` gets 429 ``queue_timeout``.
+
+The queue is fair between keys: one FIFO per key, served round-robin, so a key
+with a hundred waiting requests does not hold back a key with one. The key at
+the head of the rotation is served first even when a smaller request behind it
+would fit the KV budget: skipping would starve large prompts.
+
+Retry-After is a *reservation*, not a constant. Each limit keeps a horizon
+(the latest time it has already promised to a refused caller) and hands the
+next refused caller the next free slot after it:
+
+* queue (``queue_full``, ``queue_timeout``, ``kv_budget``): a slot frees every
+  ``gap = mean_service / max(1, running)`` seconds, where ``mean_service`` is an
+  EWMA (weight ``ewma_alpha``) of measured run times, so
+  ``retry_at = max(now, horizon) + gap``;
+* token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
+  again at ``now + (cost - level) / refill``, and the next caller needs another
+  ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``.
+
+So the k-th refused caller is told a later time than the (k-1)-th, at the rate
+capacity frees: they come back spread out, not as a herd on the next second.
+Every answer is capped at ``max_retry_after``. Reservations are advisory: a
+caller that comes back early is judged like anyone else.
+
+Why not aiolimiter here: ``AsyncLimiter`` is built to *wait* for capacity on the
+event loop's clock; the gateway must *refuse at once* and say when capacity will
+exist, for the k-th caller, on an injected clock that tests control. A token
+bucket with a reservation horizon is a dozen lines and gives exactly that.
+aiolimiter keeps the places where waiting is right (the benchmark's pacing).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from herdless._clock import Clock
+
+__all__ = [
+    "Admission",
+    "AdmissionConfig",
+    "Admit",
+    "Enqueued",
+    "Refuse",
+    "Ticket",
+    "TokenBucket",
+]
+
+_NEVER = -math.inf
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionConfig:
+    """Limits of the gateway. ``None`` disables a limit. Times are in seconds.
+
+    Attributes:
+        max_concurrency: requests running upstream at once.
+        max_queue: requests waiting at once (0: refuse instead of waiting).
+        queue_timeout: longest wait in the queue before a 429 ``queue_timeout``.
+        rate: requests per second per key (token bucket refill).
+        burst: requests a key may send at once (bucket size); defaults to
+            ``max(1, ceil(rate))``.
+        tokens_per_minute: LLM tokens (prompt + completion) per minute per key.
+        max_inflight_tokens: KV budget: sum of prices of the running requests.
+        key_queue_share: fraction of the queue one key may hold (0 < share <= 1).
+        initial_service_time: assumed run time of a request until one is measured.
+        ewma_alpha: weight of the newest run time in the service-time average.
+        max_retry_after: cap on any Retry-After.
+        drain_retry_after: Retry-After while draining.
+        upstream_retry_after: Retry-After while the upstream is not ready.
+    """
+
+    max_concurrency: int = 64
+    max_queue: int = 256
+    queue_timeout: float = 30.0
+    rate: float | None = None
+    burst: int | None = None
+    tokens_per_minute: int | None = None
+    max_inflight_tokens: int | None = None
+    key_queue_share: float = 1.0
+    initial_service_time: float = 1.0
+    ewma_alpha: float = 0.2
+    max_retry_after: float = 60.0
+    drain_retry_after: float = 30.0
+    upstream_retry_after: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("max_concurrency", self.max_concurrency)
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
+        for name in (
+            "queue_timeout",
+            "initial_service_time",
+            "max_retry_after",
+            "drain_retry_after",
+            "upstream_retry_after",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("rate", "burst", "tokens_per_minute", "max_inflight_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(name, value)
+        if not 0 < self.key_queue_share <= 1:
+            raise ValueError(f"key_queue_share must be in (0, 1], got {self.key_queue_share!r}")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha!r}")
+
+    @property
+    def effective_burst(self) -> int:
+        """The request bucket's size: ``burst``, or ``max(1, ceil(rate))``."""
+        if self.burst is not None:
+            return self.burst
+        return max(1, math.ceil(self.rate or 1))
+
+    @property
+    def key_queue_limit(self) -> int:
+        """Most requests one key may have waiting: ``ceil(max_queue * key_queue_share)``."""
+        return math.ceil(self.max_queue * self.key_queue_share)
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class TokenBucket:
+    """A token bucket that refuses at once and reserves the k-th refused caller's time.
+
+    ``level`` refills at ``refill`` tokens per second up to ``capacity``; a request
+    costing ``cost`` passes when ``level >= min(cost, capacity)`` (so a price larger
+    than the bucket still passes when it is full, and leaves a debt). On refusal,
+    :meth:`reserve` returns the wait in seconds::
+
+        retry_at = max(now + (cost - level) / refill, horizon + cost / refill)
+    """
+
+    __slots__ = ("_horizon", "_level", "_updated", "capacity", "refill")
+
+    def __init__(self, *, capacity: float, refill: float, now: float) -> None:
+        self.capacity = capacity
+        self.refill = refill
+        self._level = capacity
+        self._updated = now
+        self._horizon = _NEVER
+
+    def level(self, now: float) -> float:
+        """Tokens available at ``now`` (negative while in debt)."""
+        self._refill(now)
+        return self._level
+
+    def allows(self, now: float, cost: float) -> bool:
+        """Whether ``cost`` may be taken now (does not take it)."""
+        return self.level(now) >= min(cost, self.capacity)
+
+    def take(self, cost: float) -> None:
+        """Take ``cost`` tokens (call after :meth:`allows`); the level may go negative."""
+        self._level -= cost
+
+    def settle(self, delta: float) -> None:
+        """Give back (``delta > 0``) or charge more (``delta < 0``) after the fact."""
+        self._level = min(self.capacity, self._level + delta)
+
+    def reserve(self, now: float, cost: float) -> float:
+        """Seconds until this refused caller may come back; moves the horizon."""
+        cost = min(cost, self.capacity)
+        ready = now + max(0.0, cost - self.level(now)) / self.refill
+        at = max(ready, self._horizon + cost / self.refill)
+        self._horizon = at
+        return at - now
+
+    def _refill(self, now: float) -> None:
+        # Monotonic clocks never go back, but a max() keeps a skewed fake clock harmless.
+        elapsed = max(0.0, now - self._updated)
+        self._updated = now
+        self._level = min(self.capacity, self._level + elapsed * self.refill)
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Ticket:
+    """One request inside the gateway, from offer to release (identity-compared).
+
+    Attributes:
+        id: sequence number, unique per :class:`Admission`.
+        key_id: the caller's key id (never the key).
+        price: tokens priced before the run (estimated prompt + ``max_tokens``).
+        offered_at: clock time of the offer.
+        started_at: clock time it started running upstream, or ``None``.
+    """
+
+    id: int
+    key_id: str
+    price: int
+    offered_at: float
+    started_at: float | None = None
+    state: Literal["queued", "running", "done"] = "queued"
+
+    @property
+    def queue_wait(self) -> float:
+        """Seconds spent waiting before the start (0 until started)."""
+        return 0.0 if self.started_at is None else self.started_at - self.offered_at
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Run now: the ticket holds a concurrency slot and its price of the KV budget."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Wait: the driver waits until :meth:`Admission.dispatch` starts the ticket."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refuse:
+    """Refused, with when to come back.
+
+    Attributes:
+        status: HTTP status: 429 (come back later), 503 (not serving now), 400.
+        code: machine-readable reason (``queue_full``, ``rate_limited``, ...).
+        message: human-readable reason.
+        retry_after: seconds until the caller may come back (precise).
+        drain: the gateway is draining; herdless clients fall back at once.
+        policy: the limit as an IETF ``RateLimit-Policy`` item, or ``None``.
+        remaining: quota left in that policy.
+    """
+
+    status: int
+    code: str
+    message: str
+    retry_after: float
+    drain: bool = False
+    policy: str | None = None
+    remaining: int = 0
+
+
+@dataclass(slots=True)
+class _Key:
+    """Per-key state: buckets and the FIFO of waiting tickets."""
+
+    rate: TokenBucket | None
+    tokens: TokenBucket | None
+    waiting: deque[Ticket] = field(default_factory=deque)
+
+
+class Admission:
+    """The admission state machine. Not thread-safe: one event loop drives it.
+
+    Usage::
+
+        adm = Admission(AdmissionConfig(max_concurrency=2, max_queue=4), clock=clock)
+        decision = adm.offer("key-1", price=300)
+        # Admit: run it; Enqueued: wait for adm.dispatch() to start it; Refuse: answer.
+        adm.release(ticket, used_tokens=280)
+        for started in adm.dispatch(): ...
+    """
+
+    def __init__(self, config: AdmissionConfig, *, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._keys: dict[str, _Key] = {}
+        # Keys with waiters, in round-robin order (a dict is an ordered set).
+        self._rotation: dict[str, None] = {}
+        self._queued = 0
+        self._running = 0
+        self._inflight_tokens = 0
+        self._mean_service = config.initial_service_time
+        self._queue_horizon = _NEVER
+        self._draining = False
+        self._ready = True
+        self._not_ready_code = "upstream_loading"
+
+    # -- observation ------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting."""
+        return self._queued
+
+    @property
+    def inflight(self) -> int:
+        """Requests running upstream."""
+        return self._running
+
+    @property
+    def inflight_tokens(self) -> int:
+        """Sum of the prices of the running requests (the KV budget in use)."""
+        return self._inflight_tokens
+
+    @property
+    def mean_service_time(self) -> float:
+        """EWMA of measured run times, seconds."""
+        return self._mean_service
+
+    @property
+    def draining(self) -> bool:
+        """Whether new requests are refused with 503 ``draining``."""
+        return self._draining
+
+    @property
+    def upstream_ready(self) -> bool:
+        """Whether the upstream answered its last health check."""
+        return self._ready
+
+    @property
+    def ready(self) -> bool:
+        """Whether the upstream is ready and the gateway admits."""
+        return self._ready and not self._draining
+
+    # -- state changes ------------------------------------------------------------------
+
+    def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
+        """Record the upstream's readiness; ``code`` names why it is not ready."""
+        self._ready = ready
+        self._not_ready_code = code
+
+    def drain(self) -> list[tuple[Ticket, Refuse]]:
+        """Stop admitting; the waiters are refused (returned), running ones finish."""
+        self._draining = True
+        refused = []
+        for key in list(self._rotation):
+            for ticket in self._keys[key].waiting:
+                self._refund(ticket)
+                ticket.state = "done"
+                refused.append((ticket, self._drain_refusal()))
+            self._keys[key].waiting.clear()
+        self._rotation.clear()
+        self._queued = 0
+        return refused
+
+    def resume(self) -> None:
+        """Admit again after :meth:`drain`."""
+        self._draining = False
+
+    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
+        """Decide on a new request from ``key_id`` priced ``price`` tokens."""
+        cfg = self.config
+        now = self._clock.monotonic()
+        if self._draining:
+            return self._drain_refusal()
+        if not self._ready:
+            return Refuse(
+                status=503,
+                code=self._not_ready_code,
+                message="the model server is not ready; try again shortly",
+                retry_after=cfg.upstream_retry_after,
+            )
+        if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
+            return Refuse(
+                status=400,
+                code="request_too_large",
+                message=(
+                    f"this request needs {price} tokens (prompt + max_tokens); "
+                    f"the gateway admits at most {cfg.max_inflight_tokens}"
+                ),
+                retry_after=0.0,
+            )
+        key = self._key(key_id, now)
+        if key.rate is not None and not key.rate.allows(now, 1):
+            return self._bucket_refusal(key.rate, now, 1, "rate_limited", "requests per second")
+        if key.tokens is not None and not key.tokens.allows(now, price):
+            return self._bucket_refusal(key.tokens, now, price, "token_budget", "tokens per minute")
+        fits_kv = self._fits_kv(price)
+        if not self._queued and self._running < cfg.max_concurrency and fits_kv:
+            ticket = self._new_ticket(key_id, price, now)
+            self._start(ticket, now)
+            self._charge(key, price)
+            return Admit(ticket)
+        if self._queued >= cfg.max_queue or len(key.waiting) >= cfg.key_queue_limit:
+            kv_blocks = self._running < cfg.max_concurrency and not fits_kv
+            code = "kv_budget" if kv_blocks else "queue_full"
+            return self._queue_refusal(now, code)
+        ticket = self._new_ticket(key_id, price, now)
+        self._charge(key, price)
+        key.waiting.append(ticket)
+        self._rotation.setdefault(key_id, None)
+        self._queued += 1
+        return Enqueued(ticket)
+
+    def dispatch(self) -> list[Ticket]:
+        """Start waiting tickets while capacity allows (round-robin over keys)."""
+        started: list[Ticket] = []
+        now = self._clock.monotonic()
+        while self._rotation and self._running < self.config.max_concurrency:
+            key_id = next(iter(self._rotation))
+            waiting = self._keys[key_id].waiting
+            if not self._fits_kv(waiting[0].price):
+                break  # head-of-line: skipping it would starve large prompts
+            ticket = waiting.popleft()
+            self._queued -= 1
+            # Move the key to the back of the rotation (or out of it).
+            del self._rotation[key_id]
+            if waiting:
+                self._rotation[key_id] = None
+            self._start(ticket, now)
+            started.append(ticket)
+        return started
+
+    def release(self, ticket: Ticket, *, used_tokens: int | None = None) -> None:
+        """End a ticket: finished or abandoned, queued or running (idempotent).
+
+        Args:
+            ticket: the ticket from :meth:`offer`.
+            used_tokens: the real prompt + completion tokens, when the upstream
+                reported them; the token bucket is settled by ``price - used``.
+        """
+        if ticket.state == "done":
+            return
+        if ticket.state == "queued":
+            self._unqueue(ticket)
+            self._refund(ticket)
+        else:
+            now = self._clock.monotonic()
+            self._running -= 1
+            self._inflight_tokens -= ticket.price
+            started = now if ticket.started_at is None else ticket.started_at
+            run = max(0.0, now - started)
+            alpha = self.config.ewma_alpha
+            self._mean_service = (1 - alpha) * self._mean_service + alpha * run
+            tokens = self._keys[ticket.key_id].tokens
+            if tokens is not None and used_tokens is not None:
+                tokens.settle(ticket.price - used_tokens)
+        ticket.state = "done"
+
+    def expire(self, ticket: Ticket) -> Refuse:
+        """The ticket waited ``queue_timeout``: drop it and say when to come back."""
+        self.release(ticket)
+        return self._queue_refusal(self._clock.monotonic(), "queue_timeout")
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _key(self, key_id: str, now: float) -> _Key:
+        key = self._keys.get(key_id)
+        if key is None:
+            # Bounded: key ids come from the configured keys (or one anonymous id).
+            cfg = self.config
+            rate = tpm = None
+            if cfg.rate is not None:
+                rate = TokenBucket(capacity=cfg.effective_burst, refill=cfg.rate, now=now)
+            if cfg.tokens_per_minute is not None:
+                tpm = TokenBucket(
+                    capacity=cfg.tokens_per_minute, refill=cfg.tokens_per_minute / 60, now=now
+                )
+            key = self._keys[key_id] = _Key(rate=rate, tokens=tpm)
+        return key
+
+    def _new_ticket(self, key_id: str, price: int, now: float) -> Ticket:
+        return Ticket(id=next(self._ids), key_id=key_id, price=price, offered_at=now)
+
+    def _fits_kv(self, price: int) -> bool:
+        limit = self.config.max_inflight_tokens
+        return limit is None or self._inflight_tokens + price <= limit
+
+    def _start(self, ticket: Ticket, now: float) -> None:
+        ticket.state = "running"
+        ticket.started_at = now
+        self._running += 1
+        self._inflight_tokens += ticket.price
+
+    def _charge(self, key: _Key, price: int) -> None:
+        if key.rate is not None:
+            key.rate.take(1)
+        if key.tokens is not None:
+            key.tokens.take(price)
+
+    def _refund(self, ticket: Ticket) -> None:
+        # A request that never ran gives its token price back (not its request-rate token).
+        tokens = self._keys[ticket.key_id].tokens
+        if tokens is not None:
+            tokens.settle(ticket.price)
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        waiting = self._keys[ticket.key_id].waiting
+        waiting.remove(ticket)
+        self._queued -= 1
+        if not waiting:
+            self._rotation.pop(ticket.key_id, None)
+
+    def _capped(self, seconds: float) -> float:
+        return min(seconds, self.config.max_retry_after)
+
+    def _drain_refusal(self) -> Refuse:
+        return Refuse(
+            status=503,
+            code="draining",
+            message="the gateway is draining for maintenance; use your fallback",
+            retry_after=self.config.drain_retry_after,
+            drain=True,
+        )
+
+    def _queue_refusal(self, now: float, code: str) -> Refuse:
+        cfg = self.config
+        gap = self._mean_service / max(1, self._running)
+        at = min(max(now, self._queue_horizon) + gap, now + cfg.max_retry_after)
+        self._queue_horizon = at
+        messages = {
+            "queue_full": "the gateway's queue is full",
+            "kv_budget": "the model server's KV-cache budget is in use",
+            "queue_timeout": f"no capacity freed within the queue timeout ({cfg.queue_timeout:g}s)",
+        }
+        return Refuse(
+            status=429,
+            code=code,
+            message=f"{messages[code]}; retry after the given time",
+            retry_after=at - now,
+            policy=f'"queue";q={cfg.max_queue}',
+            remaining=max(0, cfg.max_queue - self._queued),
+        )
+
+    def _bucket_refusal(
+        self, bucket: TokenBucket, now: float, cost: float, code: str, what: str
+    ) -> Refuse:
+        wait = self._capped(bucket.reserve(now, cost))
+        window = bucket.capacity / bucket.refill
+        return Refuse(
+            status=429,
+            code=code,
+            message=f"this key is over its {what}; retry after the given time",
+            retry_after=wait,
+            policy=f'"{code}";q={math.floor(bucket.capacity)};w={math.ceil(window)}',
+            remaining=max(0, math.floor(bucket.level(now))),
+        )

@@ -1,0 +1,193 @@
+"""The gateway's Starlette application: routes only.
+
+Routes: ``POST /v1/chat/completions`` (admitted, see :mod:`herdless.gateway.proxy`),
+``GET /v1/models`` (passed through), ``GET /healthz``, ``GET /readyz``,
+``GET /metrics``, ``POST /admin/drain`` and ``POST /admin/resume``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless.gateway.admission import Admission, Refuse
+from herdless.gateway.gate import Gate
+from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from herdless.gateway.proxy import ChatProxy
+from herdless.gateway.runtime import Runtime
+from herdless.gateway.settings import GatewaySettings, token_matches
+from herdless.gateway.upstream import Upstream, UpstreamUnavailable
+from herdless.gateway.wire import error_body, refusal_headers
+
+__all__ = ["create_app"]
+
+_HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health polls and /v1/models
+
+
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
+    """Build a gateway app; its parts live on ``app.state.runtime``.
+
+    Args:
+        settings: the gateway's settings (default: from the environment).
+        clock: the admission clock (tests inject a fake one).
+        transport: httpx transport to the upstream (tests inject an in-process one).
+    """
+    settings = settings or GatewaySettings()
+    admission = Admission(settings.admission_config(), clock=clock)
+    runtime = Runtime(
+        settings=settings,
+        gate=Gate(admission),
+        upstream=Upstream(
+            str(settings.upstream),
+            api_key=settings.upstream_api_key,
+            max_connections=settings.max_concurrency + _HEALTH_CONNECTIONS,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            transport=transport,
+        ),
+        metrics=GatewayMetrics(
+            lambda: {
+                "queue_depth": admission.queue_depth,
+                "inflight": admission.inflight,
+                "inflight_tokens": admission.inflight_tokens,
+            }
+        ),
+        keys=settings.api_key_table(),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await _poll_once(runtime)  # know the upstream's state before the first request
+        poller = asyncio.create_task(_poll_forever(runtime))
+        try:
+            yield
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            await runtime.upstream.aclose()
+
+    async def healthz(request: Request) -> Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        body = _status(runtime)
+        return _json(200 if admission.ready else 503, body)
+
+    async def metrics(request: Request) -> Response:
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def models(request: Request) -> Response:
+        headers = dict(request.headers)
+        try:
+            response = await runtime.upstream.open("GET", "/v1/models", headers=headers)
+        except UpstreamUnavailable as exc:
+            refused = Refuse(
+                status=503,
+                code=exc.code,
+                message=str(exc),
+                retry_after=settings.upstream_retry_after,
+            )
+            body = error_body(refused.message, code=refused.code, type="service_unavailable")
+            headers = {name.decode(): value.decode() for name, value in refusal_headers(refused)}
+            return Response(body, 503, headers, media_type="application/json")
+        try:
+            content = await response.aread()
+        finally:
+            await response.aclose()
+        media = response.headers.get("content-type", "application/json")
+        return Response(content, response.status_code, media_type=media)
+
+    async def drain(request: Request) -> Response:
+        denied = _deny_admin(request, settings)
+        if denied is not None:
+            return denied
+        runtime.gate.drain()
+        return _json(200, _status(runtime))
+
+    async def resume(request: Request) -> Response:
+        denied = _deny_admin(request, settings)
+        if denied is not None:
+            return denied
+        runtime.gate.resume()
+        return _json(200, _status(runtime))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _json_error(404, "not_found", f"no route {request.method} {request.url.path}")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _json_error(405, "method_not_allowed", f"{request.method} is not allowed here")
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", ChatProxy(runtime), methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/admin/drain", drain, methods=["POST"]),
+            Route("/admin/resume", resume, methods=["POST"]),
+        ],
+        exception_handlers={404: not_found, 405: not_allowed},
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    return app
+
+
+async def _poll_once(runtime: Runtime) -> None:
+    code = await runtime.upstream.health()
+    runtime.gate.set_upstream(ready=code is None, code=code or "upstream_loading")
+
+
+async def _poll_forever(runtime: Runtime) -> None:
+    while True:
+        await asyncio.sleep(runtime.settings.health_interval)
+        await _poll_once(runtime)
+
+
+def _status(runtime: Runtime) -> dict[str, object]:
+    adm = runtime.gate.admission
+    return {
+        "ready": adm.ready,
+        "draining": adm.draining,
+        "upstream_ready": adm.upstream_ready,
+        "inflight": adm.inflight,
+        "queue_depth": adm.queue_depth,
+    }
+
+
+def _deny_admin(request: Request, settings: GatewaySettings) -> Response | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        response = _json_error(401, "invalid_admin_token", "an admin bearer token is required")
+        response.headers["www-authenticate"] = "Bearer"
+        return response
+    if settings.admin_token is None:
+        return _json_error(403, "admin_disabled", "no admin token is configured on this gateway")
+    if not token_matches(token.strip(), settings.admin_token):
+        return _json_error(403, "invalid_admin_token", "the admin token is not valid")
+    return None
+
+
+def _json(status: int, body: dict[str, object]) -> Response:
+    return Response(json.dumps(body), status, media_type="application/json")
+
+
+def _json_error(status: int, code: str, message: str) -> Response:
+    body = error_body(message, code=code, type="invalid_request_error")
+    return Response(body, status, media_type="application/json")

@@ -1,0 +1,136 @@
+"""``herdless serve``: run the gateway with uvicorn.
+
+Every flag is a field of :class:`~herdless.gateway.settings.GatewaySettings`, so
+each is also ``HERDLESS_GATEWAY_<NAME>``; a flag wins over the environment.
+Secrets (``API_KEYS``, ``ADMIN_TOKEN``, ``UPSTREAM_API_KEY``) are environment
+only: a command line is visible to every user of the machine (``ps``).
+
+SIGTERM (or Ctrl-C) drains first: waiting requests get 503 ``draining`` at once,
+running ones finish (up to ``--shutdown-grace`` seconds), then the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+import uvicorn
+from pydantic import SecretStr, ValidationError
+
+from herdless.gateway.app import create_app
+from herdless.gateway.settings import GatewaySettings
+
+__all__ = ["main"]
+
+_HELP = {
+    "host": "interface to listen on (default 127.0.0.1)",
+    "port": "port to listen on (default 8080; 0 picks a free one)",
+    "upstream": "vLLM's base URL (default http://127.0.0.1:8000)",
+    "max_concurrency": "requests running upstream at once (default 64)",
+    "max_queue": "requests waiting at once (default 256; 0 refuses instead)",
+    "queue_timeout": "seconds a request may wait before 429 queue_timeout (default 30)",
+    "rate": "requests per second per key (default: no limit)",
+    "burst": "requests a key may send at once (default: ceil(rate))",
+    "tokens_per_minute": "LLM tokens per minute per key (default: no limit)",
+    "max_inflight_tokens": "KV budget: prompt + max_tokens admitted at once (default: none)",
+    "key_queue_share": "fraction of the queue one API key may hold (default 0.5)",
+    "max_body_bytes": "largest request body, else 413 (default 1 MiB)",
+    "default_max_tokens": "max_tokens assumed for pricing when a request has none (512)",
+    "max_retry_after": "cap on Retry-After, seconds (default 60)",
+    "drain_retry_after": "Retry-After while draining, seconds (default 30)",
+    "upstream_retry_after": "Retry-After while vLLM is not ready, seconds (default 2)",
+    "health_interval": "seconds between polls of vLLM's /health (default 1)",
+    "connect_timeout": "seconds to connect to vLLM (default 2)",
+    "read_timeout": "seconds between two bytes from vLLM (default 600)",
+    "shutdown_grace": "seconds running requests get to finish on SIGTERM (default 30)",
+    "access_log": "write one JSON access-log line per request (default on)",
+    "log_level": "critical, error, warning, info or debug (default info)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="herdless serve",
+        description="Admission gateway in front of vLLM. Every flag is also "
+        "HERDLESS_GATEWAY_<FLAG> (upper case, '_' for '-'); secrets are environment only: "
+        "HERDLESS_GATEWAY_API_KEYS, HERDLESS_GATEWAY_ADMIN_TOKEN, "
+        "HERDLESS_GATEWAY_UPSTREAM_API_KEY.",
+        argument_default=argparse.SUPPRESS,  # absent flags leave the environment in charge
+    )
+    for name, info in GatewaySettings.model_fields.items():
+        if info.annotation is SecretStr or info.annotation == SecretStr | None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if info.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=_HELP[name])
+        else:
+            parser.add_argument(flag, metavar=name.upper(), help=_HELP[name])
+    return parser
+
+
+def load_settings(argv: Sequence[str]) -> GatewaySettings:
+    """Settings from flags over ``HERDLESS_GATEWAY_*``.
+
+    Raises:
+        SystemExit: ``--help`` or an unknown flag (argparse's behaviour).
+        pydantic.ValidationError: a value is out of range or of the wrong type.
+    """
+    flags = vars(_parser().parse_args(list(argv)))
+    return GatewaySettings(**flags)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``herdless serve``; returns the exit status (2 for bad settings)."""
+    try:
+        settings = load_settings(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "-".join(str(part) for part in error["loc"]).replace("_", "-")
+            print(f"herdless serve: --{name}: {error['msg']}", file=sys.stderr)
+        return 2
+
+    _configure_logging(settings.log_level.upper())
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # the gateway writes its own, with key ids and reasons
+        timeout_graceful_shutdown=int(settings.shutdown_grace) or None,
+        lifespan="on",
+    )
+    server = _DrainingServer(config, on_exit=app.state.runtime.gate.drain)
+    server.run()
+    return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, which drains the gateway before its graceful shutdown."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler runs between two bytecodes of the loop's thread:
+        # schedule the drain on the loop instead of mutating state mid-method.
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to drain yet
+            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+        super().handle_exit(sig, frame)
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("herdless.gateway")
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False

@@ -1,0 +1,89 @@
+"""The async driver of :class:`~herdless.gateway.admission.Admission`: waiting, not deciding.
+
+Admission decides; this module only parks the queued requests on futures and
+wakes them when the core starts them, times them out, or drains them. Offers
+that are admitted or refused at once never touch the event loop (the refusal
+path stays cheap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from herdless.gateway.admission import Admission, Admit, Enqueued, Refuse, Ticket
+
+__all__ = ["Gate"]
+
+
+class Gate:
+    """Waits for :class:`Admission` on one event loop.
+
+    Usage::
+
+        decision = gate.offer(key_id, price)
+        if isinstance(decision, Enqueued):
+            refused = await gate.wait(decision.ticket)   # None once started
+        ...
+        gate.release(ticket, used_tokens=usage)
+    """
+
+    __slots__ = ("_waiters", "admission")
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}
+
+    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
+        """Decide at once (see :meth:`Admission.offer`)."""
+        return self.admission.offer(key_id, price)
+
+    async def wait(self, ticket: Ticket) -> Refuse | None:
+        """Wait for a queued ticket to start; ``None`` once running, else the refusal.
+
+        Cancellation (the client went away) drops the ticket and frees what it held.
+        """
+        future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket.id] = future
+        try:
+            async with asyncio.timeout(self.admission.config.queue_timeout):
+                return await future
+        except TimeoutError:
+            if ticket.state == "running":  # started in the same tick as the timeout
+                return None
+            refused = self.admission.expire(ticket)
+            self._dispatch()
+            return refused
+        except asyncio.CancelledError:
+            self.release(ticket)
+            raise
+        finally:
+            self._waiters.pop(ticket.id, None)
+
+    def release(self, ticket: Ticket, *, used_tokens: int | None = None) -> None:
+        """End a ticket and start whoever now fits."""
+        self.admission.release(ticket, used_tokens=used_tokens)
+        self._dispatch()
+
+    def drain(self) -> None:
+        """Stop admitting; waiters get 503 ``draining`` now, running requests finish."""
+        for ticket, refused in self.admission.drain():
+            self._wake(ticket, refused)
+
+    def resume(self) -> None:
+        """Admit again."""
+        self.admission.resume()
+
+    def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
+        """Record the upstream's readiness; a ready upstream may start waiters."""
+        self.admission.set_upstream(ready=ready, code=code)
+        if ready:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        for ticket in self.admission.dispatch():
+            self._wake(ticket, None)
+
+    def _wake(self, ticket: Ticket, result: Refuse | None) -> None:
+        future = self._waiters.get(ticket.id)
+        if future is not None and not future.done():
+            future.set_result(result)

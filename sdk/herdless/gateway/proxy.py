@@ -1,0 +1,232 @@
+"""``POST /v1/chat/completions``: authenticate, price, admit, stream (pure ASGI).
+
+A pure ASGI endpoint rather than a Starlette ``Response``: the gateway must
+notice a client that goes away at any moment (waiting in the queue, or between
+two chunks of a slow stream) and close the upstream request at once so vLLM
+frees the sequence. A task watches ``receive()`` for ``http.disconnect`` and
+cancels the work; ``finally`` blocks release the ticket and close the upstream
+response. The refusal path returns before any task is created.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from herdless.gateway.admission import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.runtime import Runtime, header_map, send_json
+from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
+from herdless.gateway.wire import BadRequest, error_body, parse_chat_request, refusal_headers
+
+__all__ = ["ChatProxy"]
+
+_CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
+_PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class ChatProxy:
+    """The ASGI app of ``POST /v1/chat/completions``."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
+        headers = header_map(scope)
+        rid = headers.get("x-request-id") or uuid.uuid4().hex
+        log = {"request_id": rid, "key_id": None, "method": "POST", "path": scope["path"]}
+        status, reason, ticket = await self._handle(scope, receive, send, headers, rid, log)
+        rt = self._rt
+        rt.metrics.requests[status] += 1
+        if reason is not None and status in (429, 503):
+            rt.metrics.rejections[reason] += 1
+        elapsed = time.perf_counter() - arrived
+        rt.metrics.duration.observe(elapsed)
+        wait = ticket.queue_wait if ticket is not None else 0.0
+        rt.log_access(
+            **log,
+            status=status,
+            reason=reason,
+            queue_wait_ms=round(wait * 1000, 3),
+            duration_ms=round(elapsed * 1000, 3),
+        )
+
+    async def _handle(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        rid: str,
+        log: dict[str, object],
+    ) -> tuple[int, str | None, Ticket | None]:
+        """Serve one request; returns (status, refusal reason or None, ticket or None)."""
+        rt = self._rt
+        key_id = rt.identify(headers)
+        if key_id is None:
+            body = error_body(
+                "a valid API key is required (Authorization: Bearer <key>)",
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+            await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
+            return 401, "invalid_api_key", None
+        log["key_id"] = key_id
+        try:
+            raw = await _read_body(scope, receive, headers, rt.settings.max_body_bytes)
+            request = parse_chat_request(raw)
+        except _ClientGone:
+            return _CLIENT_CLOSED, "client_closed", None
+        except _BodyTooLarge:
+            limit = rt.settings.max_body_bytes
+            body = error_body(
+                f"the body exceeds {limit} bytes",
+                code="body_too_large",
+                type="invalid_request_error",
+            )
+            await send_json(send, 413, body)
+            return 413, "body_too_large", None
+        except BadRequest as exc:
+            body = error_body(
+                str(exc), code="invalid_request", type="invalid_request_error", param=exc.param
+            )
+            await send_json(send, 400, body)
+            return 400, "invalid_request", None
+        decision = rt.gate.offer(key_id, request.price(rt.settings.default_max_tokens))
+        if isinstance(decision, Refuse):
+            await _send_refusal(send, decision)
+            return decision.status, decision.code, None
+        ticket = decision.ticket
+        outcome: list[tuple[int, str | None]] = []
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    # The body is read: the next message can only be the disconnect.
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                outcome.append(
+                    await self._admitted(send, decision, headers | {"x-request-id": rid}, raw)
+                )
+                tg.cancel_scope.cancel()
+        finally:
+            rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
+        if not outcome:
+            return _CLIENT_CLOSED, "client_closed", ticket
+        status, reason = outcome[0]
+        return status, reason, ticket
+
+    async def _admitted(
+        self,
+        send: Send,
+        decision: Admit | Enqueued,
+        headers: dict[str, str],
+        raw: bytes,
+    ) -> tuple[int, str | None]:
+        rt = self._rt
+        ticket = decision.ticket
+        if isinstance(decision, Enqueued):
+            refused = await rt.gate.wait(ticket)
+            if refused is not None:
+                await _send_refusal(send, refused)
+                return refused.status, refused.code
+        rt.metrics.queue_wait.observe(ticket.queue_wait)
+        started = time.perf_counter()
+        try:
+            response = await rt.upstream.open(
+                "POST", "/v1/chat/completions", body=raw, headers=headers
+            )
+        except UpstreamUnavailable as exc:
+            rt.gate.release(ticket)
+            rt.gate.set_upstream(ready=False, code=exc.code)
+            refused = Refuse(
+                status=503,
+                code=exc.code,
+                message=str(exc),
+                retry_after=rt.settings.upstream_retry_after,
+            )
+            await _send_refusal(send, refused)
+            return 503, exc.code
+        try:
+            sniffer = await _relay(send, response, headers["x-request-id"], started, rt)
+        finally:
+            await response.aclose()
+        rt.gate.release(ticket, used_tokens=sniffer.total_tokens)
+        return response.status_code, None
+
+
+async def _relay(
+    send: Send,
+    response: httpx.Response,
+    rid: str,
+    started: float,
+    rt: Runtime,
+) -> UsageSniffer:
+    """Pass the upstream response through, byte for byte; returns what it saw of usage."""
+    out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
+    out.append((b"x-request-id", rid.encode()))
+    if response.status_code in (429, 503) and "retry-after" not in response.headers:
+        retry_after = rt.settings.upstream_retry_after
+        out += refusal_headers(
+            Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
+        )
+    await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+    sniffer = UsageSniffer()
+    first = True
+    try:
+        async for chunk in response.aiter_raw():
+            if first:
+                rt.metrics.ttfb.observe(time.perf_counter() - started)
+                first = False
+            sniffer.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except httpx.TransportError:
+        # The upstream cut the stream: end ours where it ended (no [DONE] follows).
+        pass
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return sniffer
+
+
+async def _send_refusal(send: Send, refuse: Refuse) -> None:
+    type_ = "invalid_request_error" if refuse.status == 400 else "rate_limit_error"
+    if refuse.status == 503:
+        type_ = "service_unavailable"
+    body = error_body(refuse.message, code=refuse.code, type=type_)
+    await send_json(send, refuse.status, body, refusal_headers(refuse))
+
+
+async def _read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

@@ -1,0 +1,61 @@
+"""What one running gateway shares between its routes, and the raw ASGI helpers they use."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from starlette.types import Scope, Send
+
+from herdless.gateway.gate import Gate
+from herdless.gateway.metrics import GatewayMetrics
+from herdless.gateway.settings import ANONYMOUS, ApiKeys, GatewaySettings
+from herdless.gateway.upstream import Upstream
+
+__all__ = ["ACCESS_LOG", "Runtime", "header_map", "send_json"]
+
+ACCESS_LOG = logging.getLogger("herdless.gateway.access")
+
+
+@dataclass(slots=True, kw_only=True)
+class Runtime:
+    """The gateway's parts, built once by ``create_app`` (one per app, never global)."""
+
+    settings: GatewaySettings
+    gate: Gate
+    upstream: Upstream
+    metrics: GatewayMetrics
+    keys: ApiKeys | None
+
+    def identify(self, headers: dict[str, str]) -> str | None:
+        """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused."""
+        if self.keys is None:
+            return ANONYMOUS
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return None
+        return self.keys.identify(token.strip())
+
+    def log_access(self, **fields: object) -> None:
+        """One JSON line per request on ``herdless.gateway.access`` (never a key)."""
+        if self.settings.access_log and ACCESS_LOG.isEnabledFor(logging.INFO):
+            ACCESS_LOG.info(json.dumps(fields, separators=(",", ":")))
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """The request headers, lower-case names (ASGI already lower-cases them)."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send a complete JSON response."""
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,133 @@
+"""The gateway's settings: ``HERDLESS_GATEWAY_*`` variables and ``herdless serve`` flags.
+
+This is the only gateway module that reads the environment; it turns it into the
+frozen :class:`~herdless.gateway.admission.AdmissionConfig` and an
+:class:`ApiKeys` table, which hold no pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from herdless.gateway.admission import AdmissionConfig
+
+__all__ = ["ANONYMOUS", "ApiKeys", "GatewaySettings", "token_matches"]
+
+ANONYMOUS = "anonymous"
+"""The key id of every request when no API keys are configured."""
+
+
+class GatewaySettings(BaseSettings):
+    """Settings of ``herdless serve``; each field is ``HERDLESS_GATEWAY_<NAME>`` or a flag."""
+
+    model_config = SettingsConfigDict(env_prefix="HERDLESS_GATEWAY_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    upstream: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
+    upstream_api_key: SecretStr | None = None
+    max_concurrency: int = Field(default=64, gt=0)
+    max_queue: int = Field(default=256, ge=0)
+    queue_timeout: float = Field(default=30.0, gt=0)
+    rate: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    max_inflight_tokens: int | None = Field(default=None, gt=0)
+    key_queue_share: float = Field(default=0.5, gt=0, le=1)
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    default_max_tokens: int = Field(default=512, gt=0)
+    max_retry_after: float = Field(default=60.0, gt=0)
+    drain_retry_after: float = Field(default=30.0, gt=0)
+    upstream_retry_after: float = Field(default=2.0, gt=0)
+    health_interval: float = Field(default=1.0, gt=0)
+    connect_timeout: float = Field(default=2.0, gt=0)
+    read_timeout: float = Field(default=600.0, gt=0)
+    shutdown_grace: float = Field(default=30.0, ge=0)
+    api_keys: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    access_log: bool = True
+    log_level: str = "info"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        levels = {"critical", "error", "warning", "info", "debug"}
+        if value.lower() not in levels:
+            raise ValueError(f"must be one of {sorted(levels)}")
+        return value.lower()
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not _split(value.get_secret_value()):
+            raise ValueError("must hold at least one key (comma-separated)")
+        return value
+
+    def admission_config(self) -> AdmissionConfig:
+        """The admission limits. ``key_queue_share`` applies only when keys are set."""
+        return AdmissionConfig(
+            max_concurrency=self.max_concurrency,
+            max_queue=self.max_queue,
+            queue_timeout=self.queue_timeout,
+            rate=self.rate,
+            burst=self.burst,
+            tokens_per_minute=self.tokens_per_minute,
+            max_inflight_tokens=self.max_inflight_tokens,
+            key_queue_share=self.key_queue_share if self.api_keys else 1.0,
+            max_retry_after=self.max_retry_after,
+            drain_retry_after=self.drain_retry_after,
+            upstream_retry_after=self.upstream_retry_after,
+        )
+
+    def api_key_table(self) -> ApiKeys | None:
+        """The configured API keys, hashed, or ``None`` when the gateway is open."""
+        if self.api_keys is None:
+            return None
+        return ApiKeys(_split(self.api_keys.get_secret_value()))
+
+
+def _split(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+class ApiKeys:
+    """API keys kept only as SHA-256 digests, looked up in constant time.
+
+    Each key's id is ``key-`` plus the first 8 hex digits of its digest: stable,
+    loggable, and useless for guessing the key.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self, keys: list[str]) -> None:
+        if not keys:
+            raise ValueError("keys must not be empty")
+        self._table = [(_digest(key), "key-" + _digest(key).hex()[:8]) for key in keys]
+
+    def identify(self, presented: str) -> str | None:
+        """The id of ``presented``, or ``None``: every entry is compared, equal or not."""
+        digest = _digest(presented)
+        found = None
+        for stored, key_id in self._table:
+            if hmac.compare_digest(stored, digest):
+                found = key_id
+        return found
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __repr__(self) -> str:
+        return f"ApiKeys([secure] x{len(self._table)})"
+
+
+def token_matches(presented: str, expected: SecretStr) -> bool:
+    """Whether a bearer token equals ``expected``, compared in constant time."""
+    return hmac.compare_digest(_digest(presented), _digest(expected.get_secret_value()))

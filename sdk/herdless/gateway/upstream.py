@@ -1,0 +1,141 @@
+"""The upstream side: a streaming httpx proxy to vLLM's OpenAI-compatible server.
+
+Transport failures are mapped here, at the boundary, to :class:`UpstreamUnavailable`
+(``raise ... from``); HTTP errors from vLLM are not failures: their status and
+JSON are passed through unchanged. The response body is read raw
+(``aiter_raw``), so the client gets the SSE bytes exactly as vLLM wrote them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+from pydantic import SecretStr
+
+__all__ = ["Upstream", "UpstreamUnavailable", "UsageSniffer"]
+
+# Request headers worth passing on; everything else (Authorization above all) stays here.
+_FORWARD = ("content-type", "accept", "accept-encoding", "x-request-id", "x-herdless-attempt")
+_TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream could not be reached or gave no response (connect error, timeout).
+
+    Attributes:
+        code: ``upstream_unavailable`` (refused or gone) or ``upstream_timeout``.
+    """
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Upstream:
+    """One pooled ``httpx.AsyncClient`` to vLLM.
+
+    Args:
+        base_url: the upstream root, e.g. ``http://127.0.0.1:8000``.
+        api_key: sent as the upstream's bearer key (clients' keys never are).
+        max_connections: pool size; the admission limit plus a few for health checks.
+        connect_timeout: seconds to connect (a loading vLLM refuses at once).
+        read_timeout: seconds between two bytes of the response.
+        transport: an httpx transport, for tests (``httpx.ASGITransport``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: SecretStr | None = None,
+        max_connections: int = 100,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._auth = (
+            {} if api_key is None else {"authorization": f"Bearer {api_key.get_secret_value()}"}
+        )
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+        )
+
+    async def open(
+        self, method: str, path: str, *, body: bytes = b"", headers: Mapping[str, str]
+    ) -> httpx.Response:
+        """Send a request and return the response with its body not yet read.
+
+        The caller must ``await response.aclose()``; closing early closes the
+        upstream connection, which makes vLLM abort the sequence.
+
+        Raises:
+            UpstreamUnavailable: the request did not get a response.
+        """
+        forwarded = {name: headers[name] for name in _FORWARD if name in headers}
+        # httpx would ask for gzip by default; ask for what the client asked for.
+        forwarded.setdefault("accept-encoding", "identity")
+        request = self._client.build_request(
+            method, path, content=body, headers={**forwarded, **self._auth}
+        )
+        try:
+            return await self._client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise UpstreamUnavailable(
+                f"cannot connect to the model server ({type(exc).__name__})",
+                code="upstream_unavailable",
+            ) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(
+                f"the model server gave no response ({type(exc).__name__})",
+                code="upstream_unavailable",
+            ) from exc
+
+    async def health(self) -> str | None:
+        """Poll vLLM's ``/health``: ``None`` when ready, else the not-ready code."""
+        try:
+            response = await self._client.get("/health")
+        except httpx.TransportError:
+            return "upstream_unavailable"
+        return None if response.status_code == 200 else "upstream_loading"
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+
+class UsageSniffer:
+    """Finds the usage's ``total_tokens`` in a response body without parsing it all.
+
+    vLLM puts usage at the end (the last JSON object, or the last SSE event
+    with ``stream_options.include_usage``), so only a bounded tail is kept.
+    """
+
+    __slots__ = ("_tail",)
+    _KEEP = 4096
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at the next bytes of the body."""
+        self._tail = (self._tail + chunk)[-self._KEEP :]
+
+    @property
+    def total_tokens(self) -> int | None:
+        """The last ``total_tokens`` seen, or ``None`` (no usage sent)."""
+        found = _TOTAL_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else None
+
+
+async def aiter_body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response's raw bytes, chunk by chunk, as the upstream wrote them."""
+    async for chunk in response.aiter_raw():
+        if chunk:
+            yield chunk

@@ -1,0 +1,133 @@
+"""Request parsing, token pricing and error bodies of the gateway (pure, no I/O)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from herdless.gateway.admission import Refuse
+
+__all__ = [
+    "BadRequest",
+    "ChatRequest",
+    "error_body",
+    "parse_chat_request",
+    "refusal_headers",
+]
+
+# Rough tokens per character of English text for the price estimate; the price is
+# settled against vLLM's real usage afterwards, so it only needs to be in range.
+_CHARS_PER_TOKEN = 4
+_TOKENS_PER_MESSAGE = 4  # role markers and separators of a chat template
+
+
+class BadRequest(ValueError):
+    """The request cannot go upstream; ``param`` names the offending field."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest:
+    """What admission needs to know about a chat request.
+
+    Attributes:
+        stream: whether the client asked for SSE.
+        max_tokens: the client's ``max_tokens`` (or ``max_completion_tokens``), or ``None``.
+        prompt_tokens: estimated prompt tokens (characters / 4 + 4 per message).
+    """
+
+    stream: bool
+    max_tokens: int | None
+    prompt_tokens: int
+
+    def price(self, default_max_tokens: int) -> int:
+        """Tokens priced before the run: ``prompt_tokens + (max_tokens or default)``."""
+        return self.prompt_tokens + (self.max_tokens or default_max_tokens)
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a ``/v1/chat/completions`` body just enough to price it.
+
+    vLLM validates the rest and answers with its own 400; the gateway only
+    keeps out what it cannot price or what is not JSON at all.
+
+    Raises:
+        BadRequest: malformed JSON or a missing or mistyped field.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    chars = 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(
+                f"messages[{index}] must be an object with a string 'role'",
+                param=f"messages[{index}]",
+            )
+        chars += _content_chars(message.get("content"), index)
+    if "model" in data and not isinstance(data["model"], str):
+        raise BadRequest("'model' must be a string", param="model")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    max_tokens = data.get("max_tokens")
+    param = "max_tokens"
+    if max_tokens is None:
+        max_tokens, param = data.get("max_completion_tokens"), "max_completion_tokens"
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise BadRequest(f"'{param}' must be a positive integer", param=param)
+    prompt = math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
+    return ChatRequest(stream=stream, max_tokens=max_tokens, prompt_tokens=prompt)
+
+
+def _content_chars(content: Any, index: int) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # multimodal parts: count the text ones
+        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    raise BadRequest(
+        f"messages[{index}].content must be a string or a list",
+        param=f"messages[{index}].content",
+    )
+
+
+def error_body(message: str, *, code: str, type: str, param: str | None = None) -> bytes:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    error = {"message": message, "type": type, "param": param, "code": code}
+    return json.dumps({"error": error}, separators=(",", ":")).encode()
+
+
+def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
+    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms`` and the rest.
+
+    A 400 (the request can never fit) carries none: coming back would not help.
+    """
+    if refuse.status not in (429, 503):
+        return []
+    headers = [
+        (b"retry-after", str(math.ceil(refuse.retry_after)).encode()),
+        (b"retry-after-ms", str(round(refuse.retry_after * 1000)).encode()),
+    ]
+    if refuse.drain:
+        headers.append((b"x-herdless-drain", b"1"))
+    if refuse.policy is not None:
+        name = refuse.policy.split(";", 1)[0]
+        reset = math.ceil(refuse.retry_after)
+        headers.append((b"ratelimit-policy", refuse.policy.encode()))
+        headers.append((b"ratelimit", f"{name};r={refuse.remaining};t={reset}".encode()))
+    return headers

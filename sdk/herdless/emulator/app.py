@@ -1,0 +1,149 @@
+"""The emulated vLLM server's Starlette app: routes only.
+
+Routes as vLLM serves them: ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``;
+and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
+affects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from herdless.emulator import wire
+from herdless.emulator.completions import chat_completions, json_response, until_disconnect
+from herdless.emulator.faults import parse_faults
+from herdless.emulator.metrics import render
+from herdless.emulator.settings import EmulatorSettings
+from herdless.emulator.state import Control, EmulatorState, exit_now
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("herdless.emulator")
+
+
+class _FaultGate:
+    """Pure ASGI: a hung or not-serving server, for every route but ``/_emulator/``."""
+
+    def __init__(self, app: ASGIApp, state: EmulatorState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/_emulator/"):
+            await self.app(scope, receive, send)
+        elif self.state.faults.hang:
+            await until_disconnect(receive)  # accept, never answer
+        elif not self.state.serving:
+            body = wire.error_body("The model is being loaded.", "Service Unavailable", 503)
+            await json_response(body, 503)(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+async def _models(request: Request) -> Response:
+    settings = _state(request).settings
+    return json_response(wire.models_list(settings.model, settings.max_model_len, int(time.time())))
+
+
+async def _health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def _version(request: Request) -> Response:
+    return json_response(wire.dumps({"version": wire.VLLM_VERSION}))
+
+
+async def _metrics(request: Request) -> Response:
+    state = _state(request)
+    return PlainTextResponse(
+        render(state.engine, state.settings.model), media_type="text/plain; version=0.0.4"
+    )
+
+
+async def _get_faults(request: Request) -> Response:
+    return json_response(wire.dumps(_state(request).faults.as_json()))
+
+
+async def _post_faults(request: Request) -> Response:
+    state = _state(request)
+    try:
+        faults, actions = parse_faults(await request.json())
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+        return json_response(wire.error_body(str(exc), "BadRequestError", 400), 400)
+    # Actions run after the answer is sent: maintenance drops connections, this one too.
+    return Response(
+        wire.dumps(faults.as_json()),
+        media_type="application/json",
+        background=BackgroundTask(state.apply, faults, actions),
+    )
+
+
+async def _delete_faults(request: Request) -> Response:
+    state = _state(request)
+    state.clear()
+    return json_response(wire.dumps(state.faults.as_json()))
+
+
+def _state(request: Request) -> EmulatorState:
+    state: EmulatorState = request.app.state.emulator
+    return state
+
+
+def create_app(
+    settings: EmulatorSettings | None = None,
+    *,
+    control: Control | None = None,
+    crash: Callable[[], None] = exit_now,
+) -> Starlette:
+    """Build the emulator's ASGI app.
+
+    Args:
+        settings: the server's settings (default: from the environment).
+        control: the listening socket's control (``server.py``); in-process, a recorder.
+        crash: ends the process (the ``crash`` fault, ``--crash-after``, a KV crash).
+
+    Returns:
+        The app; its ``state.emulator`` is the :class:`EmulatorState`.
+    """
+    settings = settings or EmulatorSettings()
+    state = EmulatorState(settings, control=control, crash=crash)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        timer = None
+        if settings.crash_after is not None:
+            timer = asyncio.get_running_loop().call_later(settings.crash_after, crash)
+        try:
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+            state.driver.close()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", _models),
+        Route("/health", _health),
+        Route("/ping", _health, methods=["GET", "POST"]),
+        Route("/version", _version),
+        Route("/metrics", _metrics),
+        Route("/_emulator/faults", _get_faults, methods=["GET"]),
+        Route("/_emulator/faults", _post_faults, methods=["POST"]),
+        Route("/_emulator/faults", _delete_faults, methods=["DELETE"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.emulator = state
+    app.add_middleware(_FaultGate, state=state)
+    return app

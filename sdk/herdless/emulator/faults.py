@@ -1,0 +1,114 @@
+"""Injectable faults (pure): what a misbehaving vLLM does, switched on by flags or at run time.
+
+Steady faults stay on until cleared (``DELETE /_emulator/faults``):
+
+- ``hang``: accept the request, never answer (until the client gives up);
+- ``error_rate`` / ``error_status``: answer that fraction of completions with
+  that status and a vLLM-shaped error body;
+- ``extra_latency``: seconds added before a completion is scheduled;
+- ``cut_after``: close streams abruptly after that many SSE events, without
+  ``[DONE]`` (the connection drops mid-body).
+
+Actions happen once, when posted:
+
+- ``refuse_for``: close the listening socket for that many seconds (new
+  connections are refused; requests in flight carry on);
+- ``maintenance_for``: a model swap: abort everything in flight, refuse
+  connections, come back after that many seconds;
+- ``crash``: the process exits at once (status 70), as a dead engine would.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["FaultActions", "Faults", "parse_faults"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Faults:
+    """The steady faults; the defaults inject nothing."""
+
+    hang: bool = False
+    error_rate: float = 0.0
+    error_status: int = 500
+    extra_latency: float = 0.0
+    cut_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"error_rate must be within [0, 1], got {self.error_rate!r}")
+        if not 400 <= self.error_status <= 599:
+            raise ValueError(f"error_status must be a 4xx or 5xx status, got {self.error_status!r}")
+        if self.extra_latency < 0:
+            raise ValueError(f"extra_latency must be >= 0, got {self.extra_latency!r}")
+        if self.cut_after is not None and self.cut_after < 0:
+            raise ValueError(f"cut_after must be >= 0, got {self.cut_after!r}")
+
+    @property
+    def active(self) -> bool:
+        return self != Faults()
+
+    def should_fail(self, rng: random.Random) -> bool:
+        """Whether this completion is answered with ``error_status`` (draws from ``rng``)."""
+        # Draw only when needed so that a seeded run without errors is unchanged.
+        return self.error_rate > 0 and rng.random() < self.error_rate
+
+    def as_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultActions:
+    """One-shot actions posted with the faults; ``None`` or ``False`` does nothing."""
+
+    refuse_for: float | None = None
+    maintenance_for: float | None = None
+    crash: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("refuse_for", "maintenance_for"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+_STEADY = {f.name: f for f in fields(Faults)}
+_ACTIONS = {f.name: f for f in fields(FaultActions)}
+
+
+def parse_faults(body: object) -> tuple[Faults, FaultActions]:
+    """Turn a ``POST /_emulator/faults`` JSON body into faults and actions.
+
+    Unset steady fields take their defaults: a POST replaces the steady faults.
+
+    Raises:
+        ValueError: on an unknown key, a wrong type or a value out of range.
+    """
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    unknown = sorted(set(body) - _STEADY.keys() - _ACTIONS.keys())
+    if unknown:
+        raise ValueError(f"unknown fault(s): {', '.join(unknown)}")
+    for key, value in body.items():
+        _check_type(key, value)
+    steady = {k: v for k, v in body.items() if k in _STEADY}
+    actions = {k: v for k, v in body.items() if k in _ACTIONS}
+    return Faults(**steady), FaultActions(**actions)
+
+
+def _check_type(key: str, value: object) -> None:
+    if key in {"hang", "crash"}:
+        ok = isinstance(value, bool)
+    elif key in {"error_status"}:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif key == "cut_after":
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+    else:  # seconds and rates
+        ok = (value is None and key.endswith("_for")) or (
+            isinstance(value, int | float) and not isinstance(value, bool)
+        )
+    if not ok:
+        raise ValueError(f"{key}: wrong type {type(value).__name__}")

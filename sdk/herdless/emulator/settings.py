@@ -1,0 +1,120 @@
+"""The emulator's settings: flags of ``herdless emulate``, each also ``HERDLESS_EMULATOR_<NAME>``.
+
+Precedence: command-line flag, then environment variable, then the default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from herdless.emulator.engine import EngineConfig
+from herdless.emulator.faults import Faults
+
+__all__ = ["EmulatorSettings"]
+
+
+class EmulatorSettings(BaseSettings):
+    """Every knob of the emulated vLLM server (times in seconds)."""
+
+    model_config = SettingsConfigDict(env_prefix="HERDLESS_EMULATOR_", frozen=True, extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(
+        default=8000, ge=0, le=65535, description="port to listen on (0: any free port)"
+    )
+    model: str = Field(default="emulated-llama-3-8b", min_length=1, description="served model name")
+    max_model_len: int = Field(
+        default=8192, ge=2, description="context length: prompt plus max_tokens"
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="most sequences in one batch")
+    kv_cache_tokens: int = Field(default=400_000, ge=2, description="KV-cache size in tokens")
+    max_num_queued_reqs: int | None = Field(
+        default=None,
+        ge=0,
+        description="answer 503 when this many requests already wait (default: no cap)",
+    )
+    startup_delay: float = Field(
+        default=0.0, ge=0, description="seconds of model loading before the port is bound"
+    )
+    speed: float = Field(
+        default=1.0, gt=0, description="time scale: 10 runs the GPU ten times faster"
+    )
+    decode_base: float = Field(
+        default=0.012, ge=0, description="seconds of a decode step, any batch"
+    )
+    decode_per_seq: float = Field(
+        default=0.000_12, ge=0, description="seconds added per batched sequence"
+    )
+    prefill_tokens_per_s: float = Field(
+        default=16_000.0, gt=0, description="prefill speed, tokens/s"
+    )
+    on_kv_exhausted: Literal["preempt", "crash"] = Field(
+        default="preempt",
+        description="what a full KV cache does: preempt (vLLM) or crash the process",
+    )
+    answer_min_tokens: int = Field(
+        default=16, ge=0, description="shortest natural answer (before EOS)"
+    )
+    answer_max_tokens: int = Field(
+        default=256, ge=0, description="longest natural answer (before EOS)"
+    )
+    seed: int = Field(default=0, description="seed of the fault injector's random draws")
+    hang: bool = Field(default=False, description="fault: accept requests, never answer")
+    error_rate: float = Field(
+        default=0.0, ge=0, le=1, description="fault: fraction answered with an error"
+    )
+    error_status: int = Field(
+        default=500, ge=400, le=599, description="fault: status of injected errors"
+    )
+    extra_latency: float = Field(
+        default=0.0, ge=0, description="fault: seconds added to each completion"
+    )
+    cut_after: int | None = Field(
+        default=None, ge=0, description="fault: cut streams after N events"
+    )
+    crash_after: float | None = Field(
+        default=None,
+        ge=0,
+        description="fault: exit abruptly this many seconds after serving starts",
+    )
+    access_log: bool = Field(default=False, description="log every request (costly under load)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="log level"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.kv_cache_tokens < self.max_model_len:
+            # vLLM refuses to start when one full-length sequence does not fit either.
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len})"
+            )
+        if self.answer_min_tokens > self.answer_max_tokens:
+            raise ValueError("answer_min_tokens must be <= answer_max_tokens")
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's part of these settings."""
+        return EngineConfig(
+            max_num_seqs=self.max_num_seqs,
+            kv_cache_tokens=self.kv_cache_tokens,
+            decode_base=self.decode_base,
+            decode_per_seq=self.decode_per_seq,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            speed=self.speed,
+            on_kv_exhausted=self.on_kv_exhausted,
+        )
+
+    def faults(self) -> Faults:
+        """The steady faults switched on at start."""
+        return Faults(
+            hang=self.hang,
+            error_rate=self.error_rate,
+            error_status=self.error_status,
+            extra_latency=self.extra_latency,
+            cut_after=self.cut_after,
+        )

@@ -396,7 +396,11 @@ class Admission:
             self._charge(key, price)
             return Admit(ticket)
         if self._queued >= cfg.max_queue or len(key.waiting) >= cfg.key_queue_limit:
-            kv_blocks = self._running < cfg.max_concurrency and not fits_kv
+            # What holds the queue back: the head's price, or this one's when none waits.
+            head = (
+                self._keys[next(iter(self._rotation))].waiting[0].price if self._queued else price
+            )
+            kv_blocks = self._running < cfg.max_concurrency and not self._fits_kv(head)
             code = "kv_budget" if kv_blocks else "queue_full"
             return self._queue_refusal(now, code)
         ticket = self._new_ticket(key_id, price, now)

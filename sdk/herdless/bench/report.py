@@ -1,0 +1,159 @@
+"""Results of one scenario and how they are written: Markdown, JSON (and PNGs, by the scenario)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from herdless.bench.stats import median
+
+__all__ = ["Column", "ScenarioResult", "Target", "medians", "write_result"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    """One figure of the results table: ``key`` in each arm's metrics, shown as ``label``."""
+
+    key: str
+    label: str
+    fmt: str = "{:.2f}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """A claim checked against a measured figure: ``value <= limit`` (or ``>=``)."""
+
+    label: str
+    value: float
+    limit: float
+    at_least: bool = False
+
+    @property
+    def met(self) -> bool:
+        """Whether the measured value meets the limit (a missing value never does)."""
+        if math.isnan(self.value):
+            return False
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+
+@dataclass(slots=True, kw_only=True)
+class ScenarioResult:
+    """Everything one scenario measured, ready to write.
+
+    Attributes:
+        name: the scenario (file stem of its outputs).
+        title: one line for the table's heading.
+        params: the knobs it ran with (N, capacity, repeats, ...).
+        columns: the table's figures, in order.
+        rows: per arm (or sub-case) the median of every figure, keyed by ``arm``.
+        runs: every repetition's raw metrics, per arm.
+        targets: claims and whether they held.
+        notes: sentences printed under the table (how it was measured).
+        plots: PNG files written next to the table.
+    """
+
+    name: str
+    title: str
+    params: dict[str, Any]
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    runs: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+
+    def to_markdown(self) -> str:
+        """The table, targets and notes as Markdown."""
+        lines = [f"## {self.name}: {self.title}", ""]
+        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        lines += [f"Parameters: {params}.", ""]
+        header = ["arm", *(c.label for c in self.columns)]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for row in self.rows:
+            cells = [str(row["arm"])]
+            for col in self.columns:
+                value = row.get(col.key, math.nan)
+                cells.append("n/a" if _missing(value) else col.fmt.format(value))
+            lines.append("| " + " | ".join(cells) + " |")
+        if self.targets:
+            lines += ["", "| target | measured | limit | met |", "|---|---|---|---|"]
+            for t in self.targets:
+                sign = ">=" if t.at_least else "<="
+                value = "n/a" if math.isnan(t.value) else f"{t.value:.3g}"
+                lines.append(f"| {t.label} | {value} | {sign} {t.limit:g} | {_yes(t.met)} |")
+        if self.notes:
+            lines += ["", *(f"- {note}" for note in self.notes)]
+        if self.plots:
+            lines += ["", *(f"![{p.stem}]({p.name})" for p in self.plots)]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``NaN`` becomes ``null``)."""
+        cleaned: dict[str, Any] = _clean(
+            {
+                "name": self.name,
+                "title": self.title,
+                "params": self.params,
+                "rows": self.rows,
+                "runs": self.runs,
+                "targets": [
+                    {
+                        "label": t.label,
+                        "value": t.value,
+                        "limit": t.limit,
+                        "at_least": t.at_least,
+                        "met": t.met,
+                    }
+                    for t in self.targets
+                ],
+                "notes": self.notes,
+                "plots": [p.name for p in self.plots],
+            }
+        )
+        return cleaned
+
+
+def medians(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> list[dict[str, Any]]:
+    """One row per arm: the median of each metric over the arm's repetitions."""
+    rows: list[dict[str, Any]] = []
+    for arm, samples in runs.items():
+        keys = sorted({k for s in samples for k in s})
+        row: dict[str, Any] = {"arm": arm}
+        row.update({k: median(s.get(k, math.nan) for s in samples) for k in keys})
+        rows.append(row)
+    return rows
+
+
+def write_result(result: ScenarioResult, out: Path) -> tuple[Path, Path]:
+    """Write ``<name>.md`` and ``<name>.json`` into ``out``; returns both paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{result.name}.md"
+    md.write_text(result.to_markdown(), encoding="utf-8")
+    js = out / f"{result.name}.json"
+    js.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return md, js
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _yes(met: bool) -> str:
+    return "yes" if met else "**no**"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -40,8 +40,10 @@ __all__ = [
 class Send:
     """Perform one HTTP attempt: ``POST backend.chat_url`` with ``body`` and ``headers``.
 
-    The driver adds ``Authorization`` from ``backend.api_key``; ``headers`` already hold
-    ``X-Request-ID`` and ``X-Herdless-Attempt``. ``timeouts`` are already clipped to the
+    The driver adds ``Authorization`` from ``backend.api_key`` and sends
+    ``{"model": model, **body}`` when ``model`` is set (``body`` never holds ``model``:
+    the flow chose it for this backend); ``headers`` already hold ``X-Request-ID`` and
+    ``X-Herdless-Attempt``. ``timeouts`` are already clipped to the
     call's remaining deadline. With ``stream=True`` the driver returns once the status
     and the first body chunk arrived (or failed), keeping the stream open.
     """
@@ -52,6 +54,7 @@ class Send:
     headers: Mapping[str, str]
     timeouts: Timeouts
     stream: bool = False
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

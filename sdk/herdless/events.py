@@ -13,6 +13,7 @@ name) and ``at`` (the client clock's monotonic time, in seconds).
     ├── AttemptStarted
     ├── AttemptFailed
     ├── RetryScheduled
+    ├── WaitScheduled
     ├── BackpressureReceived
     ├── BreakerStateChanged
     ├── FallbackUsed
@@ -40,6 +41,7 @@ __all__ = [
     "FallbackUsed",
     "PrimaryDegraded",
     "RetryScheduled",
+    "WaitScheduled",
 ]
 
 BreakerState: TypeAlias = Literal["closed", "open", "half_open"]
@@ -95,6 +97,18 @@ class RetryScheduled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitScheduled(Event):
+    """The call will wait ``delay`` seconds before its next attempt, other than a retry's
+    backoff: behind another call's Retry-After, for retry budget, for a breaker's probe
+    time or for the spend guard."""
+
+    delay: float
+    """Seconds the client is about to wait."""
+    reason: str
+    """Why: ``"backpressure"``, ``"draining"``, ``"budget"``, ``"breaker_open"``, ``"spend"``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackpressureReceived(Event):
     """A backend asked the whole client to slow down (Retry-After or drain)."""
 
@@ -124,7 +138,9 @@ class FallbackUsed(Event):
     from_backend: str
     reason: str
     """Why: ``"breaker_open"``, ``"retries_exhausted"``, ``"retry_after_exceeds_deadline"``,
-    ``"draining"``, ``"budget_exhausted"``, ``"deadline"``."""
+    ``"draining"``, ``"budget_exhausted"``, ``"deadline"``, ``"backpressure"`` (a Retry-After
+    window with ``on_backpressure="fallback"``), ``"timeout"`` (a hung backend is not
+    waited on twice), ``"failed"`` (an error retrying the same backend cannot fix)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

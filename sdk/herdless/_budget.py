@@ -1,0 +1,100 @@
+"""The retry budget: per backend, retries stay a fraction of recent calls.
+
+When a backend is overloaded for good, per-call retries multiply the load exactly
+when it hurts (three callers retrying twice is nine attempts). The budget keeps
+attempts toward a backend near one per call, over a sliding window::
+
+    retries_in_window + retries_waiting < ratio * calls_in_window + floor
+
+A retry takes budget when it is *scheduled* (it then waits in backoff), not when
+it is sent: a crowd that all failed at once cannot all schedule retries first and
+overdraw it. The budget bounds attempts, not outcomes: a call that finds it spent
+waits behind the gate for budget, or goes to the fallback (the flow decides).
+Pure: no sleeping, no I/O; one lock makes it safe across threads and tasks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from herdless._clock import Clock
+
+__all__ = ["RetryBudget"]
+
+
+class RetryBudget:
+    """One backend's retry budget.
+
+    Args:
+        ratio: retries allowed per call in the window.
+        floor: retries always allowed in the window, however few the calls.
+        window: seconds of history.
+        clock: the monotonic clock.
+
+    >>> from herdless.testing import FakeClock
+    >>> budget = RetryBudget(ratio=0.0, floor=1, window=10.0, clock=FakeClock())
+    >>> budget.try_acquire(), budget.try_acquire()
+    (True, False)
+    """
+
+    __slots__ = ("_calls", "_clock", "_floor", "_lock", "_ratio", "_retries", "_waiting", "_window")
+
+    def __init__(self, *, ratio: float, floor: int, window: float, clock: Clock) -> None:
+        self._ratio = ratio
+        self._floor = floor
+        self._window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._calls: deque[float] = deque()
+        self._retries: deque[float] = deque()
+        self._waiting = 0  # retries scheduled and waiting in backoff, not yet sent
+
+    def record_call(self) -> None:
+        """A call's first attempt at this backend."""
+        with self._lock:
+            self._calls.append(self._clock.monotonic())
+
+    def try_acquire(self) -> bool:
+        """Reserve one retry; ``False`` when the budget is spent. A reserved retry must be
+        ``spend``-ed (sent) or ``cancel``-led (abandoned)."""
+        with self._lock:
+            self._prune()
+            allowed = self._ratio * len(self._calls) + self._floor
+            if len(self._retries) + self._waiting + 1 > allowed:
+                return False
+            self._waiting += 1
+            return True
+
+    def spend(self) -> None:
+        """A reserved retry was sent."""
+        with self._lock:
+            self._waiting = max(0, self._waiting - 1)
+            self._retries.append(self._clock.monotonic())
+
+    def cancel(self) -> None:
+        """A reserved retry will not be sent."""
+        with self._lock:
+            self._waiting = max(0, self._waiting - 1)
+
+    def free_in(self) -> float:
+        """Seconds until the oldest counted retry leaves the window (budget frees up then at
+        the latest; a new call may free it sooner)."""
+        with self._lock:
+            self._prune()
+            if not self._retries:
+                return 0.0
+            return max(0.0, self._retries[0] + self._window - self._clock.monotonic())
+
+    def _prune(self) -> None:
+        horizon = self._clock.monotonic() - self._window
+        for entries in (self._calls, self._retries):
+            while entries and entries[0] < horizon:
+                entries.popleft()
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return (
+                f"RetryBudget(calls={len(self._calls)}, retries={len(self._retries)}, "
+                f"waiting={self._waiting})"
+            )

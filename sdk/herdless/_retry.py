@@ -1,0 +1,227 @@
+"""Retry decisions: which outcomes retry, how long to wait, what the server asked for.
+
+Everything here is pure: the random source and the wall-clock ``now`` (only for an
+HTTP-date ``Retry-After``) are passed in. The call flow (``herdless._flow``) asks;
+it alone acts.
+
+The wait before retry number ``n`` (0 for the first retry) is **full jitter**::
+
+    delay = uniform(0, min(cap, base * 2**n))
+
+unless the server said when to come back (``retry-after-ms`` or ``Retry-After``,
+capped at ``max_retry_after``); then that is a floor, with a little jitter above it
+so that clients told the same number do not all come back in the same instant::
+
+    delay = ra + uniform(0, max(min_jitter, retry_after_jitter * ra))
+
+.. keep in sync with docs/resilience.md
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from itertools import islice
+
+import backoff
+
+from herdless._actions import Outcome, Response
+
+__all__ = ["RetryPolicy", "Verdict", "classify", "parse_retry_after"]
+
+# Statuses that mean "the server is alive but cannot take this now": retried.
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Transport failures worth another attempt. "protocol" is not: a server that answers
+# garbage will answer garbage again.
+_RETRY_KINDS = frozenset(
+    {"connect", "connect_timeout", "first_byte_timeout", "read_timeout", "read"}
+)
+_TIMEOUT_KINDS = frozenset({"connect_timeout", "first_byte_timeout", "read_timeout"})
+DRAIN_HEADER = "x-herdless-drain"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How a call retries one backend, and how much retrying a backend may take.
+
+    Args:
+        max_attempts: attempts per backend per call, the first included (5 = 4 retries).
+            Waiting for budget or behind another call's Retry-After is not an attempt.
+        base: seconds; the full-jitter ceiling of the first retry.
+        cap: seconds; the full-jitter ceiling never grows past this.
+        max_retry_after: seconds; a server's Retry-After is honoured up to this.
+        retry_after_jitter: fraction of the server's Retry-After added at most above it.
+        min_jitter: seconds; the least spread added above a server's Retry-After.
+        budget_ratio: retries toward one backend stay below ``budget_ratio`` times its
+            recent calls, plus ``budget_floor`` (the retry budget).
+        budget_floor: retries always allowed per ``budget_window``, however few the calls.
+        budget_window: seconds of history the retry budget looks at.
+
+    >>> policy = RetryPolicy(base=0.5, cap=8.0)
+    >>> policy.ceiling(0), policy.ceiling(3), policy.ceiling(10)
+    (0.5, 4.0, 8.0)
+    """
+
+    max_attempts: int = 5
+    base: float = 0.5
+    cap: float = 8.0
+    max_retry_after: float = 60.0
+    retry_after_jitter: float = 0.25
+    min_jitter: float = 0.1
+    budget_ratio: float = 0.1
+    budget_floor: int = 3
+    budget_window: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts!r}")
+        for name in ("base", "cap", "max_retry_after", "budget_window"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RetryPolicy.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("retry_after_jitter", "min_jitter", "budget_ratio", "budget_floor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"RetryPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def ceiling(self, n: int) -> float:
+        """The full-jitter upper bound before retry ``n`` (0-based): ``min(cap, base * 2**n)``."""
+        # backoff.expo is the exponential generator; it is primed with one next().
+        steps = backoff.expo(base=2, factor=self.base, max_value=self.cap)
+        next(steps)
+        return float(next(islice(steps, n, None)))
+
+    def backoff(self, n: int, rng: random.Random) -> float:
+        """Seconds to wait before retry ``n`` (0-based) when the server gave no time."""
+        return rng.uniform(0.0, self.ceiling(n))
+
+    def after_server(self, retry_after: float, rng: random.Random) -> float:
+        """Seconds to wait when the server asked for ``retry_after``: that, capped, plus jitter."""
+        floor = min(max(retry_after, 0.0), self.max_retry_after)
+        return floor + rng.uniform(0.0, max(self.min_jitter, self.retry_after_jitter * floor))
+
+    def delay(self, n: int, retry_after: float | None, rng: random.Random) -> float:
+        """The wait before retry ``n``: the server's time as a floor if given, else full jitter."""
+        if retry_after is None:
+            return self.backoff(n, rng)
+        return self.after_server(retry_after, rng)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """What one attempt's outcome means for the call, the breaker and the client.
+
+    Attributes:
+        ok: a 2xx answer.
+        kind: the attempt record's kind: ``"ok"``, ``"status"`` or the transport failure kind.
+        status: the HTTP status, if any.
+        retryable: another attempt at the same backend may succeed.
+        fallback_may_help: another backend may succeed (not for a request the server refuses
+            as such: 4xx other than 429).
+        breaker_failure: counts against the backend's circuit breaker (connect errors,
+            timeouts, 5xx). A 429 does not: the server is alive and asked us to slow down.
+        timeout: the attempt timed out (a hung backend is not waited on twice).
+        retry_after: seconds the server asked to wait, capped, or ``None``.
+        draining: the backend is draining for maintenance: switch to the fallback now.
+        message: a short description for events and errors.
+    """
+
+    ok: bool
+    kind: str
+    status: int | None = None
+    retryable: bool = False
+    fallback_may_help: bool = False
+    breaker_failure: bool = False
+    timeout: bool = False
+    retry_after: float | None = None
+    draining: bool = False
+    message: str = ""
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup that works on ``httpx.Headers`` and on a plain dict."""
+    value = headers.get(name)
+    if value is not None:
+        return value
+    for key, item in headers.items():
+        if key.lower() == name:
+            return item
+    return None
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds the server asked to wait, or ``None`` when it did not say (or said nonsense).
+
+    ``retry-after-ms`` wins when valid (it is precise); else ``Retry-After`` as
+    delay-seconds or as an HTTP-date, counted from ``now`` (Unix seconds: the only
+    use of the wall clock in herdless). A date in the past means "now": ``0.0``.
+    """
+    millis = _header(headers, "retry-after-ms")
+    if millis is not None:
+        try:
+            value = float(millis) / 1000.0
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    text = _header(headers, "retry-after")
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive parse means just that
+            return None
+        return max(0.0, when.timestamp() - now)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
+    """Judge one attempt's outcome. ``now`` is wall-clock Unix seconds (HTTP-date only)."""
+    if not isinstance(outcome, Response):
+        return Verdict(
+            ok=False,
+            kind=outcome.kind,
+            retryable=outcome.kind in _RETRY_KINDS,
+            fallback_may_help=True,
+            breaker_failure=True,
+            timeout=outcome.kind in _TIMEOUT_KINDS,
+            message=outcome.message,
+        )
+    status = outcome.status
+    if 200 <= status < 300:
+        return Verdict(ok=True, kind="ok", status=status)
+    retry_after = parse_retry_after(outcome.headers, now=now)
+    if retry_after is not None:
+        retry_after = min(retry_after, policy.max_retry_after)
+    draining = status == 503 and (
+        _header(outcome.headers, DRAIN_HEADER) == "1" or _error_code(outcome.body) == "draining"
+    )
+    return Verdict(
+        ok=False,
+        kind="status",
+        status=status,
+        retryable=status in _RETRY_STATUSES,
+        fallback_may_help=status == 429 or status >= 500,
+        breaker_failure=status >= 500,
+        retry_after=retry_after,
+        draining=draining,
+        message=f"status {status}",
+    )

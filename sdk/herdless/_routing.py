@@ -1,0 +1,177 @@
+"""Which backends a call may use, in which order: primaries, then fallbacks.
+
+- **Data guard**: a call with ``allow_fallback=False`` never reaches a fallback, and
+  never any backend marked ``external=True``; a client whose ``FallbackPolicy`` has
+  ``allow_external=False`` never reaches an external backend at all. Backends kept
+  out this way are listed in ``Route.refused`` so the error can say so.
+- **Several primaries** (several GPU servers behind their gateways): the first one is
+  chosen per call by the *power of two choices*: two random healthy primaries, the one
+  with fewer calls in flight wins. "Healthy" means its breaker lets a call through and
+  no Retry-After window is running. The other primaries follow, healthy ones first,
+  then the fallbacks in their given order.
+- **Spend guard**: ``SpendGuard`` caps the share, or the count per minute, of calls
+  that may spill to external backends.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from herdless._backend import Backend
+from herdless._clock import Clock
+
+__all__ = ["FallbackPolicy", "Route", "SpendGuard", "plan_route"]
+
+_SPEND_WINDOW = 60.0  # seconds: "per minute", and the window the share is measured over
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FallbackPolicy:
+    """When a call leaves a backend for the next one, and where it may not go.
+
+    Args:
+        reserve: share of the call's deadline kept for the backends after the current one.
+            A primary that hangs uses at most ``1 - reserve`` of the deadline.
+        on_backpressure: when a backend's Retry-After window is running and a fallback
+            exists: ``"wait"`` (if the wait fits the deadline; the primary is cheaper) or
+            ``"fallback"`` (go now; latency first). A drain always falls back now.
+        allow_external: ``False`` keeps every call of the client off ``external`` backends.
+        max_external_share: at most this share of the calls of the last minute may be
+            served by external backends (``None``: no cap).
+        max_external_per_minute: at most this many calls per minute may go to external
+            backends; past it calls wait for a slot if the deadline allows (``None``: no cap).
+        min_attempt: seconds; a wait is taken only if at least this much of the deadline is
+            left for the attempt after it.
+        degraded_interval: seconds between two ``PrimaryDegraded`` events while fallbacks serve.
+    """
+
+    reserve: float = 0.4
+    on_backpressure: Literal["wait", "fallback"] = "wait"
+    allow_external: bool = True
+    max_external_share: float | None = None
+    max_external_per_minute: int | None = None
+    min_attempt: float = 0.5
+    degraded_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.reserve < 1:
+            raise ValueError(f"FallbackPolicy.reserve must be in [0, 1), got {self.reserve!r}")
+        if self.on_backpressure not in ("wait", "fallback"):
+            raise ValueError(
+                "FallbackPolicy.on_backpressure must be 'wait' or 'fallback', "
+                f"got {self.on_backpressure!r}"
+            )
+        share = self.max_external_share
+        if share is not None and not 0 <= share <= 1:
+            raise ValueError(f"FallbackPolicy.max_external_share must be in [0, 1], got {share!r}")
+        per_minute = self.max_external_per_minute
+        if per_minute is not None and per_minute < 0:
+            raise ValueError(
+                f"FallbackPolicy.max_external_per_minute must be >= 0, got {per_minute!r}"
+            )
+        for name in ("min_attempt", "degraded_interval"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"FallbackPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The backends a call may try, in order, and those the data guard kept out."""
+
+    backends: tuple[Backend, ...]
+    refused: tuple[Backend, ...] = ()
+
+
+def plan_route(
+    primaries: Sequence[Backend],
+    fallbacks: Sequence[Backend],
+    *,
+    allow_fallback: bool,
+    allow_external: bool,
+    healthy: Callable[[Backend], bool],
+    in_flight: Callable[[Backend], int],
+    rng: random.Random,
+) -> Route:
+    """Order the backends for one call (see the module docstring for the rules)."""
+    ordered = [*_order_primaries(primaries, healthy, in_flight, rng), *fallbacks]
+    allowed: list[Backend] = []
+    refused: list[Backend] = []
+    for backend in ordered:
+        guarded = backend.external and not (allow_fallback and allow_external)
+        if guarded or (not allow_fallback and backend in fallbacks):
+            refused.append(backend)
+        else:
+            allowed.append(backend)
+    return Route(tuple(allowed), tuple(refused))
+
+
+def _order_primaries(
+    primaries: Sequence[Backend],
+    healthy: Callable[[Backend], bool],
+    in_flight: Callable[[Backend], int],
+    rng: random.Random,
+) -> list[Backend]:
+    if len(primaries) < 2:
+        return list(primaries)
+    up = [backend for backend in primaries if healthy(backend)]
+    down = [backend for backend in primaries if backend not in up]
+    if len(up) >= 2:
+        first, second = rng.sample(up, 2)
+        chosen = second if in_flight(second) < in_flight(first) else first
+        rest = sorted((b for b in up if b is not chosen), key=in_flight)
+        return [chosen, *rest, *down]
+    return [*up, *down]
+
+
+class SpendGuard:
+    """Counts the calls of the last minute, and those served by external backends.
+
+    ``admit()`` is asked before a call's first attempt at an external backend.
+    """
+
+    __slots__ = ("_calls", "_clock", "_external", "_lock", "_per_minute", "_share")
+
+    def __init__(self, policy: FallbackPolicy, *, clock: Clock) -> None:
+        self._share = policy.max_external_share
+        self._per_minute = policy.max_external_per_minute
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._calls: deque[float] = deque()
+        self._external: deque[float] = deque()
+
+    @property
+    def active(self) -> bool:
+        """Whether any cap is set."""
+        return self._share is not None or self._per_minute is not None
+
+    def record_call(self) -> None:
+        """One logical call started (the share's denominator)."""
+        if self.active:
+            with self._lock:
+                self._calls.append(self._clock.monotonic())
+
+    def admit(self) -> float:
+        """``0.0`` and count the call when it may go external now; else the seconds until it
+        may (``math.inf`` when only the share cap is hit: waiting alone does not lower it)."""
+        if not self.active:
+            return 0.0
+        with self._lock:
+            now = self._clock.monotonic()
+            for entries in (self._calls, self._external):
+                while entries and entries[0] <= now - _SPEND_WINDOW:
+                    entries.popleft()
+            used = len(self._external)
+            if self._per_minute is not None and used >= self._per_minute:
+                if self._per_minute == 0:
+                    return math.inf
+                return self._external[used - self._per_minute] + _SPEND_WINDOW - now
+            if self._share is not None and used + 1 > self._share * max(1, len(self._calls)):
+                return math.inf
+            self._external.append(now)
+            return 0.0

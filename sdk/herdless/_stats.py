@@ -1,0 +1,189 @@
+"""``client.stats()``: what the client did, derived from the events it emitted.
+
+Every event the flow emits passes through ``StatsRecorder.record`` (whether or not
+the user gave an ``on_event`` hook), so the numbers and the events never disagree.
+``DegradedTracker`` turns "the fallback keeps serving" into a ``PrimaryDegraded``
+event repeated every ``interval`` seconds, so that a primary dead for days cannot
+hide behind a working fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from herdless.events import (
+    AttemptFailed,
+    AttemptStarted,
+    BreakerState,
+    CallFailed,
+    CallFinished,
+    Event,
+    FallbackUsed,
+    RetryScheduled,
+    WaitScheduled,
+)
+
+__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder"]
+
+# Latency percentiles are computed over the most recent calls only: bounded memory
+# for a client that lives for weeks, and recent numbers are the ones that matter.
+_LATENCY_SAMPLES = 2048
+_PERCENTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientStats:
+    """A snapshot of one client's counters.
+
+    Attributes:
+        calls: calls that ended (``succeeded + failed``).
+        succeeded: calls that returned a result (a stream: that ended complete).
+        failed: calls that raised.
+        by_backend: per backend name, counts by outcome: ``"attempts"`` sent, ``"ok"``
+            (calls it served), and each failure (``"status_503"``, ``"connect"``,
+            ``"first_byte_timeout"``, ``"stream_cut"``, ...).
+        fallbacks: calls that moved to another backend, by reason.
+        retries: retries scheduled.
+        waits: waits of any kind (retry backoff, Retry-After windows, budget, breaker).
+        waited: seconds of those waits, summed.
+        breakers: each backend's breaker state now.
+        latency: seconds from call start to result over the recent successful calls:
+            ``p50``, ``p90``, ``p99``, ``max`` (empty before the first success).
+    """
+
+    calls: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    by_backend: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    fallbacks: Mapping[str, int] = field(default_factory=dict)
+    retries: int = 0
+    waits: int = 0
+    waited: float = 0.0
+    breakers: Mapping[str, BreakerState] = field(default_factory=dict)
+    latency: Mapping[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dicts and numbers, for JSON or a log line."""
+        return {
+            "calls": self.calls,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "by_backend": {name: dict(counts) for name, counts in self.by_backend.items()},
+            "fallbacks": dict(self.fallbacks),
+            "retries": self.retries,
+            "waits": self.waits,
+            "waited": self.waited,
+            "breakers": dict(self.breakers),
+            "latency": dict(self.latency),
+        }
+
+
+class StatsRecorder:
+    """Folds events into counters. Thread-safe; one per client."""
+
+    __slots__ = (
+        "_by_backend",
+        "_failed",
+        "_fallbacks",
+        "_latencies",
+        "_lock",
+        "_retries",
+        "_succeeded",
+        "_waited",
+        "_waits",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_backend: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self._fallbacks: Counter[str] = Counter()
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
+        self._succeeded = self._failed = self._retries = self._waits = 0
+        self._waited = 0.0
+
+    def record(self, event: Event) -> None:
+        """Count one event."""
+        with self._lock:
+            backend = event.backend or "-"
+            if isinstance(event, AttemptStarted):
+                self._by_backend[backend]["attempts"] += 1
+            elif isinstance(event, AttemptFailed):
+                outcome = f"status_{event.status}" if event.status is not None else event.kind
+                self._by_backend[backend][outcome] += 1
+            elif isinstance(event, CallFinished):
+                self._by_backend[backend]["ok"] += 1
+                self._succeeded += 1
+                self._latencies.append(event.latency)
+            elif isinstance(event, CallFailed):
+                self._failed += 1
+            elif isinstance(event, FallbackUsed):
+                self._fallbacks[event.reason] += 1
+            elif isinstance(event, RetryScheduled | WaitScheduled):
+                self._retries += isinstance(event, RetryScheduled)
+                self._waits += 1
+                self._waited += event.delay
+
+    def snapshot(self, breakers: Mapping[str, BreakerState]) -> ClientStats:
+        """The counters now, with the breakers' current states."""
+        with self._lock:
+            ordered = sorted(self._latencies)
+            latency: dict[str, float] = {}
+            if ordered:
+                for name, q in _PERCENTILES.items():
+                    latency[name] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+                latency["max"] = ordered[-1]
+            return ClientStats(
+                calls=self._succeeded + self._failed,
+                succeeded=self._succeeded,
+                failed=self._failed,
+                by_backend={name: dict(counts) for name, counts in self._by_backend.items()},
+                fallbacks=dict(self._fallbacks),
+                retries=self._retries,
+                waits=self._waits,
+                waited=self._waited,
+                breakers=dict(breakers),
+                latency=latency,
+            )
+
+
+class DegradedTracker:
+    """Tracks a degraded period: calls served by fallbacks while the primary does not serve.
+
+    ``served`` returns the fields of a ``PrimaryDegraded`` event when one is due: at the
+    first fallback of a period, then at most once per ``interval`` while it lasts. A call
+    served by a primary ends the period.
+    """
+
+    __slots__ = ("_count", "_interval", "_last", "_lock", "_since")
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._last = 0.0
+        self._count = 0
+
+    def served(
+        self, *, primary: str, by_fallback: bool, reason: str | None, now: float
+    ) -> dict[str, Any] | None:
+        """Note one served call; return ``PrimaryDegraded`` fields when one is due."""
+        with self._lock:
+            if not by_fallback:
+                self._since = None
+                return None
+            if self._since is None:
+                self._since, self._count, self._last = now, 0, -float("inf")
+            self._count += 1
+            if now - self._last < self._interval:
+                return None
+            self._last = now
+            return {
+                "backend": primary,
+                "since": self._since,
+                "fallbacks": self._count,
+                "reason": reason or "fallback",
+            }

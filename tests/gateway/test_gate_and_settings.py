@@ -1,0 +1,153 @@
+"""The async driver of admission, the settings, the key table and the CLI's flag handling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from tests.gateway.fakes import until
+
+pytestmark = [pytest.mark.server]
+
+from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued
+from herdless.gateway.cli import load_settings, main
+from herdless.gateway.gate import Gate
+from herdless.gateway.metrics import Histogram
+from herdless.gateway.settings import ApiKeys, GatewaySettings
+from herdless.gateway.upstream import UsageSniffer
+from herdless.gateway.wire import parse_chat_request
+from herdless.testing import FakeClock
+
+
+def gate(**limits: object) -> Gate:
+    return Gate(Admission(AdmissionConfig(**limits), clock=FakeClock()))  # type: ignore[arg-type]
+
+
+async def test_a_waiter_is_woken_when_a_slot_frees() -> None:
+    g = gate(max_concurrency=1, max_queue=2)
+    first = g.offer("a", 1)
+    second = g.offer("a", 1)
+    assert isinstance(first, Admit)
+    assert isinstance(second, Enqueued)
+    waiter = asyncio.create_task(g.wait(second.ticket))
+    await until(lambda: second.ticket.id in g._waiters)
+    g.release(first.ticket)
+    assert await waiter is None
+    assert second.ticket.state == "running"
+
+
+async def test_a_cancelled_waiter_frees_its_place() -> None:
+    g = gate(max_concurrency=1, max_queue=2)
+    g.offer("a", 1)
+    queued = g.offer("a", 1)
+    assert isinstance(queued, Enqueued)
+    waiter = asyncio.create_task(g.wait(queued.ticket))
+    await until(lambda: queued.ticket.id in g._waiters)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert g.admission.queue_depth == 0
+    assert g._waiters == {}
+
+
+async def test_drain_wakes_waiters_with_a_503() -> None:
+    g = gate(max_concurrency=1, max_queue=2)
+    g.offer("a", 1)
+    queued = g.offer("a", 1)
+    assert isinstance(queued, Enqueued)
+    waiter = asyncio.create_task(g.wait(queued.ticket))
+    await until(lambda: queued.ticket.id in g._waiters)
+    g.drain()
+    refused = await waiter
+    assert refused is not None
+    assert (refused.status, refused.code) == (503, "draining")
+
+
+# -- settings and CLI -------------------------------------------------------------------
+
+
+def test_flags_override_the_environment() -> None:
+    os.environ["HERDLESS_GATEWAY_MAX_QUEUE"] = "7"
+    os.environ["HERDLESS_GATEWAY_RATE"] = "3"
+    settings = load_settings(["--rate", "5", "--no-access-log"])
+    assert (settings.max_queue, settings.rate, settings.access_log) == (7, 5.0, False)
+    assert settings.admission_config().rate == 5.0
+
+
+def test_key_share_applies_only_with_keys() -> None:
+    assert GatewaySettings().admission_config().key_queue_share == 1.0
+    assert GatewaySettings(api_keys="k").admission_config().key_queue_share == 0.5
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-concurrency", "0"], "--max-concurrency: Input should be greater than 0"),
+        (["--port", "x"], "--port: Input should be a valid integer"),
+        (["--upstream", "nope"], "--upstream:"),
+        (["--log-level", "loud"], "--log-level:"),
+    ],
+)
+def test_bad_settings_exit_2_with_a_clear_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_secrets_are_not_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--api-keys", "k"]) == 2
+    assert main(["--help"]) == 0
+    assert "HERDLESS_GATEWAY_API_KEYS" in capsys.readouterr().out
+
+
+def test_blank_api_keys_are_rejected() -> None:
+    with pytest.raises(ValueError, match="at least one key"):
+        GatewaySettings(api_keys=" , ")
+
+
+def test_api_keys_are_hashed_and_identified() -> None:
+    keys = ApiKeys(["alpha", "beta"])
+    assert keys.identify("alpha") != keys.identify("beta")
+    assert (
+        keys.identify(
+            "alpha",
+        )
+        is not None
+    )
+    assert keys.identify("gamma") is None
+    assert "alpha" not in repr(keys)
+    assert len(keys) == 2
+
+
+# -- small pure pieces ------------------------------------------------------------------
+
+
+def test_price_estimate() -> None:
+    request = parse_chat_request(
+        b'{"messages":[{"role":"system","content":"abcdefgh"},'
+        b'{"role":"user","content":[{"type":"text","text":"abcd"}]}],"max_completion_tokens":7}'
+    )
+    assert (request.prompt_tokens, request.max_tokens) == (3 + 8, 7)
+    assert request.price(default_max_tokens=100) == 18
+    assert parse_chat_request(b'{"messages":[{"role":"user"}]}').price(100) == 104
+
+
+def test_usage_sniffer_finds_the_last_total_across_chunks() -> None:
+    sniffer = UsageSniffer()
+    assert sniffer.total_tokens is None
+    sniffer.feed(b'data: {"usage":{"prompt_tokens":3,"total_to')
+    sniffer.feed(b'kens":42}}\n\ndata: [DONE]\n\n')
+    assert sniffer.total_tokens == 42
+
+
+def test_histogram_is_cumulative() -> None:
+    histogram = Histogram("x_seconds", "help", bounds=(0.1, 1))
+    for value in (0.05, 0.5, 5):
+        histogram.observe(value)
+    lines = histogram.render()
+    assert 'herdless_gateway_x_seconds_bucket{le="0.1"} 1' in lines
+    assert 'herdless_gateway_x_seconds_bucket{le="1.0"} 2' in lines
+    assert 'herdless_gateway_x_seconds_bucket{le="+Inf"} 3' in lines
+    assert histogram.count == 3

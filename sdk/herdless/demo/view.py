@@ -1,0 +1,93 @@
+"""What the demo shows: the live panel while the day plays, and the summary at its end."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from herdless.demo.day import Day
+from herdless.demo.tally import Tally
+
+__all__ = ["live_panel", "summary_table"]
+
+
+def live_panel(
+    tally: Tally, day: Day, now: float, *, primary: str, fallback: str | None
+) -> RenderableType:
+    """The live view at monotonic time ``now``."""
+    t = now - tally.start
+    phase = day.phase(t)
+    head = Text.assemble(
+        (f"{min(t, day.length):5.1f}s / {day.length:g}s  ", "bold"),
+        (f"{phase.name}: ", "bold cyan"),
+        phase.caption,
+        f"   employees chatting: {day.active(t)}",
+    )
+    bar = ProgressBar(total=day.length, completed=min(t, day.length), width=60)
+    grid = Table.grid(padding=(0, 3))
+    grid.add_column(justify="left")
+    grid.add_column(justify="right")
+    backends = [primary] + ([fallback] if fallback else [])
+    for name in backends:
+        rate = tally.rate(tally.served[name], now)
+        grid.add_row(f"served by {name} (req/s)", f"{rate:6.1f}")
+    grid.add_row("refused with 429 (per s)", f"{tally.rate(tally.refused, now):6.1f}")
+    grid.add_row("failed (per s)", f"{tally.rate(tally.failed, now):6.1f}")
+    grid.add_row("retries scheduled", f"{tally.retries:6d}")
+    grid.add_row("gateway queue depth", _gauge(tally, "queue_depth"))
+    grid.add_row("gateway running upstream", _gauge(tally, "inflight"))
+    open_ = tally.breakers["open"] + tally.breakers["half_open"]
+    grid.add_row("clients with an open breaker", f"{open_:6d}")
+    reasons = ", ".join(f"{r}: {n}" for r, n in tally.fallbacks_by.most_common()) or "none"
+    grid.add_row("fallbacks (why)", reasons)
+    return Panel(Group(head, bar, Text(""), grid), title="herdless demo: a day at the office")
+
+
+def summary_table(tally: Tally, *, primary: str, fallback: str | None) -> Table:
+    """The final accounting: who served, who failed and why, latency and attempts."""
+    table = Table(title="the day, accounted for", show_header=True)
+    table.add_column("")
+    table.add_column("value", justify="right")
+    total = tally.finished
+    table.add_row("requests finished", str(total))
+    table.add_row(f"served by {primary} (primary)", _share(tally.served_total[primary], total))
+    if fallback:
+        table.add_row(
+            f"served by {fallback} (fallback)", _share(tally.served_total[fallback], total)
+        )
+    failed = sum(tally.failed_by.values())
+    table.add_row("failed", _share(failed, total))
+    for error, n in tally.failed_by.most_common():
+        table.add_row(f"  failed: {error}", str(n))
+    for reason, n in tally.fallbacks_by.most_common():
+        table.add_row(f"  fallback: {reason}", str(n))
+    for status, n in sorted(tally.refusals_by.items()):
+        table.add_row(f"attempts refused with {status}", str(n))
+    table.add_row("retries scheduled", str(tally.retries))
+    for q in (50, 95, 99):
+        table.add_row(f"latency p{q} (served)", _seconds(tally.latency(q)))
+    table.add_row("attempts per request (mean)", _number(tally.mean_attempts()))
+    table.add_row("attempts per request (max)", str(max(tally.attempts, default=0)))
+    return table
+
+
+def _gauge(tally: Tally, name: str) -> str:
+    value = tally.gauges.get(name)
+    return "   n/a" if value is None else f"{value:6.0f}"
+
+
+def _share(n: int, total: int) -> str:
+    return f"{n} ({n / total:.1%})" if total else str(n)
+
+
+def _seconds(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f} s"
+
+
+def _number(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}"

@@ -1,6 +1,12 @@
 """herdless: run your own LLM next to a hosted one."""
 
 from herdless._backend import Backend, Timeouts
+from herdless._breaker import BreakerPolicy
+from herdless._client import AsyncClient, Client
+from herdless._retry import RetryPolicy
+from herdless._routing import FallbackPolicy
+from herdless._stats import ClientStats
+from herdless._stream import AsyncStream, Stream
 from herdless._types import AttemptRecord, ChatResult, Chunk, Message, Usage
 from herdless._version import __version__
 from herdless.errors import (
@@ -26,21 +32,29 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AllBackendsFailed",
+    "AsyncClient",
+    "AsyncStream",
     "AttemptRecord",
     "AuthenticationError",
     "Backend",
     "BadRequestError",
+    "BreakerPolicy",
     "ChatResult",
     "Chunk",
+    "Client",
+    "ClientStats",
     "ConfigurationError",
     "DeadlineExceeded",
     "FallbackNotAllowed",
+    "FallbackPolicy",
     "HerdlessError",
     "Message",
     "PermissionDeniedError",
     "RateLimitError",
+    "RetryPolicy",
     "ServiceUnavailableError",
     "SpendLimitExceeded",
+    "Stream",
     "StreamInterrupted",
     "Timeouts",
     "Usage",

@@ -6,13 +6,14 @@ and ended by ``data: [DONE]`` (vLLM's framing; see ``VLLM_WIRE.md``). Streams as
 ``stream_options.include_usage`` so that the final usage chunk arrives.
 
 The SSE decoder is written here rather than taken from ``httpx-sse`` because the core SDK
-depends only on httpx, backoff, aiolimiter and pydantic-settings; it works on lines (httpx
-splits them) and is about twenty lines.
+depends only on httpx, backoff, aiolimiter and pydantic-settings, and because it must
+split lines itself (see ``SSEDecoder``); it is about forty lines.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -158,40 +159,56 @@ def parse_chunk(data: str) -> Chunk:
 
 
 class SSEDecoder:
-    """Turns the lines of a ``text/event-stream`` body into event ``data`` strings.
+    """Turns the bytes of a ``text/event-stream`` body into event ``data`` strings.
 
-    Feed it every line (without its line ending); it returns the event's data when a
-    blank line completes an event, else ``None``. Comment lines (``:``) and fields other
-    than ``data`` are ignored; several ``data`` lines of one event are joined by ``\\n``
-    (the SSE specification).
+    Feed it the body's chunks as they arrive, in any sizes; it returns the data of
+    every event completed so far. Lines end with ``\\r\\n``, ``\\n`` or ``\\r`` only
+    (the SSE specification): httpx's ``iter_lines`` also splits on U+2028 and friends,
+    which vLLM writes unescaped inside JSON strings, so lines are split here, on bytes.
+    Comment lines (``:``) and fields other than ``data`` are ignored; several ``data``
+    lines of one event are joined by ``\\n``.
 
     >>> decoder = SSEDecoder()
-    >>> [decoder.feed(line) for line in ["data: {}", ""]]
-    [None, '{}']
+    >>> decoder.feed(b"data: {}"), decoder.feed(b"\\n\\n")
+    ([], ['{}'])
     """
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "_partial")
 
     def __init__(self) -> None:
-        self._data: list[str] = []
+        self._partial = b""  # the unfinished last line
+        self._data: list[str] = []  # data lines of the unfinished event
 
-    def feed(self, line: str) -> str | None:
-        """Consume one line; return the completed event's data, if this line ends one."""
+    def feed(self, chunk: bytes) -> list[str]:
+        """Consume one chunk of the body; return the data of the events it completed."""
+        buffer = self._partial + chunk
+        # A trailing \r may be the first half of \r\n: wait for the next chunk to tell.
+        held = b"\r" if buffer.endswith(b"\r") else b""
+        lines = _LINE_END.split(buffer[: len(buffer) - len(held)])
+        self._partial = lines.pop() + held
+        events = (self._line(line.decode("utf-8", "replace")) for line in lines)
+        return [event for event in events if event is not None]
+
+    def flush(self) -> list[str]:
+        """At the end of the body: the events a server left unterminated."""
+        events = self.feed(b"\n") if self._partial else []
+        if self._data:
+            events.append(self._dispatch())
+        return events
+
+    def _line(self, line: str) -> str | None:
         if not line:
-            return self.flush()
-        if line.startswith(":"):
-            return None
+            return self._dispatch() if self._data else None
         name, _, value = line.partition(":")
         if name == "data":
             # One optional space after the colon belongs to the framing, not the value.
             self._data.append(value[1:] if value.startswith(" ") else value)
         return None
 
-    def flush(self) -> str | None:
-        """Return the pending event at the end of the body (a server that omits the last
-        blank line), or ``None``."""
-        if not self._data:
-            return None
+    def _dispatch(self) -> str:
         data = "\n".join(self._data)
         self._data.clear()
         return data
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")

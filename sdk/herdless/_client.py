@@ -1,0 +1,549 @@
+"""``Client`` and ``AsyncClient``: two thin drivers over one call flow.
+
+Every decision (retry, wait, breaker, budget, fallback, deadline) is made by the
+sans-I/O ``CallFlow`` (``herdless._flow``). A driver only performs what the flow yields:
+``Send`` with httpx, ``Sleep`` with the injected ``sleep``; it hands the flow's events to
+``on_event`` after every step, so a hook hears of a wait before it starts. What both
+drivers share (arguments, environment, request body, result building, hook dispatch)
+lives in ``_BaseClient``; what differs is the ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import httpx
+
+from herdless._actions import Accepted, Outcome, Send, Sleep
+from herdless._backend import Backend, Timeouts
+from herdless._breaker import BreakerPolicy
+from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless._policies import DEFAULT_DEADLINE, Policies
+from herdless._retry import RetryPolicy
+from herdless._routing import FallbackPolicy
+from herdless._settings import client_options
+from herdless._stream import AsyncStream, Stream, _StreamState
+from herdless._transport import ERROR_BODY_CAP, OpenStream, accept, build_request, failure
+from herdless._types import ChatResult
+from herdless._wire import Completion, build_body
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from herdless._flow import CallFlow
+    from herdless._stats import ClientStats
+    from herdless.events import Event
+
+__all__ = ["AsyncClient", "Client"]
+
+logger = logging.getLogger("herdless")
+
+
+def _primaries(primary: str | Backend | Sequence[str | Backend]) -> list[Backend]:
+    items = [primary] if isinstance(primary, str | Backend) else list(primary)
+    return [
+        item
+        if isinstance(item, Backend)
+        else Backend(name="primary" if index == 0 else f"primary-{index + 1}", base_url=item)
+        for index, item in enumerate(items)
+    ]
+
+
+def _warn_unclosed(closed: list[bool], name: str) -> None:
+    if not closed[0]:
+        warnings.warn(
+            f"{name} was not closed: use `with` / `async with`, or call close()",
+            ResourceWarning,
+            stacklevel=1,
+        )
+
+
+class _BaseClient:
+    """Arguments, environment and everything per call that is not I/O."""
+
+    def __init__(
+        self,
+        primary: str | Backend | Sequence[str | Backend] | None,
+        *,
+        fallback: Backend | Sequence[Backend] | None,
+        model: str | None,
+        retry: RetryPolicy | None,
+        breaker: BreakerPolicy | None,
+        deadline: float | None,
+        on_event: Callable[[Event], Any] | None,
+        timeouts: Timeouts | None,
+        fallback_policy: FallbackPolicy | None,
+        clock: Clock,
+        rng: random.Random | None,
+        env_file: str | Path | None,
+    ) -> None:
+        if primary is None:  # no primary given: the environment says everything not given
+            env = client_options(env_file)
+            primary = env.primary
+            fallback = env.fallback if fallback is None else fallback
+            model = env.model if model is None else model
+            deadline = env.deadline if deadline is None else deadline
+            timeouts = timeouts or env.timeouts
+            retry = retry or env.retry
+            breaker = breaker or env.breaker
+        self._policies = Policies(
+            primary=_primaries(primary),
+            fallback=fallback,
+            model=model,
+            retry=retry,
+            breaker=breaker,
+            fallback_policy=fallback_policy,
+            timeouts=timeouts,
+            deadline=DEFAULT_DEADLINE if deadline is None else deadline,
+            clock=clock,
+            rng=rng,
+        )
+        self._clock = clock
+        self._on_event = on_event
+        # A shared flag, not self: the finalizer must not keep the client alive.
+        self._closed = [False]
+        weakref.finalize(self, _warn_unclosed, self._closed, type(self).__name__)
+
+    @classmethod
+    def from_env(cls, *, env_file: str | Path | None = ".env", **kwargs: Any) -> Self:
+        """A client configured by ``HERDLESS_*`` variables (and ``env_file``); keyword
+        arguments (``on_event=``, ``clock=``, ``fallback=``, ...) add to or override them.
+
+        Raises:
+            ConfigurationError: a variable is missing or malformed; ``.variable`` names it.
+        """
+        if "primary" in kwargs:
+            raise TypeError("from_env() reads the primary from HERDLESS_PRIMARY_URL")
+        return cls(env_file=env_file, **kwargs)
+
+    def stats(self) -> ClientStats:
+        """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
+        states and latency percentiles, computed from this client's events."""
+        return self._policies.stats()
+
+    def _start(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None,
+        max_tokens: int | None,
+        temperature: float | None,
+        stream: bool,
+        deadline: float | None,
+        allow_fallback: bool,
+        extra: Mapping[str, Any],
+    ) -> tuple[CallFlow, str]:
+        """The call's flow and request id."""
+        body = build_body(
+            messages, max_tokens=max_tokens, temperature=temperature, stream=stream, extra=extra
+        )
+        request_id = uuid.uuid4().hex
+        return self._policies.start_call(
+            request_id=request_id,
+            body=body,
+            model=model,
+            stream=stream,
+            deadline=deadline,
+            allow_fallback=allow_fallback,
+        ), request_id
+
+    def _call_hook(self, event: Event) -> Any:
+        """Run the hook on one event; a hook that raises is logged and never breaks the call."""
+        try:
+            return self._on_event(event) if self._on_event is not None else None
+        except Exception:
+            logger.exception("herdless on_event hook raised on %s", type(event).__name__)
+            return None
+
+    @staticmethod
+    def _result(accepted: Accepted, request_id: str) -> ChatResult:
+        completion: Completion = accepted.response.stream
+        return ChatResult(
+            content=completion.content,
+            backend=accepted.backend.name,
+            model=completion.model,
+            usage=completion.usage,
+            attempts=accepted.attempts,
+            fallback_reason=accepted.fallback_reason,
+            request_id=request_id,
+            finish_reason=completion.finish_reason,
+            raw=completion.raw,
+        )
+
+    def _elapsed(self, start: float) -> float:
+        return self._clock.monotonic() - start
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._policies!r})"
+
+
+class Client(_BaseClient):
+    """A synchronous herdless client. Thread-safe: share one per process.
+
+    Args:
+        primary: the primary's API root (``"http://gateway:8080/v1"``), a ``Backend``, or
+            several (each call picks the less busy of two). ``None`` reads the environment
+            (``HERDLESS_*``, see ``from_env``) for everything not given.
+        fallback: backends to fall back to, in order.
+        model: the model asked of the primary.
+        retry: retry, backoff and retry-budget policy.
+        breaker: circuit-breaker policy (one breaker per backend, per client).
+        deadline: seconds for a whole call, waits included (default 60).
+        on_event: called with every event (``herdless.events``); must be a plain callable.
+        timeouts: per-attempt limits for backends that set none.
+        fallback_policy: when to leave a backend, where a call may not go.
+        clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
+        rng: random source for jitter (seeded in tests).
+        sleep: how to wait (``time.sleep``; ``FakeClock.sleep`` in tests).
+        http_client: an ``httpx.Client`` to send with (not closed by this client).
+        transport: an httpx transport for the client's own ``httpx.Client``
+            (``httpx.MockTransport`` in tests).
+        env_file: the ``.env`` file read when configuring from the environment.
+
+    >>> with Client(primary="http://127.0.0.1:8080/v1", model="gemma") as client:  # doctest: +SKIP
+    ...     print(client.chat([{"role": "user", "content": "Hi"}]).content)
+
+    Raises:
+        TypeError: ``on_event`` is a coroutine function (use ``AsyncClient``).
+        ConfigurationError: configured from the environment, and a variable is wrong.
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        primary: str | Backend | Sequence[str | Backend] | None = None,
+        *,
+        fallback: Backend | Sequence[Backend] | None = None,
+        model: str | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: BreakerPolicy | None = None,
+        deadline: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        timeouts: Timeouts | None = None,
+        fallback_policy: FallbackPolicy | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        http_client: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
+        env_file: str | Path | None = ".env",
+    ) -> None:
+        if on_event is not None and (
+            inspect.iscoroutinefunction(on_event)
+            or inspect.iscoroutinefunction(getattr(on_event, "__call__", None))  # noqa: B004
+        ):
+            raise TypeError(
+                "Client needs a plain on_event callable; use AsyncClient for async hooks"
+            )
+        super().__init__(
+            primary,
+            fallback=fallback,
+            model=model,
+            retry=retry,
+            breaker=breaker,
+            deadline=deadline,
+            on_event=on_event,
+            timeouts=timeouts,
+            fallback_policy=fallback_policy,
+            clock=clock,
+            rng=rng,
+            env_file=env_file,
+        )
+        self._sleep = sleep
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(transport=transport)
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[False] = ...,
+        deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        **extra: Any,
+    ) -> ChatResult: ...
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[True],
+        deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        **extra: Any,
+    ) -> Stream: ...
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        stream: bool = False,
+        deadline: float | None = None,
+        allow_fallback: bool = True,
+        **extra: Any,
+    ) -> ChatResult | Stream:
+        """Ask for a chat completion (``POST {base_url}/chat/completions``).
+
+        Args:
+            messages: the conversation, e.g. ``[{"role": "user", "content": "Hi"}]``.
+            model: this call's model for the primary (a fallback keeps its own).
+            max_tokens: the most tokens to generate.
+            temperature: sampling temperature.
+            stream: return a ``Stream`` of chunks, once the first one arrived.
+            deadline: seconds for this call, waits included (the client's by default).
+            allow_fallback: ``False`` keeps the call off fallbacks (data guard).
+            **extra: other OpenAI fields (``seed``, ``stop``, ``response_format``, ...),
+                sent unchanged.
+
+        Returns:
+            A ``ChatResult``, or a ``Stream`` with ``stream=True``.
+
+        Raises:
+            HerdlessError: a subclass saying what failed (``herdless.errors``).
+        """
+        flow, request_id = self._start(
+            messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=stream,
+            deadline=deadline,
+            allow_fallback=allow_fallback,
+            extra=extra,
+        )
+        steps = flow.run()
+        try:
+            action = next(steps)
+            while True:
+                self._dispatch(flow.take_events())
+                if isinstance(action, Sleep):
+                    self._sleep(action.seconds)
+                    action = steps.send(None)
+                else:
+                    action = steps.send(self._perform(action))
+        except StopIteration as stop:
+            accepted: Accepted = stop.value
+        finally:
+            steps.close()  # the driver stopped early (KeyboardInterrupt): free what the flow holds
+            self._dispatch(flow.take_events())
+        if stream:
+            return Stream(_StreamState(flow, accepted, request_id), self._dispatch)
+        return self._result(accepted, request_id)
+
+    def _perform(self, send: Send) -> Outcome:
+        start = self._clock.monotonic()
+        response = None
+        try:
+            response = self._http.send(build_request(self._http, send), stream=True)
+            if send.stream and response.is_success:
+                opened = OpenStream(response, response.iter_bytes())
+                while not opened.feed(next(opened.raw)):
+                    pass
+                return opened.outcome(elapsed=self._elapsed(start))
+            body = bytearray()
+            for part in response.iter_bytes():
+                body += part
+                if len(body) > ERROR_BODY_CAP and not response.is_success:
+                    break
+            response.close()
+            return accept(response, bytes(body), stream=send.stream, elapsed=self._elapsed(start))
+        except (httpx.RequestError, ValueError, StopIteration) as exc:
+            if response is not None:
+                response.close()
+            return failure(exc, elapsed=self._elapsed(start))
+
+    def _dispatch(self, events: list[Event]) -> None:
+        for event in events:
+            result = self._call_hook(event)
+            if inspect.iscoroutine(result):  # a lambda returning a coroutine slipped through
+                result.close()
+                logger.error("herdless on_event hook returned an awaitable; use AsyncClient")
+
+    def close(self) -> None:
+        """Close the connections (idempotent)."""
+        self._closed[0] = True
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncClient(_BaseClient):
+    """An asyncio herdless client; the arguments are ``Client``'s, except that ``on_event``
+    may also be a coroutine function, ``sleep`` is awaited (``asyncio.sleep``;
+    ``FakeClock.asleep`` in tests), and ``http_client`` / ``transport`` are async.
+
+    >>> async with AsyncClient(primary="http://127.0.0.1:8080/v1") as client:  # doctest: +SKIP
+    ...     result = await client.chat([{"role": "user", "content": "Hi"}])
+    """
+
+    def __init__(
+        self,
+        primary: str | Backend | Sequence[str | Backend] | None = None,
+        *,
+        fallback: Backend | Sequence[Backend] | None = None,
+        model: str | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: BreakerPolicy | None = None,
+        deadline: float | None = None,
+        on_event: Callable[[Event], Awaitable[None] | None] | None = None,
+        timeouts: Timeouts | None = None,
+        fallback_policy: FallbackPolicy | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        env_file: str | Path | None = ".env",
+    ) -> None:
+        super().__init__(
+            primary,
+            fallback=fallback,
+            model=model,
+            retry=retry,
+            breaker=breaker,
+            deadline=deadline,
+            on_event=on_event,
+            timeouts=timeouts,
+            fallback_policy=fallback_policy,
+            clock=clock,
+            rng=rng,
+            env_file=env_file,
+        )
+        self._sleep = sleep
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(transport=transport)
+
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[False] = ...,
+        deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        **extra: Any,
+    ) -> ChatResult: ...
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[True],
+        deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        **extra: Any,
+    ) -> AsyncStream: ...
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        stream: bool = False,
+        deadline: float | None = None,
+        allow_fallback: bool = True,
+        **extra: Any,
+    ) -> ChatResult | AsyncStream:
+        """Ask for a chat completion; see ``Client.chat``."""
+        flow, request_id = self._start(
+            messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=stream,
+            deadline=deadline,
+            allow_fallback=allow_fallback,
+            extra=extra,
+        )
+        steps = flow.run()
+        try:
+            action = next(steps)
+            while True:
+                await self._dispatch(flow.take_events())
+                if isinstance(action, Sleep):
+                    await self._sleep(action.seconds)
+                    action = steps.send(None)
+                else:
+                    action = steps.send(await self._perform(action))
+        except StopIteration as stop:
+            accepted: Accepted = stop.value
+        finally:
+            steps.close()  # cancelled mid-call: free what the flow holds
+            await self._dispatch(flow.take_events())
+        if stream:
+            return AsyncStream(_StreamState(flow, accepted, request_id), self._dispatch)
+        return self._result(accepted, request_id)
+
+    async def _perform(self, send: Send) -> Outcome:
+        start = self._clock.monotonic()
+        response = None
+        try:
+            response = await self._http.send(build_request(self._http, send), stream=True)
+            if send.stream and response.is_success:
+                opened = OpenStream(response, response.aiter_bytes())
+                while not opened.feed(await anext(opened.raw)):
+                    pass
+                return opened.outcome(elapsed=self._elapsed(start))
+            body = bytearray()
+            async for part in response.aiter_bytes():
+                body += part
+                if len(body) > ERROR_BODY_CAP and not response.is_success:
+                    break
+            await response.aclose()
+            return accept(response, bytes(body), stream=send.stream, elapsed=self._elapsed(start))
+        except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
+            if response is not None:
+                await response.aclose()
+            return failure(exc, elapsed=self._elapsed(start))
+
+    async def _dispatch(self, events: list[Event]) -> None:
+        for event in events:
+            result = self._call_hook(event)
+            if inspect.isawaitable(result):
+                try:
+                    await result
+                except Exception:
+                    logger.exception("herdless on_event hook raised on %s", type(event).__name__)
+
+    async def aclose(self) -> None:
+        """Close the connections (idempotent)."""
+        self._closed[0] = True
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

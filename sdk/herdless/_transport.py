@@ -1,0 +1,145 @@
+"""What both drivers share about performing a ``Send`` with httpx, minus the I/O calls.
+
+The sync and async drivers differ only in ``send`` / ``iter_bytes`` / ``close`` versus
+their awaited twins; the request, the timeouts, the mapping of httpx exceptions to
+``TransportFailure`` kinds, the body cap and the first-event rule live here, once.
+
+Timeouts (seconds, already clipped by the flow): ``connect`` bounds the connection (and
+the pool wait, and writing the small request body); ``first_byte`` bounds every read
+until the attempt is accepted, that is the response head and, for a stream, its first
+event: a vLLM stream sends its head at once and its first event only when the request
+left the queue and prefilled, so "time to first token" is what a hung primary shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import httpx
+
+from herdless._actions import Response, Send, TransportFailure, TransportFailureKind
+from herdless._wire import SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
+
+__all__ = ["ERROR_BODY_CAP", "OpenStream", "accept", "build_request", "failure", "is_success"]
+
+# An error body is read for its message only; a proxy's HTML page can be large.
+ERROR_BODY_CAP: Final = 64 * 1024
+
+_JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
+_SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+def build_request(http: httpx.Client | httpx.AsyncClient, send: Send) -> httpx.Request:
+    """The attempt's ``POST {base_url}/chat/completions`` with its body, headers and timeouts."""
+    headers = dict(_SSE_HEADERS if send.stream else _JSON_HEADERS)
+    headers.update(send.headers)
+    if send.backend.api_key:
+        headers["Authorization"] = f"Bearer {send.backend.api_key}"
+    limits = send.timeouts
+    return http.build_request(
+        "POST",
+        send.backend.chat_url,
+        content=encode_body(with_model(send.body, send.model)),
+        headers=headers,
+        timeout=httpx.Timeout(
+            connect=limits.connect,
+            read=limits.first_byte,
+            write=limits.connect,
+            pool=limits.connect,
+        ),
+    )
+
+
+def is_success(status: int) -> bool:
+    """A 2xx status: the attempt is the call's answer."""
+    return 200 <= status < 300
+
+
+def _kind(exc: BaseException) -> TransportFailureKind:
+    # Most specific first: the timeouts are TransportErrors too.
+    if isinstance(exc, httpx.ReadTimeout):
+        return "first_byte_timeout"  # only reads before acceptance happen inside a Send
+    if isinstance(exc, httpx.TimeoutException):  # connect, pool, write: nothing was processed
+        return "connect_timeout"
+    if isinstance(exc, httpx.ConnectError | httpx.WriteError):
+        return "connect"
+    if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError | _Ended):
+        return "read"  # the server went away mid-answer, or before a stream's first event
+    if isinstance(exc, httpx.ProtocolError | httpx.DecodingError | ValueError):
+        return "protocol"  # not HTTP, or not the wire format
+    return "connect"  # any other transport error (a proxy's, say): nothing was processed
+
+
+_Ended = StopIteration | StopAsyncIteration
+
+
+def failure(exc: BaseException, *, elapsed: float) -> TransportFailure:
+    """The ``TransportFailure`` for an exception raised while performing a ``Send``.
+
+    ``exc`` is an ``httpx.RequestError``, a ``ValueError`` from decoding the answer, or
+    ``StopIteration`` / ``StopAsyncIteration`` for a stream that ended before its first
+    event. The message is the exception's text (httpx never puts headers, so never the
+    API key, into it).
+    """
+    if isinstance(exc, _Ended):
+        message = "the stream ended before its first event"
+    else:
+        message = str(exc) or type(exc).__name__
+    return TransportFailure(kind=_kind(exc), message=message, elapsed=elapsed)
+
+
+def accept(response: httpx.Response, body: bytes, *, stream: bool, elapsed: float) -> Response:
+    """The ``Response`` outcome for a read answer.
+
+    A 2xx non-streaming body is decoded here, so that a garbled answer is a failed
+    attempt the flow can retry elsewhere, not an error after the call was accepted; the
+    decoded ``Completion`` travels in ``Response.stream`` (the driver's slot).
+
+    Raises:
+        ValueError: a 2xx non-streaming body is not a chat completion.
+    """
+    decoded = parse_completion(body) if is_success(response.status_code) and not stream else None
+    return Response(
+        status=response.status_code,
+        headers=response.headers,
+        body=body,
+        elapsed=elapsed,
+        stream=decoded,
+    )
+
+
+class OpenStream:
+    """An accepted stream: the httpx response, its byte iterator and what was decoded.
+
+    The driver feeds chunks to ``feed`` until ``events`` is not empty (the first event,
+    validated: an error event before any chunk is a failed attempt, not a cut stream).
+    """
+
+    __slots__ = ("decoder", "events", "raw", "response")
+
+    def __init__(self, response: httpx.Response, raw: Any) -> None:
+        self.response = response
+        self.raw = raw  # the Iterator / AsyncIterator of body bytes, resumed by the Stream
+        self.decoder = SSEDecoder()
+        self.events: list[str] = []
+
+    def feed(self, chunk: bytes) -> bool:
+        """Decode ``chunk``; return whether the first event is in.
+
+        Raises:
+            ValueError: the first event is not a chunk (e.g. ``{"error": ...}``).
+        """
+        self.events += self.decoder.feed(chunk)
+        if self.events and self.events[0] != "[DONE]":
+            parse_chunk(self.events[0])
+        return bool(self.events)
+
+    def outcome(self, *, elapsed: float) -> Response:
+        """The accepted ``Response`` that carries this open stream."""
+        return Response(
+            status=self.response.status_code,
+            headers=self.response.headers,
+            body=b"",
+            elapsed=elapsed,
+            stream=self,
+        )

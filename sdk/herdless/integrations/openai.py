@@ -1,0 +1,277 @@
+"""The official ``openai`` client on herdless: one changed line, every policy underneath.
+
+``openai.OpenAI`` accepts an ``http_client``; the one built here never opens a socket
+itself. It turns each ``POST .../chat/completions`` into one call of a herdless client,
+which retries, waits, breaks and falls back as configured, with each backend's own URL,
+API key and model (the URL, key and model the openai client was given are not used).
+openai's own retries are switched off (``max_retries=0`` and ``x-should-retry: false``)
+so they never stack on herdless's::
+
+    import herdless
+    from herdless.integrations.openai import openai_client
+
+    client = openai_client(herdless.Client())        # was: client = openai.OpenAI()
+    answer = client.chat.completions.create(model="gpt-4o-mini", messages=[...])
+
+Or keep your own construction and pass the http client::
+
+    openai.OpenAI(api_key="unused", base_url="http://herdless/v1", max_retries=0,
+                  http_client=http_client(herdless.Client()))
+
+Per call, ``extra_headers={"x-herdless-allow-fallback": "false"}`` keeps the call off
+external fallbacks, and ``{"x-herdless-deadline": "5"}`` sets its deadline in seconds.
+Responses carry ``x-herdless-backend``, ``x-herdless-attempts`` and
+``x-herdless-fallback-reason`` (read them with ``.with_raw_response``).
+
+openai 2.x runs on ``httpx``; openai 3.x on ``httpx2`` (and still accepts ``httpx``).
+``flavor`` picks which one the http client is built on; :func:`openai_client` picks the
+one the installed openai uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import httpx
+
+from herdless.errors import HerdlessError, StreamInterrupted
+from herdless.integrations._bridge import (
+    DONE,
+    Call,
+    Failure,
+    Reply,
+    parse_call,
+    reply_for_error,
+    reply_for_result,
+    reply_for_stream,
+    sse,
+)
+
+if TYPE_CHECKING:
+    import openai
+
+    from herdless._client import AsyncClient, Client
+    from herdless._stream import AsyncStream, Stream
+
+__all__ = [
+    "Flavor",
+    "async_http_client",
+    "async_openai_client",
+    "async_transport",
+    "http_client",
+    "openai_client",
+    "transport",
+]
+
+Flavor = Literal["httpx", "httpx2"]
+
+# openai requires a base URL and a key; the transport ignores both (each herdless
+# backend has its own), so these only have to be valid.
+_PLACEHOLDER_URL = "http://herdless.invalid/v1"
+_PLACEHOLDER_KEY = "unused-herdless-uses-each-backends-key"
+
+
+def _answer(mod: Any, reply: Reply | Failure, request: Any) -> Any:
+    """The library's response for ``reply``, or its exception for a ``Failure``."""
+    if isinstance(reply, Failure):
+        error = mod.ReadTimeout if reply.timeout else mod.ConnectError
+        raise error(reply.message, request=request)
+    return mod.Response(reply.status, headers=reply.headers, content=reply.body)
+
+
+@functools.cache
+def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
+    """The sync and async transport classes for ``httpx`` or ``httpx2`` (same API)."""
+    # The bases are httpx's or httpx2's, chosen at run time: mypy sees them as Any.
+    sync_base: Any = mod.BaseTransport
+    async_base: Any = mod.AsyncBaseTransport
+    sync_body_base: Any = mod.SyncByteStream
+    async_body_base: Any = mod.AsyncByteStream
+
+    class SyncBody(sync_body_base):  # type: ignore[misc]  # base chosen at run time
+        def __init__(self, stream: Stream) -> None:
+            self._stream = stream
+
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                with self._stream as chunks:
+                    for chunk in chunks:
+                        yield sse(chunk)
+            except StreamInterrupted as exc:
+                raise mod.RemoteProtocolError(str(exc)) from exc
+            yield DONE
+
+        def close(self) -> None:
+            self._stream.close()
+
+    class AsyncBody(async_body_base):  # type: ignore[misc]  # base chosen at run time
+        def __init__(self, stream: AsyncStream) -> None:
+            self._stream = stream
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async with self._stream as chunks:
+                    async for chunk in chunks:
+                        yield sse(chunk)
+            except StreamInterrupted as exc:
+                raise mod.RemoteProtocolError(str(exc)) from exc
+            yield DONE
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+    class HerdlessTransport(sync_base):  # type: ignore[misc]  # base chosen at run time
+        """Serves chat completions with a herdless ``Client``."""
+
+        def __init__(self, client: Client, *, pass_model: bool = False) -> None:
+            self.client = client
+            self._pass_model = pass_model
+
+        def handle_request(self, request: Any) -> Any:
+            call = parse_call(
+                request.method,
+                request.url.path,
+                request.headers,
+                request.read(),
+                pass_model=self._pass_model,
+            )
+            if not isinstance(call, Call):
+                return _answer(mod, call, request)
+            try:
+                if call.stream:
+                    stream = self.client.chat(call.messages, stream=True, **call.kwargs)
+                    head = reply_for_stream(stream)
+                    return mod.Response(200, headers=head.headers, stream=SyncBody(stream))
+                result = self.client.chat(call.messages, stream=False, **call.kwargs)
+                return _answer(mod, reply_for_result(result), request)
+            except HerdlessError as exc:
+                return _answer(mod, reply_for_error(exc), request)
+
+    class AsyncHerdlessTransport(async_base):  # type: ignore[misc]  # base chosen at run time
+        """Serves chat completions with a herdless ``AsyncClient``."""
+
+        def __init__(self, client: AsyncClient, *, pass_model: bool = False) -> None:
+            self.client = client
+            self._pass_model = pass_model
+
+        async def handle_async_request(self, request: Any) -> Any:
+            call = parse_call(
+                request.method,
+                request.url.path,
+                request.headers,
+                await request.aread(),
+                pass_model=self._pass_model,
+            )
+            if not isinstance(call, Call):
+                return _answer(mod, call, request)
+            try:
+                if call.stream:
+                    stream = await self.client.chat(call.messages, stream=True, **call.kwargs)
+                    head = reply_for_stream(stream)
+                    return mod.Response(200, headers=head.headers, stream=AsyncBody(stream))
+                result = await self.client.chat(call.messages, stream=False, **call.kwargs)
+                return _answer(mod, reply_for_result(result), request)
+            except HerdlessError as exc:
+                return _answer(mod, reply_for_error(exc), request)
+
+    return HerdlessTransport, AsyncHerdlessTransport
+
+
+def _module(flavor: Flavor) -> ModuleType:
+    if flavor not in ("httpx", "httpx2"):
+        raise ValueError(f"flavor must be 'httpx' or 'httpx2', got {flavor!r}")
+    return httpx if flavor == "httpx" else importlib.import_module("httpx2")
+
+
+def transport(client: Client, *, pass_model: bool = False, flavor: Flavor = "httpx") -> Any:
+    """A sync transport (``httpx.BaseTransport``, or httpx2's) that calls ``client``.
+
+    Args:
+        client: the herdless client whose policies serve every call.
+        pass_model: send the request's ``model`` to the primary instead of the
+            backend's or client's own (fallbacks always use their own first).
+        flavor: ``"httpx"`` or ``"httpx2"``.
+    """
+    return _classes(_module(flavor))[0](client, pass_model=pass_model)
+
+
+def async_transport(
+    client: AsyncClient, *, pass_model: bool = False, flavor: Flavor = "httpx"
+) -> Any:
+    """The async twin of :func:`transport`, for a herdless ``AsyncClient``."""
+    return _classes(_module(flavor))[1](client, pass_model=pass_model)
+
+
+@overload
+def http_client(
+    client: Client, *, pass_model: bool = ..., flavor: Literal["httpx"] = ...
+) -> httpx.Client: ...
+@overload
+def http_client(client: Client, *, pass_model: bool = ..., flavor: Literal["httpx2"]) -> Any: ...
+def http_client(client: Client, *, pass_model: bool = False, flavor: Flavor = "httpx") -> Any:
+    """An ``httpx.Client`` (or ``httpx2.Client``) for ``openai.OpenAI(http_client=...)``,
+    LangChain's ``ChatOpenAI(http_client=...)`` and LlamaIndex's ``OpenAI(http_client=...)``.
+
+    Set the library's ``max_retries=0`` as well: herdless retries; the library should not.
+    Closing the http client does not close ``client``.
+    """
+    mod = _module(flavor)
+    return mod.Client(transport=transport(client, pass_model=pass_model, flavor=flavor))
+
+
+@overload
+def async_http_client(
+    client: AsyncClient, *, pass_model: bool = ..., flavor: Literal["httpx"] = ...
+) -> httpx.AsyncClient: ...
+@overload
+def async_http_client(
+    client: AsyncClient, *, pass_model: bool = ..., flavor: Literal["httpx2"]
+) -> Any: ...
+def async_http_client(
+    client: AsyncClient, *, pass_model: bool = False, flavor: Flavor = "httpx"
+) -> Any:
+    """The async twin of :func:`http_client`, for ``AsyncOpenAI`` and ``http_async_client``."""
+    mod = _module(flavor)
+    return mod.AsyncClient(transport=async_transport(client, pass_model=pass_model, flavor=flavor))
+
+
+def native_flavor() -> Flavor:
+    """The HTTP library the installed openai is built on: ``httpx2`` from 3.x."""
+    major = int(importlib.metadata.version("openai").split(".")[0])
+    return "httpx2" if major >= 3 else "httpx"
+
+
+def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) -> openai.OpenAI:
+    """An ``openai.OpenAI`` whose chat completions go through ``client``.
+
+    Args:
+        client: the herdless client (its backends decide URL, key and model).
+        pass_model: see :func:`transport`.
+        **kwargs: more ``openai.OpenAI`` arguments (``organization``, ``default_headers``,
+            ...). ``max_retries`` is always 0.
+    """
+    import openai
+
+    kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
+    kwargs.setdefault("base_url", _PLACEHOLDER_URL)
+    kwargs["max_retries"] = 0
+    http = http_client(client, pass_model=pass_model, flavor=native_flavor())
+    return openai.OpenAI(http_client=http, **kwargs)
+
+
+def async_openai_client(
+    client: AsyncClient, *, pass_model: bool = False, **kwargs: Any
+) -> openai.AsyncOpenAI:
+    """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``."""
+    import openai
+
+    kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
+    kwargs.setdefault("base_url", _PLACEHOLDER_URL)
+    kwargs["max_retries"] = 0
+    http = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
+    return openai.AsyncOpenAI(http_client=http, **kwargs)

@@ -190,6 +190,8 @@ class CallFlow:
                     else:
                         self._finish(backend, reason)
                     return accepted
+                if isinstance(result.error, SpendLimitExceeded):
+                    raise result.error  # a cap the user set: say exactly that
                 errors[backend.name] = result.error
                 if isinstance(result, _Fail):
                     break
@@ -362,6 +364,8 @@ class CallFlow:
                         return _Move("draining", last_error)
                 elif verdict.retry_after is not None:
                     self._backpressure(backend, verdict.retry_after, draining=False)
+                    if not last and fallback_policy.on_backpressure == "fallback":
+                        return _Move("backpressure", last_error)
                 if not verdict.fallback_may_help:
                     raise last_error  # a request no backend can serve: 400, 401, 403, ...
                 if not verdict.retryable:

@@ -1,0 +1,117 @@
+"""A hand driver for the call flow: scripted outcomes per backend, a fake clock, no HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from herdless._actions import Accepted, Response, Send, Sleep, TransportFailure
+from herdless._backend import Backend
+from herdless._flow import CallFlow
+from herdless._policies import Policies
+from herdless.events import Event
+from herdless.testing import FakeClock
+
+Scripted = Response | TransportFailure | Callable[[Send], Response | TransportFailure]
+
+PRIMARY = Backend(name="primary", base_url="http://gpu/v1", api_key="sk-primary-secret")
+HOSTED = Backend(
+    name="hosted",
+    base_url="https://api.example/v1",
+    api_key="sk-hosted",
+    model="mini",
+    external=True,
+)
+
+
+def ok(elapsed: float = 0.2) -> Response:
+    body = json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
+    return Response(status=200, headers={}, body=body, elapsed=elapsed)
+
+
+def status(
+    code: int,
+    *,
+    retry_after: float | None = None,
+    error_code: str | None = None,
+    drain: bool = False,
+    elapsed: float = 0.01,
+) -> Response:
+    headers = {}
+    if retry_after is not None:
+        headers["retry-after-ms"] = str(int(retry_after * 1000))
+        headers["Retry-After"] = str(int(retry_after + 0.999))
+    if drain:
+        headers["X-Herdless-Drain"] = "1"
+    body = {"error": {"message": f"server says {code}", "type": "x", "code": error_code}}
+    return Response(status=code, headers=headers, body=json.dumps(body).encode(), elapsed=elapsed)
+
+
+def failure(kind: str, elapsed: float = 0.01) -> TransportFailure:
+    return TransportFailure(kind=kind, message=f"{kind} happened", elapsed=elapsed)  # type: ignore[arg-type]  # kinds come as str
+
+
+def hang(send: Send) -> TransportFailure:
+    """A backend that accepts and says nothing: the attempt lasts its whole first-byte limit."""
+    return failure("first_byte_timeout", elapsed=send.timeouts.first_byte)
+
+
+class Driver:
+    """Runs flows against scripted backends, recording every Send, Sleep and event."""
+
+    def __init__(self, policies: Policies, clock: FakeClock, **script: list[Scripted]) -> None:
+        self.policies = policies
+        self.clock = clock
+        self.script = script
+        self.sends: list[Send] = []
+        self.sleeps: list[float] = []
+        self.events: list[Event] = []
+        self.log: list[object] = []  # sends, sleeps and events in order
+
+    def start(self, **call: Any) -> CallFlow:
+        call.setdefault("request_id", f"req-{len(self.sends)}")
+        call.setdefault("body", {"messages": [{"role": "user", "content": "hi"}]})
+        return self.policies.start_call(**call)
+
+    def run(self, **call: Any) -> Accepted:
+        return self.drive(self.start(**call))
+
+    def drive(self, flow: CallFlow) -> Accepted:
+        steps = flow.run()
+        try:
+            action = next(steps)
+            while True:
+                self._take(flow)
+                if isinstance(action, Sleep):
+                    self.sleeps.append(action.seconds)
+                    self.log.append(action)
+                    self.clock.advance(action.seconds)
+                    action = steps.send(None)
+                else:
+                    action = steps.send(self.perform(action))
+        except StopIteration as stop:
+            result: Accepted = stop.value
+            return result
+        finally:
+            self._take(flow)
+
+    def perform(self, send: Send) -> Response | TransportFailure:
+        self.sends.append(send)
+        self.log.append(send)
+        queue = self.script[send.backend.name]
+        scripted = queue.pop(0) if len(queue) > 1 else queue[0]  # the last one repeats
+        outcome = scripted(send) if callable(scripted) else scripted
+        self.clock.advance(outcome.elapsed)
+        return outcome
+
+    def _take(self, flow: CallFlow) -> None:
+        events = flow.take_events()
+        self.events.extend(events)
+        self.log.extend(events)
+
+    def of(self, kind: type[Event]) -> list[Any]:
+        return [event for event in self.events if isinstance(event, kind)]
+
+    def sent_to(self) -> list[str]:
+        return [send.backend.name for send in self.sends]

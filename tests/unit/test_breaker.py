@@ -1,0 +1,216 @@
+"""CircuitBreaker: the state machine with a fake clock, and one probe under contention."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+from _policy_stubs import LowerRandom, UpperRandom
+
+from herdless._breaker import BreakerPolicy, CircuitBreaker, Permit, Transition
+from herdless.testing import FakeClock
+
+
+def _breaker(clock: FakeClock, rng: random.Random | None = None, **policy: float) -> CircuitBreaker:
+    settings = {"open_jitter": 0.0, **policy}
+    return CircuitBreaker(BreakerPolicy(**settings), clock=clock, rng=rng or LowerRandom())  # type: ignore[arg-type]  # test kwargs
+
+
+def _fail(breaker: CircuitBreaker) -> Transition | None:
+    permit, _ = breaker.acquire()
+    return breaker.record_failure(permit)
+
+
+def _succeed(breaker: CircuitBreaker) -> Transition | None:
+    permit, _ = breaker.acquire()
+    return breaker.record_success(permit)
+
+
+def test_opens_after_n_consecutive_failures() -> None:
+    breaker = _breaker(FakeClock(), consecutive_failures=3)
+    assert _fail(breaker) is None
+    assert _fail(breaker) is None
+    assert _fail(breaker) == Transition("closed", "open", "consecutive_failures", open_for=5.0)
+    assert breaker.state == "open"
+    assert breaker.acquire() == (Permit.DENIED, None)
+
+
+def test_a_success_resets_the_consecutive_count() -> None:
+    breaker = _breaker(FakeClock(), consecutive_failures=2, min_calls=100)
+    _fail(breaker)
+    _succeed(breaker)
+    assert _fail(breaker) is None
+    assert breaker.state == "closed"
+
+
+def test_opens_on_failure_rate_once_the_window_has_min_calls() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock, failure_rate=0.5, min_calls=4, consecutive_failures=99)
+    for outcome in (_succeed, _fail, _succeed):
+        assert outcome(breaker) is None
+    transition = _fail(breaker)  # 2 failures of 4 calls
+    assert transition is not None
+    assert transition.reason == "failure_rate"
+
+
+def test_old_outcomes_leave_the_window() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock, failure_rate=0.5, min_calls=4, window=10.0, consecutive_failures=99)
+    _fail(breaker)
+    _fail(breaker)
+    clock.advance(11)  # both failures are now outside the window
+    _succeed(breaker)
+    _succeed(breaker)
+    _succeed(breaker)
+    assert _fail(breaker) is None  # 1 failure of 4
+    assert breaker.state == "closed"
+
+
+def test_half_open_admits_exactly_one_probe_then_closes_on_success() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock, consecutive_failures=1, open_for=5.0)
+    _fail(breaker)
+    clock.advance(4.9)
+    assert breaker.remaining_open() == pytest.approx(0.1)
+    assert breaker.acquire()[0] is Permit.DENIED
+    clock.advance(0.1)
+    assert breaker.state == "half_open"
+    permit, transition = breaker.acquire()
+    assert permit is Permit.PROBE
+    assert transition == Transition("open", "half_open", "open_elapsed")
+    assert breaker.acquire() == (Permit.DENIED, None)  # the probe is in flight
+    assert breaker.record_success(permit) == Transition("half_open", "closed", "probe_ok")
+    assert breaker.acquire()[0] is Permit.CALL
+
+
+def test_a_failed_probe_reopens_for_twice_as_long_up_to_the_max() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock, consecutive_failures=1, open_for=5.0, max_open_for=12.0)
+    _fail(breaker)
+    periods = []
+    for _ in range(3):
+        clock.advance(breaker.remaining_open())
+        transition = _fail(breaker)
+        assert transition is not None
+        assert transition.reason == "probe_failed"
+        periods.append(transition.open_for)
+    assert periods == [10.0, 12.0, 12.0]
+    clock.advance(12.0)
+    assert _succeed(breaker) == Transition("half_open", "closed", "probe_ok")
+    assert _fail(breaker) == Transition("closed", "open", "consecutive_failures", open_for=5.0)
+
+
+def test_open_period_is_jittered_upward() -> None:
+    breaker = CircuitBreaker(
+        BreakerPolicy(consecutive_failures=1, open_for=5.0, open_jitter=0.2),
+        clock=FakeClock(),
+        rng=UpperRandom(),
+    )
+    transition = _fail(breaker)
+    assert transition is not None
+    assert transition.open_for == pytest.approx(6.0)
+
+
+def test_a_released_probe_frees_the_slot() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock, consecutive_failures=1)
+    _fail(breaker)
+    clock.advance(10)
+    permit, _ = breaker.acquire()
+    breaker.release(permit)
+    assert breaker.acquire()[0] is Permit.PROBE
+
+
+def test_a_429_style_success_keeps_it_closed() -> None:
+    breaker = _breaker(FakeClock(), consecutive_failures=2)
+    _fail(breaker)
+    _succeed(breaker)  # the flow records 429/4xx as success: the backend is alive
+    _fail(breaker)
+    assert breaker.state == "closed"
+
+
+def test_force_open_for_a_drain_then_probe() -> None:
+    clock = FakeClock()
+    breaker = _breaker(clock)
+    assert breaker.force_open(30.0, "draining") == Transition(
+        "closed", "open", "draining", open_for=30.0
+    )
+    assert breaker.force_open(10.0, "draining") is None  # a shorter hold changes nothing
+    clock.advance(29)
+    assert breaker.acquire()[0] is Permit.DENIED
+    clock.advance(1)
+    assert breaker.acquire()[0] is Permit.PROBE
+
+
+def test_outcomes_of_attempts_started_before_opening_are_ignored() -> None:
+    breaker = _breaker(FakeClock(), consecutive_failures=1)
+    early, _ = breaker.acquire()
+    _fail(breaker)
+    assert breaker.record_failure(early) is None
+    assert breaker.record_success(early) is None
+    assert breaker.state == "open"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("failure_rate", 0),
+        ("failure_rate", 1.5),
+        ("window", 0),
+        ("min_calls", 0),
+        ("consecutive_failures", 0),
+        ("open_for", 0),
+        ("open_jitter", -1),
+        ("max_open_for", 1),
+    ],
+)
+def test_invalid_policy_names_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"BreakerPolicy.{field}"):
+        BreakerPolicy(**{field: value})  # type: ignore[arg-type]  # parametrised
+
+
+def _opened_then_elapsed() -> CircuitBreaker:
+    clock = FakeClock()
+    breaker = _breaker(clock, consecutive_failures=1)
+    _fail(breaker)
+    clock.advance(60)
+    return breaker
+
+
+def test_threads_hammering_get_exactly_one_probe() -> None:
+    breaker = _opened_then_elapsed()
+    start = threading.Barrier(16)
+    permits: list[Permit] = []
+    lock = threading.Lock()
+
+    def contend() -> None:
+        start.wait()
+        for _ in range(200):
+            permit, _ = breaker.acquire()
+            with lock:
+                permits.append(permit)
+
+    threads = [threading.Thread(target=contend) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert permits.count(Permit.PROBE) == 1
+    assert permits.count(Permit.DENIED) == 16 * 200 - 1
+
+
+async def test_tasks_hammering_get_exactly_one_probe() -> None:
+    breaker = _opened_then_elapsed()
+
+    async def contend() -> list[Permit]:
+        got = []
+        for _ in range(50):
+            got.append(breaker.acquire()[0])
+            await asyncio.sleep(0)  # interleave the tasks
+        return got
+
+    results = await asyncio.gather(*(contend() for _ in range(20)))
+    flat = [permit for permits in results for permit in permits]
+    assert flat.count(Permit.PROBE) == 1

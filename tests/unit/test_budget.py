@@ -1,0 +1,86 @@
+"""RetryBudget: retries stay a fraction of recent calls, waiting retries included."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from herdless._budget import RetryBudget
+from herdless.testing import FakeClock
+
+
+def _budget(clock: FakeClock, ratio: float = 0.1, floor: int = 2) -> RetryBudget:
+    return RetryBudget(ratio=ratio, floor=floor, window=10.0, clock=clock)
+
+
+def test_the_floor_allows_a_few_retries_with_no_calls() -> None:
+    budget = _budget(FakeClock(), floor=2)
+    assert [budget.try_acquire() for _ in range(3)] == [True, True, False]
+
+
+def test_retries_grow_with_calls() -> None:
+    budget = _budget(FakeClock(), ratio=0.1, floor=0)
+    for _ in range(30):
+        budget.record_call()
+    granted = 0
+    while budget.try_acquire():
+        budget.spend()
+        granted += 1
+    assert granted == 3
+
+
+def test_retries_waiting_in_backoff_count() -> None:
+    budget = _budget(FakeClock(), floor=2)
+    assert budget.try_acquire()
+    assert budget.try_acquire()  # both still waiting, not sent
+    assert not budget.try_acquire()
+    budget.cancel()  # one call fell back instead
+    assert budget.try_acquire()
+
+
+def test_retries_and_calls_leave_the_window() -> None:
+    clock = FakeClock()
+    budget = _budget(clock, ratio=0.0, floor=1)
+    assert budget.try_acquire()
+    budget.spend()
+    assert not budget.try_acquire()
+    clock.advance(4)
+    assert budget.free_in() == pytest.approx(6.0)
+    clock.advance(6.01)
+    assert budget.free_in() == 0.0
+    assert budget.try_acquire()
+
+
+def test_overloaded_backend_sees_about_one_attempt_per_call() -> None:
+    """Every call fails and wants a retry: attempts stay <= 1 + ratio (+ floor) per call."""
+    clock = FakeClock()
+    budget = _budget(clock, ratio=0.1, floor=3)
+    calls = attempts = 0
+    for _ in range(1000):
+        calls += 1
+        attempts += 1
+        budget.record_call()
+        if budget.try_acquire():
+            budget.spend()
+            attempts += 1
+        clock.advance(0.01)
+    assert attempts / calls <= 1.1 + 3 / 1000 * 10
+
+
+def test_threads_never_overdraw() -> None:
+    budget = _budget(FakeClock(), ratio=0.0, floor=5)
+    granted: list[bool] = []
+    start = threading.Barrier(8)
+
+    def contend() -> None:
+        start.wait()
+        for _ in range(100):
+            granted.append(budget.try_acquire())
+
+    threads = [threading.Thread(target=contend) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert granted.count(True) == 5

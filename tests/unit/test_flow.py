@@ -1,0 +1,483 @@
+"""The call flow, driven by hand: every retry, wait, breaker, budget and fallback rule.
+
+No HTTP at all: ``flow_driver.Driver`` answers each ``Send`` from a script and
+advances a ``FakeClock`` on each ``Sleep``; ``UpperRandom`` makes every jitter take
+its upper bound, so delays are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _policy_stubs import UpperRandom
+from flow_driver import HOSTED, PRIMARY, Driver, Scripted, failure, hang, ok, status
+
+from herdless._actions import Send, Sleep
+from herdless._backend import Backend, Timeouts
+from herdless._breaker import BreakerPolicy
+from herdless._policies import Policies
+from herdless._retry import RetryPolicy
+from herdless._routing import FallbackPolicy
+from herdless.errors import (
+    AllBackendsFailed,
+    APIConnectionError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    DeadlineExceeded,
+    FallbackNotAllowed,
+    RateLimitError,
+    ServiceUnavailableError,
+    SpendLimitExceeded,
+)
+from herdless.events import (
+    AttemptFailed,
+    AttemptStarted,
+    BackpressureReceived,
+    BreakerStateChanged,
+    CallFailed,
+    CallFinished,
+    FallbackUsed,
+    PrimaryDegraded,
+    RetryScheduled,
+    WaitScheduled,
+)
+from herdless.testing import FakeClock
+
+
+def make(
+    primary_script: list[Scripted] | None = None,
+    hosted: list[Scripted] | None = None,
+    *,
+    fallback: list[Backend] | None = None,
+    **kwargs: Any,
+) -> Driver:
+    clock = FakeClock()
+    script: dict[str, list[Scripted]] = {"primary": primary_script or [ok()]}
+    if hosted is not None:
+        script["hosted"] = hosted
+    if fallback is None:
+        fallback = [HOSTED] if hosted is not None else []
+    kwargs.setdefault("primary", PRIMARY)
+    policies = Policies(
+        fallback=fallback,
+        model="llama",
+        clock=clock,
+        rng=UpperRandom(),
+        wall=lambda: 0.0,
+        **kwargs,
+    )
+    return Driver(policies, clock, **script)
+
+
+# -- the happy path and the wire -------------------------------------------------------
+
+
+def test_first_attempt_answers() -> None:
+    driver = make()
+    accepted = driver.run(request_id="req-42")
+    assert accepted.backend is PRIMARY
+    assert accepted.fallback_reason is None
+    assert [(a.backend, a.attempt, a.kind) for a in accepted.attempts] == [("primary", 1, "ok")]
+    (send,) = driver.sends
+    assert send.headers == {"X-Request-ID": "req-42", "X-Herdless-Attempt": "1"}
+    assert send.model == "llama"
+    assert "model" not in send.body
+    assert send.timeouts == Timeouts(connect=3.0, first_byte=30.0, read=30.0)
+    assert [type(e).__name__ for e in driver.events] == ["AttemptStarted", "CallFinished"]
+    assert driver.sleeps == []
+
+
+def test_call_model_overrides_the_primary_but_a_fallback_keeps_its_own() -> None:
+    driver = make([status(500)], [ok()])
+    driver.run(model="big")
+    assert [s.model for s in driver.sends] == ["big", "mini"]
+
+
+# -- retries -----------------------------------------------------------------------------
+
+
+def test_503s_retry_with_full_jitter_and_one_request_id() -> None:
+    driver = make([status(503), status(503), ok()])
+    accepted = driver.run(request_id="req-7")
+    assert driver.sleeps == [0.5, 1.0]
+    assert [s.headers["X-Herdless-Attempt"] for s in driver.sends] == ["1", "2", "3"]
+    assert {s.headers["X-Request-ID"] for s in driver.sends} == {"req-7"}
+    assert [(a.kind, a.status, a.waited) for a in accepted.attempts] == [
+        ("status", 503, 0.0),
+        ("status", 503, 0.5),
+        ("ok", 200, 1.0),
+    ]
+    retries = driver.of(RetryScheduled)
+    assert [(r.attempt, r.delay, r.reason) for r in retries] == [
+        (1, 0.5, "status_503"),
+        (2, 1.0, "status_503"),
+    ]
+
+
+def test_every_event_is_delivered_before_the_wait_it_announces() -> None:
+    driver = make([status(503), ok()])
+    driver.run()
+    sleep_at = next(i for i, item in enumerate(driver.log) if isinstance(item, Sleep))
+    assert isinstance(driver.log[sleep_at - 1], RetryScheduled)
+
+
+@pytest.mark.parametrize("kind", ["connect", "connect_timeout", "read", "first_byte_timeout"])
+def test_transport_failures_retry_when_no_fallback_is_behind(kind: str) -> None:
+    driver = make([failure(kind), ok()])
+    accepted = driver.run()
+    assert [a.kind for a in accepted.attempts] == [kind, "ok"]
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (400, BadRequestError),
+        (404, BadRequestError),
+        (422, BadRequestError),
+        (401, AuthenticationError),
+    ],
+)
+def test_a_request_no_backend_can_serve_raises_at_once(code: int, error: type[Exception]) -> None:
+    driver = make([status(code)], [ok()])
+    with pytest.raises(error) as caught:
+        driver.run(request_id="req-9")
+    assert driver.sent_to() == ["primary"]  # no retry, no fallback
+    assert caught.value.request_id == "req-9"  # type: ignore[attr-defined]  # a HerdlessError
+    assert driver.of(CallFailed)[0].error == error.__name__
+
+
+def test_a_429_honours_retry_after_as_a_floor() -> None:
+    driver = make([status(429, retry_after=2.0), ok()])
+    driver.run()
+    assert driver.sleeps == [2.5]  # 2 s + 25 % jitter above it
+    (received,) = driver.of(BackpressureReceived)
+    assert (received.retry_after, received.draining) == (2.0, False)
+
+
+def test_a_429_is_not_a_breaker_failure() -> None:
+    driver = make([status(429)], breaker=BreakerPolicy(consecutive_failures=1))
+    with pytest.raises(RateLimitError):
+        driver.run(deadline=200)
+    assert driver.policies.breaker(PRIMARY).state == "closed"
+    assert len(driver.sends) == 5  # max_attempts
+
+
+def test_retries_exhausted_raise_the_last_error_with_every_attempt() -> None:
+    driver = make([status(503)], retry=RetryPolicy(max_attempts=3))
+    with pytest.raises(ServiceUnavailableError) as caught:
+        driver.run()
+    assert [a.attempt for a in caught.value.attempts] == [1, 2, 3]
+    assert "sk-primary-secret" not in str(caught.value)
+
+
+def test_no_wait_that_cannot_end_within_the_deadline() -> None:
+    driver = make([status(429, retry_after=30.0)])
+    with pytest.raises(RateLimitError) as caught:
+        driver.run(deadline=10)
+    assert driver.sleeps == []  # ended at once
+    assert caught.value.retry_after == 30.0
+
+
+def test_the_deadline_bounds_waits_and_attempt_timeouts() -> None:
+    driver = make([status(503)], retry=RetryPolicy(max_attempts=100, budget_floor=100))
+    with pytest.raises(ServiceUnavailableError):
+        driver.run(deadline=5)
+    assert sum(driver.sleeps) + 0.01 * len(driver.sends) <= 5
+    assert all(s.timeouts.first_byte <= 5 for s in driver.sends)
+
+
+# -- fallback ------------------------------------------------------------------------------
+
+
+def test_a_hung_primary_is_not_waited_on_twice() -> None:
+    driver = make([hang], [ok()])
+    accepted = driver.run(deadline=10)
+    assert driver.sent_to() == ["primary", "hosted"]
+    # The primary may use the deadline less the 40 % kept for the fallback.
+    assert driver.sends[0].timeouts.first_byte == pytest.approx(6.0)
+    assert accepted.fallback_reason == "timeout"
+    assert [(a.backend, a.kind) for a in accepted.attempts] == [
+        ("primary", "first_byte_timeout"),
+        ("hosted", "ok"),
+    ]
+    (used,) = driver.of(FallbackUsed)
+    assert (used.from_backend, used.backend, used.reason) == ("primary", "hosted", "timeout")
+
+
+def test_an_open_breaker_skips_the_primary_without_touching_the_network() -> None:
+    driver = make(
+        [status(502)],
+        [ok()],
+        breaker=BreakerPolicy(consecutive_failures=2),
+        retry=RetryPolicy(max_attempts=2),
+    )
+    first = driver.run()
+    assert first.fallback_reason == "retries_exhausted"
+    assert driver.policies.breaker(PRIMARY).state == "open"
+    (opened,) = driver.of(BreakerStateChanged)
+    assert (opened.old, opened.new, opened.reason) == ("closed", "open", "consecutive_failures")
+    driver.sends.clear()
+    second = driver.run()
+    assert driver.sent_to() == ["hosted"]
+    assert second.fallback_reason == "breaker_open"
+    assert second.attempts[0].kind == "skipped_breaker_open"
+
+
+def test_after_the_open_period_one_probe_closes_the_breaker() -> None:
+    driver = make(
+        [status(502), status(502), ok()],
+        [ok()],
+        breaker=BreakerPolicy(consecutive_failures=2, open_for=5.0, open_jitter=0.0),
+        retry=RetryPolicy(max_attempts=2),
+    )
+    driver.run()
+    driver.clock.advance(5.0)
+    accepted = driver.run()
+    assert accepted.backend is PRIMARY
+    states = [(e.old, e.new) for e in driver.of(BreakerStateChanged)]
+    assert states == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+def test_only_one_call_probes_a_half_open_primary() -> None:
+    driver = make(
+        [status(502), status(502), ok()],
+        [ok()],
+        breaker=BreakerPolicy(consecutive_failures=2, open_jitter=0.0),
+        retry=RetryPolicy(max_attempts=2),
+    )
+    driver.run()
+    driver.clock.advance(60)
+    probe = driver.start(request_id="probe").run()
+    action = next(probe)
+    assert isinstance(action, Send)
+    assert action.backend is PRIMARY  # the probe is in flight...
+    other = driver.run(request_id="other")  # ...so another call goes to the fallback
+    assert other.fallback_reason == "breaker_open"
+    with pytest.raises(StopIteration):
+        probe.send(ok())
+
+
+def test_a_closed_flow_frees_its_probe_and_in_flight_slot() -> None:
+    driver = make([status(502)], [ok()], breaker=BreakerPolicy(consecutive_failures=1))
+    driver.run()
+    driver.clock.advance(60)
+    steps = driver.start().run()
+    next(steps)
+    assert driver.policies.in_flight(PRIMARY) == 1
+    steps.close()  # the driver was cancelled mid-attempt
+    assert driver.policies.in_flight(PRIMARY) == 0
+    assert driver.policies.breaker(PRIMARY).acquire()[0].value == "probe"
+
+
+def test_a_drain_switches_to_the_fallback_now_for_every_call() -> None:
+    driver = make([status(503, retry_after=30.0, drain=True, error_code="draining")], [ok()])
+    first = driver.run()
+    assert first.fallback_reason == "draining"
+    assert driver.policies.breaker(PRIMARY).state == "open"
+    left, draining = driver.policies.gate.blocked("primary")
+    assert draining
+    assert left == pytest.approx(30.0, abs=0.5)
+    assert driver.sleeps == []
+    second = driver.run()
+    assert driver.sent_to() == ["primary", "hosted", "hosted"]
+    assert second.fallback_reason == "draining"
+
+
+def test_another_calls_retry_after_holds_this_call_back() -> None:
+    driver = make([status(429, retry_after=2.0), ok()])
+    first = driver.start()
+    steps = first.run()
+    next(steps)
+    assert isinstance(steps.send(status(429, retry_after=2.0)), Sleep)  # first waits 2.5
+    driver.script["primary"] = [ok()]
+    driver.run()  # a second call starts during that window
+    assert driver.sends == [driver.sends[0]]  # it waited before sending anything
+    assert driver.sleeps == [2.5]
+    assert driver.of(WaitScheduled)[0].reason == "backpressure"
+
+
+def test_backpressure_with_fallback_policy_goes_to_the_fallback() -> None:
+    driver = make(
+        [status(429, retry_after=2.0)],
+        [ok()],
+        fallback_policy=FallbackPolicy(on_backpressure="fallback"),
+    )
+    accepted = driver.run()
+    assert accepted.fallback_reason == "backpressure"
+    assert driver.sleeps == []
+
+
+def test_a_retry_after_past_the_primarys_share_goes_to_the_fallback() -> None:
+    driver = make([status(503, retry_after=30.0)], [ok()])
+    accepted = driver.run(deadline=20)
+    assert accepted.fallback_reason == "retry_after_exceeds_deadline"
+    assert driver.sleeps == []
+
+
+def test_all_backends_failing_names_each_error() -> None:
+    driver = make([status(503)], [failure("connect")], retry=RetryPolicy(max_attempts=2))
+    with pytest.raises(AllBackendsFailed) as caught:
+        driver.run()
+    assert set(caught.value.errors) == {"primary", "hosted"}
+    assert isinstance(caught.value.errors["hosted"], APIConnectionError)
+    assert [a.backend for a in caught.value.attempts] == ["primary"] * 2 + ["hosted"] * 2
+
+
+def test_data_guard_never_sends_to_an_external_fallback() -> None:
+    driver = make([status(503)], [ok()], retry=RetryPolicy(max_attempts=1))
+    with pytest.raises(FallbackNotAllowed, match="allow_fallback=False"):
+        driver.run(allow_fallback=False)
+    assert driver.sent_to() == ["primary"]
+
+
+def test_client_wide_data_guard() -> None:
+    driver = make([hang], [ok()], fallback_policy=FallbackPolicy(allow_external=False))
+    with pytest.raises(FallbackNotAllowed, match="allow_external=False"):
+        driver.run(deadline=3)
+    assert set(driver.sent_to()) == {"primary"}
+
+
+def test_spend_guard_refuses_the_external_fallback() -> None:
+    driver = make([status(500)], [ok()], fallback_policy=FallbackPolicy(max_external_per_minute=1))
+    assert driver.run().backend is HOSTED
+    with pytest.raises(SpendLimitExceeded, match="spend limit"):
+        driver.run()
+    assert driver.sent_to() == ["primary", "hosted", "primary"]
+
+
+def test_several_primaries_before_the_fallback() -> None:
+    other = Backend(name="gpu2", base_url="http://gpu2/v1")
+    driver = make([status(500)], [ok()], primary=[PRIMARY, other])
+    driver.script["gpu2"] = [ok()]
+    accepted = driver.run()
+    assert driver.sent_to() == ["primary", "gpu2"]
+    assert accepted.backend is other
+
+
+# -- budget --------------------------------------------------------------------------------
+
+
+def test_spent_budget_sends_the_call_to_the_fallback() -> None:
+    driver = make([status(503)], [ok()], retry=RetryPolicy(budget_floor=0, budget_ratio=0))
+    accepted = driver.run()
+    assert accepted.fallback_reason == "budget_exhausted"
+    assert driver.sent_to() == ["primary", "hosted"]
+
+
+def test_spent_budget_waits_then_serves_without_a_fallback() -> None:
+    driver = make([status(503), ok()], retry=RetryPolicy(budget_floor=1, budget_window=10))
+    driver.policies.budget(PRIMARY).try_acquire()  # another call holds the only unit...
+    driver.policies.budget(PRIMARY).spend()
+    accepted = driver.run(deadline=30)  # ...so this one waits for it instead of failing
+    assert accepted.backend is PRIMARY
+    assert {w.reason for w in driver.of(WaitScheduled)} == {"budget"}
+    assert sum(driver.sleeps) >= 10 - 0.01  # until the spent retry left the window
+
+
+def test_spent_budget_fails_only_at_the_deadline() -> None:
+    driver = make([status(503)], retry=RetryPolicy(budget_floor=0, budget_ratio=0))
+    with pytest.raises(ServiceUnavailableError):
+        driver.run(deadline=10)
+    assert len(driver.sends) == 1
+    assert 8 <= sum(driver.sleeps) <= 10
+
+
+def test_overloaded_primary_sees_about_one_attempt_per_call() -> None:
+    driver = make([status(503)], [ok()])
+    for _ in range(200):
+        driver.run()
+        driver.clock.advance(0.05)
+    primary = driver.sent_to().count("primary")
+    assert primary / 200 <= 1.1
+
+
+# -- streams, events, stats -------------------------------------------------------------
+
+
+def test_a_stream_finishes_when_the_driver_says_so() -> None:
+    driver = make()
+    flow = driver.start(stream=True)
+    driver.drive(flow)
+    assert driver.sends[0].stream
+    assert driver.of(CallFinished) == []
+    flow.stream_ended(ok=True)
+    assert len(flow.take_events()) == 1
+
+
+def test_a_stream_cut_counts_against_the_breaker() -> None:
+    driver = make(breaker=BreakerPolicy(consecutive_failures=1))
+    flow = driver.start(stream=True)
+    driver.drive(flow)
+    flow.stream_ended(ok=False, message="connection reset")
+    events = flow.take_events()
+    assert [type(e).__name__ for e in events] == [
+        "BreakerStateChanged",
+        "AttemptFailed",
+        "CallFailed",
+    ]
+    assert events[1].kind == "stream_cut"  # type: ignore[attr-defined]  # an AttemptFailed
+    flow.stream_ended(ok=True)  # reported twice: ignored
+    assert flow.take_events() == []
+
+
+def test_primary_degraded_repeats_while_the_fallback_serves() -> None:
+    driver = make([status(500)], [ok()], fallback_policy=FallbackPolicy(degraded_interval=60))
+    for _ in range(3):
+        driver.run()
+        driver.clock.advance(35)
+    degraded = driver.of(PrimaryDegraded)
+    assert [(d.backend, d.fallbacks) for d in degraded] == [("primary", 1), ("primary", 3)]
+    assert degraded[1].since == degraded[0].since
+    driver.script["primary"] = [ok()]
+    driver.run()
+    driver.script["primary"] = [status(500)]
+    driver.run()
+    assert driver.of(PrimaryDegraded)[-1].fallbacks == 1  # a new period
+
+
+def test_stats_come_from_the_events() -> None:
+    driver = make([status(503), ok(), status(500)], [ok()])
+    driver.run()
+    driver.run()
+    stats = driver.policies.stats()
+    assert stats.calls == stats.succeeded == 2
+    assert stats.by_backend == {
+        "primary": {"attempts": 3, "status_503": 1, "ok": 1, "status_500": 1},
+        "hosted": {"attempts": 1, "ok": 1},
+    }
+    assert stats.fallbacks == {"failed": 1}
+    assert (stats.retries, stats.waits, stats.waited) == (1, 1, 0.5)
+    assert stats.breakers == {"primary": "closed", "hosted": "closed"}
+    assert set(stats.latency) == {"p50", "p90", "p99", "max"}
+    assert stats.as_dict()["by_backend"]["hosted"] == {"attempts": 1, "ok": 1}
+
+
+def test_events_carry_the_call_id_and_no_secret() -> None:
+    driver = make([status(401)])
+    with pytest.raises(AuthenticationError):
+        driver.run(request_id="req-x")
+    assert {e.call_id for e in driver.events} == {"req-x"}
+    assert all("sk-primary-secret" not in repr(e) for e in driver.events)
+    assert [type(e) for e in driver.events] == [AttemptStarted, AttemptFailed, CallFailed]
+
+
+def test_a_timeout_error_is_typed() -> None:
+    driver = make([hang], retry=RetryPolicy(max_attempts=1))
+    with pytest.raises(APITimeoutError):
+        driver.run(deadline=5)
+
+
+def test_no_time_for_any_attempt_is_a_deadline_error() -> None:
+    driver = make([status(429, retry_after=2.0), ok()])
+    steps = driver.start().run()
+    next(steps)
+    steps.send(status(429, retry_after=2.0))
+    with pytest.raises(DeadlineExceeded):
+        driver.run(deadline=1)  # blocked 2 s by the other call, 1 s to live
+
+
+def test_invalid_deadline() -> None:
+    with pytest.raises(ValueError, match="deadline"):
+        make().start(deadline=0)

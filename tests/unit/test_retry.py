@@ -1,0 +1,169 @@
+"""RetryPolicy, Retry-After parsing and outcome classification: pure, exact delays."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from email.utils import format_datetime
+
+import pytest
+from _policy_stubs import LowerRandom, UpperRandom
+
+from herdless._actions import Response, TransportFailure
+from herdless._retry import RetryPolicy, classify, parse_retry_after
+
+NOW = 1_700_000_000.0  # a fixed wall-clock "now" for HTTP dates
+
+
+def _response(status: int, headers: dict[str, str] | None = None, body: bytes = b"") -> Response:
+    return Response(status=status, headers=headers or {}, body=body, elapsed=0.1)
+
+
+@pytest.mark.parametrize(
+    ("n", "ceiling"), [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (30, 8.0)]
+)
+def test_ceiling_doubles_up_to_the_cap(n: int, ceiling: float) -> None:
+    assert RetryPolicy(base=0.5, cap=8.0).ceiling(n) == ceiling
+
+
+def test_backoff_is_full_jitter_between_zero_and_the_ceiling() -> None:
+    policy = RetryPolicy(base=0.5, cap=8.0)
+    assert [policy.backoff(n, UpperRandom()) for n in range(6)] == [0.5, 1, 2, 4, 8, 8]
+    assert policy.backoff(3, LowerRandom()) == 0.0
+    # A seeded source gives the same delay as uniform(0, ceiling) on the same seed.
+    assert policy.backoff(2, random.Random(7)) == random.Random(7).uniform(0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected"),
+    [
+        (2.0, 2.5),  # floor + 25 %
+        (0.0, 0.1),  # at least min_jitter of spread above
+        (0.2, 0.3),
+        (1000.0, 75.0),  # capped at max_retry_after (60) + its jitter
+    ],
+)
+def test_server_time_is_a_floor_with_jitter_above(retry_after: float, expected: float) -> None:
+    policy = RetryPolicy()
+    assert policy.after_server(retry_after, UpperRandom()) == pytest.approx(expected)
+    assert policy.after_server(retry_after, LowerRandom()) == min(retry_after, 60.0)
+
+
+def test_delay_prefers_the_server_time() -> None:
+    policy = RetryPolicy()
+    assert policy.delay(0, 3.0, UpperRandom()) == 3.75
+    assert policy.delay(2, None, UpperRandom()) == 2.0
+
+
+def _http_date(offset: float) -> str:
+    return format_datetime(datetime.fromtimestamp(NOW + offset, tz=UTC), usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, None),
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),  # precise wins
+        ({"retry-after-ms": "nope", "retry-after": "9"}, 9.0),  # falls back to Retry-After
+        ({"retry-after-ms": "-5", "retry-after": "2"}, 2.0),
+        ({"retry-after-ms": "nan"}, None),
+        ({"Retry-After": "3"}, 3.0),  # any case
+        ({"retry-after": "1.5"}, 1.5),
+        ({"retry-after": " 4 "}, 4.0),
+        ({"retry-after": "-1"}, None),
+        ({"retry-after": "inf"}, None),
+        ({"retry-after": "soon"}, None),
+        ({"retry-after": ""}, None),
+        ({"retry-after": _http_date(5)}, 5.0),
+        ({"retry-after": _http_date(-30)}, 0.0),  # a date in the past: now
+        ({"retry-after": "Fri, 31 Dec 1999 23:59:59"}, None),  # no zone: not an HTTP date
+    ],
+)
+def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
+    assert parse_retry_after(headers, now=NOW) == expected
+
+
+def test_classify_success_and_refusals() -> None:
+    policy = RetryPolicy()
+    ok = classify(_response(200), policy, now=NOW)
+    assert (ok.ok, ok.kind, ok.status) == (True, "ok", 200)
+    bad = classify(_response(400), policy, now=NOW)
+    assert (bad.retryable, bad.fallback_may_help, bad.breaker_failure) == (False, False, False)
+    for status in (401, 403, 404, 413, 422):
+        assert not classify(_response(status), policy, now=NOW).fallback_may_help
+
+
+def test_a_429_retries_and_is_not_a_breaker_failure() -> None:
+    verdict = classify(_response(429, {"retry-after": "2"}), RetryPolicy(), now=NOW)
+    assert verdict.retryable
+    assert verdict.fallback_may_help
+    assert not verdict.breaker_failure
+    assert verdict.retry_after == 2.0
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(500, False), (502, True), (503, True), (504, True)]
+)
+def test_5xx_are_breaker_failures(status: int, retryable: bool) -> None:
+    verdict = classify(_response(status), RetryPolicy(), now=NOW)
+    assert verdict.breaker_failure
+    assert verdict.fallback_may_help
+    assert verdict.retryable is retryable
+    assert not verdict.draining
+
+
+def test_server_retry_after_is_capped() -> None:
+    verdict = classify(_response(503, {"retry-after": "3600"}), RetryPolicy(), now=NOW)
+    assert verdict.retry_after == 60.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"X-Herdless-Drain": "1", "retry-after": "30"}, b"{}"),
+        ({"retry-after": "30"}, b'{"error": {"message": "m", "type": "t", "code": "draining"}}'),
+    ],
+)
+def test_draining_503_is_recognised(headers: dict[str, str], body: bytes) -> None:
+    verdict = classify(_response(503, headers, body), RetryPolicy(), now=NOW)
+    assert verdict.draining
+    assert verdict.retry_after == 30.0
+
+
+def test_other_503_is_not_draining() -> None:
+    body = b'{"error": {"message": "m", "type": "t", "code": "upstream_loading"}}'
+    assert not classify(_response(503, {}, body), RetryPolicy(), now=NOW).draining
+    assert not classify(_response(503, {}, b"not json"), RetryPolicy(), now=NOW).draining
+
+
+@pytest.mark.parametrize(
+    ("kind", "retryable", "timeout"),
+    [
+        ("connect", True, False),
+        ("connect_timeout", True, True),
+        ("first_byte_timeout", True, True),
+        ("read_timeout", True, True),
+        ("read", True, False),
+        ("protocol", False, False),
+    ],
+)
+def test_transport_failures(kind: str, retryable: bool, timeout: bool) -> None:
+    failure = TransportFailure(kind=kind, message="boom", elapsed=1.0)  # type: ignore[arg-type]  # kinds are parametrised as str
+    verdict = classify(failure, RetryPolicy(), now=NOW)
+    assert (verdict.retryable, verdict.timeout, verdict.breaker_failure) == (
+        retryable,
+        timeout,
+        True,
+    )
+    assert verdict.kind == kind
+    assert verdict.fallback_may_help
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_attempts", 0), ("base", 0), ("cap", -1), ("max_retry_after", 0), ("budget_ratio", -0.1)],
+)
+def test_invalid_policy_names_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"RetryPolicy.{field}"):
+        RetryPolicy(**{field: value})  # type: ignore[arg-type]  # parametrised

@@ -1,0 +1,163 @@
+"""The crowd: employees chatting through herdless clients while the day plays.
+
+Each employee owns a :class:`herdless.AsyncClient` (as each app on each laptop
+would) whose ``on_event`` feeds the shared :class:`Tally`; the employee is
+active while its index is below :meth:`Day.active`, thinks for a random while
+(exponential, mean ``think`` seconds), then asks a question of realistic
+length. The operator's side of the day (the maintenance drain and resume, the
+gateway's queue gauge) runs beside the crowd. Everything random comes from
+one seeded ``random.Random`` per employee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+import herdless
+from herdless.demo.day import Day
+from herdless.demo.stack import Stack
+from herdless.demo.tally import Tally
+
+__all__ = ["FALLBACK", "PRIMARY", "Crowd"]
+
+PRIMARY = "company-gpu"
+FALLBACK = "hosted"
+_WORDS = ["please", "summarise", "the", "quarterly", "report", "draft", "and", "list", "the", "open", "risks", "for", "the", "team", "meeting", "explain", "this", "error", "message", "in", "the", "deployment", "logs", "rewrite", "the", "customer", "email", "politely", "translate", "the", "onboarding", "guide", "into", "plain", "English", "with", "examples"]
+# Answer lengths people ask for: mostly short, sometimes a page.
+_MAX_TOKENS = (64, 128, 128, 256, 256, 512)
+_METRIC = re.compile(r"^herdless_gateway_(queue_depth|inflight) (\S+)$", re.MULTILINE)
+
+
+@dataclass(slots=True)
+class Crowd:
+    """Plays the day against ``stack``; :meth:`run` returns when every call has ended.
+
+    Attributes:
+        started: calls started (each ends served or failed: the accounting checks it).
+    """
+
+    stack: Stack
+    day: Day
+    tally: Tally
+    seed: int
+    fallback: bool = True
+    think: float = 3.0
+    deadline: float = 20.0
+    started: int = 0
+
+    def _client(self, index: int, http: httpx.AsyncClient) -> herdless.AsyncClient:
+        fallback = None
+        if self.fallback:
+            fallback = herdless.Backend(
+                name=FALLBACK,
+                base_url=f"{self.stack.hosted}/v1",
+                model="hosted-llm",
+                external=True,
+            )
+
+        def hook(event: herdless.events.Event) -> None:
+            self.tally.record(event, client=index)
+
+        return herdless.AsyncClient(
+            primary=herdless.Backend(
+                name=PRIMARY, base_url=f"{self.stack.gateway}/v1", model="company-llm"
+            ),
+            fallback=fallback,
+            deadline=self.deadline,
+            on_event=hook,
+            rng=random.Random(self.seed * 100_003 + index),
+            env_file=None,
+            http_client=http,
+        )
+
+    async def _employee(self, index: int, stop: asyncio.Event, http: httpx.AsyncClient) -> None:
+        rng = random.Random(self.seed * 7_919 + index)
+        async with self._client(index, http) as client:
+            while not stop.is_set():
+                elapsed = time.monotonic() - self.tally.start
+                if index >= self.day.active(elapsed):
+                    await _pause(stop, 0.25)  # not at their desk right now
+                    continue
+                await _pause(stop, rng.expovariate(1 / self.think))
+                if stop.is_set():
+                    break
+                words = " ".join(rng.choices(_WORDS, k=rng.randint(15, 300)))
+                self.started += 1
+                # Failures are counted from the client's CallFailed event; the
+                # employee shrugs and asks again later.
+                with contextlib.suppress(herdless.HerdlessError):
+                    await client.chat(
+                        [{"role": "user", "content": words}], max_tokens=rng.choice(_MAX_TOKENS)
+                    )
+
+    async def _operator(self, stop: asyncio.Event) -> None:
+        """Drains the gateway for the model swap and resumes it, on the day's schedule."""
+        drain_at, resume_at = self.day.maintenance
+        auth = {"authorization": f"Bearer {self.stack.admin_token}"}
+        async with httpx.AsyncClient(base_url=self.stack.gateway, headers=auth) as admin:
+            for at, path in ((drain_at, "/admin/drain"), (resume_at, "/admin/resume")):
+                await _pause(stop, at - (time.monotonic() - self.tally.start))
+                if stop.is_set():
+                    return
+                (await admin.post(path)).raise_for_status()
+
+    async def _gauges(self, stop: asyncio.Event) -> None:
+        """Polls the gateway's queue depth and running requests for the live view."""
+        async with httpx.AsyncClient(base_url=self.stack.gateway) as http:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await http.get("/metrics")).text
+                    for name, value in _METRIC.findall(text):
+                        self.tally.gauges[name] = float(value)
+                await _pause(stop, 0.5)
+
+    async def run(self, on_tick: Callable[[], None]) -> None:
+        """Play the whole day, calling ``on_tick`` a few times a second; then let calls end."""
+        stop = asyncio.Event()
+        # One connection pool for the whole crowd: a client's policies (breaker, gate,
+        # budget) are its own, but building a TLS-ready pool per employee costs ~0.2 s each.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.day.crowd)
+        async with httpx.AsyncClient(limits=limits) as http:
+            await self._play(stop, http, on_tick)
+
+    async def _play(
+        self, stop: asyncio.Event, http: httpx.AsyncClient, on_tick: Callable[[], None]
+    ) -> None:
+        employees = [
+            asyncio.create_task(self._employee(i, stop, http)) for i in range(self.day.crowd)
+        ]
+        helpers = [
+            asyncio.create_task(self._operator(stop)),
+            asyncio.create_task(self._gauges(stop)),
+        ]
+        try:
+            while time.monotonic() - self.tally.start < self.day.length:
+                on_tick()
+                await asyncio.sleep(0.25)
+            stop.set()
+            # Calls in flight finish (within their deadline): nobody is cut off.
+            pending = {t for t in employees if not t.done()}
+            while pending:
+                _, pending = await asyncio.wait(pending, timeout=0.25)
+                on_tick()
+            await asyncio.gather(*employees, *helpers)
+        finally:
+            stop.set()
+            for task in (*employees, *helpers):
+                task.cancel()
+            await asyncio.gather(*employees, *helpers, return_exceptions=True)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``stop`` is set, whichever comes first."""
+    if seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from herdless.emulator.engine import Engine, EngineConfig, KVCacheExhausted, Sequence, SeqState
+from herdless.emulator.engine import Engine, EngineConfig, KVCacheExhausted, SeqState, Sequence
 
 # Round numbers so that expected times are exact: a step is 10 ms + 1 ms per sequence,
 # prefill 1,000 tokens/s.

@@ -17,7 +17,14 @@ from herdless.emulator.metrics import Histogram, render
 
 @pytest.mark.parametrize(
     ("value", "tokens"),
-    [("", 0), ("Hello, world!", 6), ("a b c", 3), ("tokenisation", 3), ("  ", 0), ("안녕하세요", 2)],
+    [
+        ("", 0),
+        ("Hello, world!", 6),
+        ("a b c", 3),
+        ("tokenisation", 3),
+        ("  ", 0),
+        ("안녕하세요", 2),
+    ],
 )
 def test_count_tokens_follows_the_documented_rule(value: str, tokens: int) -> None:
     assert text.count_tokens(value) == tokens
@@ -71,7 +78,8 @@ def test_error_rate_draws_from_the_injected_rng() -> None:
     draws = [Faults(error_rate=0.5).should_fail(rng) for _ in range(100)]
     replay = random.Random(1)
     assert draws == [replay.random() < 0.5 for _ in range(100)]  # one draw per decision
-    assert True in draws and False in draws
+    assert True in draws
+    assert False in draws
     assert not any(Faults().should_fail(rng) for _ in range(10))
 
 

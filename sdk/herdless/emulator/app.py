@@ -86,7 +86,7 @@ async def _post_faults(request: Request) -> Response:
     return Response(
         wire.dumps(faults.as_json()),
         media_type="application/json",
-        background=BackgroundTask(state.apply, faults, actions),
+        background=BackgroundTask(state.apply_later, faults, actions),
     )
 
 

@@ -82,13 +82,24 @@ class EmulatorState:
     ) -> None:
         self.settings = settings
         self.engine = Engine(settings.engine_config())
-        self.driver = Driver(self.engine, on_fatal=lambda exc: crash())
+        self.driver = Driver(self.engine, on_fatal=self._engine_died)
         self.faults: Faults = settings.faults()
         self.rng = random.Random(settings.seed)
         self.control: Control = control or NoListener()
         self.crash = crash
         self.serving = True
         self._resume: asyncio.TimerHandle | None = None
+
+    def _engine_died(self, exc: BaseException) -> None:
+        # The process is about to end; should ``crash`` return (in tests), nobody may wait
+        # forever on a dead engine.
+        self.crash()
+        self.serving = False
+        self.driver.abort_all()
+
+    async def apply_later(self, faults: Faults, actions: FaultActions) -> None:
+        """:meth:`apply`, as a background task that runs after the answer is sent."""
+        self.apply(faults, actions)
 
     def apply(self, faults: Faults, actions: FaultActions) -> None:
         """Set the steady faults and run the one-shot actions."""

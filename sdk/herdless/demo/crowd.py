@@ -30,7 +30,45 @@ __all__ = ["FALLBACK", "PRIMARY", "Crowd"]
 
 PRIMARY = "company-gpu"
 FALLBACK = "hosted"
-_WORDS = ["please", "summarise", "the", "quarterly", "report", "draft", "and", "list", "the", "open", "risks", "for", "the", "team", "meeting", "explain", "this", "error", "message", "in", "the", "deployment", "logs", "rewrite", "the", "customer", "email", "politely", "translate", "the", "onboarding", "guide", "into", "plain", "English", "with", "examples"]
+_WORDS = (
+    "please",
+    "summarise",
+    "the",
+    "quarterly",
+    "report",
+    "draft",
+    "and",
+    "list",
+    "the",
+    "open",
+    "risks",
+    "for",
+    "the",
+    "team",
+    "meeting",
+    "explain",
+    "this",
+    "error",
+    "message",
+    "in",
+    "the",
+    "deployment",
+    "logs",
+    "rewrite",
+    "the",
+    "customer",
+    "email",
+    "politely",
+    "translate",
+    "the",
+    "onboarding",
+    "guide",
+    "into",
+    "plain",
+    "English",
+    "with",
+    "examples",
+)
 # Answer lengths people ask for: mostly short, sometimes a page.
 _MAX_TOKENS = (64, 128, 128, 256, 256, 512)
 _METRIC = re.compile(r"^herdless_gateway_(queue_depth|inflight) (\S+)$", re.MULTILINE)

@@ -29,7 +29,8 @@ def timeline_png(
     colors = ["#4c72b0", "#dd8452", "#8172b3"]
     for name, color in zip(backends, colors, strict=False):
         counts = tally.served[name]
-        ax.step(seconds, [counts[s] for s in seconds], where="post", color=color, label=f"served by {name}")
+        served = [counts[s] for s in seconds]
+        ax.step(seconds, served, where="post", color=color, label=f"served by {name}")
     ax.plot(
         seconds,
         [tally.refused[s] for s in seconds],

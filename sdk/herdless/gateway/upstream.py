@@ -78,7 +78,11 @@ class Upstream:
         Raises:
             UpstreamUnavailable: the request did not get a response.
         """
-        forwarded = {name: headers[name] for name in _FORWARD if name in headers}
+        # httpx encodes str header values as ASCII: a non-ASCII value (any byte a client
+        # may send) is dropped here rather than crash the request with a 500.
+        forwarded = {
+            name: headers[name] for name in _FORWARD if name in headers and headers[name].isascii()
+        }
         # httpx would ask for gzip by default; ask for what the client asked for.
         forwarded.setdefault("accept-encoding", "identity")
         request = self._client.build_request(

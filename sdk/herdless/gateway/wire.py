@@ -61,7 +61,8 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     """
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a deeply nested body ("[[[[...") exhausts json's C stack guard.
         raise BadRequest(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
@@ -99,7 +100,9 @@ def _content_chars(content: Any, index: int) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):  # multimodal parts: count the text ones
-        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+        # Only string texts count: a mistyped part is priced at 0 and left to vLLM to refuse.
+        texts = (part.get("text") for part in content if isinstance(part, dict))
+        return sum(len(text) for text in texts if isinstance(text, str))
     raise BadRequest(
         f"messages[{index}].content must be a string or a list",
         param=f"messages[{index}].content",

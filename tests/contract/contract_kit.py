@@ -1,0 +1,52 @@
+"""What the contract tests share: the upstream under test and SSE reading."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from herdless.testing.vllm import MODEL_NAME
+
+MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """A vLLM-compatible server: ``url`` is its root (``/health``, ``/v1/...``)."""
+
+    kind: str
+    url: str
+    model: str = MODEL_NAME
+
+    def chat(self, content: str = "Hi", **body: Any) -> dict[str, Any]:
+        """A chat request body for this upstream's model."""
+        return {"model": self.model, "messages": [{"role": "user", "content": content}], **body}
+
+
+def read_events(response: httpx.Response) -> list[str]:
+    """The raw ``data:`` payloads of an SSE body, checking vLLM's framing on the way.
+
+    Every event is exactly ``data: <payload>\\n\\n``: no other field, no comment.
+    """
+    raw = response.read().decode()
+    assert raw.endswith("\n\n"), raw[-80:]
+    events = raw[:-2].split("\n\n")
+    for event in events:
+        assert event.startswith("data: "), event
+        assert "\n" not in event, event
+    return [event.removeprefix("data: ") for event in events]
+
+
+def decode_chunks(payloads: list[str]) -> list[dict[str, Any]]:
+    """JSON chunks before ``[DONE]``, checking that each is compact and ``[DONE]`` ends it."""
+    assert payloads[-1] == "[DONE]"
+    chunks = []
+    for payload in payloads[:-1]:
+        chunk = json.loads(payload)
+        # vLLM writes compact JSON (no spaces after separators), unescaped UTF-8.
+        assert json.dumps(chunk, separators=(",", ":"), ensure_ascii=False) == payload
+        chunks.append(chunk)
+    return chunks

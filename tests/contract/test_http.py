@@ -1,0 +1,119 @@
+"""Contract: JSON bodies, error bodies and the plain routes, as vLLM 0.32 serves them.
+
+The field sets are the ones captured from vLLM (``VLLM_WIRE.md``); a client that
+reads a field must find it on both upstreams, and nothing more may appear.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream
+
+from herdless.testing.vllm import read_metric
+
+CHAT_KEYS = {
+    "id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
+    "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+    "ec_transfer_params", "metrics",
+}  # fmt: skip
+CHOICE_KEYS = {
+    "index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"
+}  # fmt: skip
+MESSAGE_KEYS = {"role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"}
+USAGE_KEYS = {
+    "prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+    "completion_tokens_details",
+}  # fmt: skip
+ERROR_KEYS = {"message", "type", "param", "code"}
+METRICS = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:admission_rejections_total",
+]
+
+
+def test_health_is_200_with_an_empty_body(http: httpx.Client) -> None:
+    response = http.get("/health")
+    assert (response.status_code, response.content) == (200, b"")
+
+
+def test_models_lists_the_served_model(http: httpx.Client, upstream: Upstream) -> None:
+    body = http.get("/v1/models").raise_for_status().json()
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert {"id", "object", "created", "owned_by", "root", "parent", "max_model_len"} <= set(model)
+    assert "permission" in model
+    assert (model["id"], model["object"], model["owned_by"]) == (upstream.model, "model", "vllm")
+    assert (model["parent"], model["max_model_len"]) == (None, MAX_MODEL_LEN)
+
+
+def test_chat_completion_has_vllms_field_sets(http: httpx.Client, upstream: Upstream) -> None:
+    body = http.post("/v1/chat/completions", json=upstream.chat(max_tokens=3)).json()
+    assert set(body) == CHAT_KEYS
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", body["id"])
+    assert (body["object"], body["model"]) == ("chat.completion", upstream.model)
+    assert body["system_fingerprint"].startswith("vllm-")
+    [choice] = body["choices"]
+    assert set(choice) == CHOICE_KEYS
+    assert set(choice["message"]) == MESSAGE_KEYS
+    assert choice["message"]["role"] == "assistant"
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("length", None)
+    usage = body["usage"]
+    assert set(usage) == USAGE_KEYS
+    assert usage["completion_tokens"] == 3
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 3
+
+
+def test_unknown_model_is_404(http: httpx.Client, upstream: Upstream) -> None:
+    response = http.post("/v1/chat/completions", json={**upstream.chat(), "model": "nope"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS
+    assert error["message"] == (
+        f"The model `nope` does not exist. Valid aliases: {upstream.model}."
+    )
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
+
+
+def test_schema_error_is_400(http: httpx.Client, upstream: Upstream) -> None:
+    response = http.post("/v1/chat/completions", json={**upstream.chat(), "messages": "x"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", "body.messages", 400)
+
+
+def test_max_tokens_over_the_context_is_400(http: httpx.Client, upstream: Upstream) -> None:
+    response = http.post("/v1/chat/completions", json=upstream.chat(max_tokens=5000))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS
+    assert error["message"].startswith(
+        f"max_tokens=5000 cannot be greater than max_model_len={MAX_MODEL_LEN}."
+    )
+    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", "max_tokens", 400)
+
+
+def test_metrics_carry_vllms_names(http: httpx.Client, upstream: Upstream) -> None:
+    http.post("/v1/chat/completions", json=upstream.chat(max_tokens=2)).raise_for_status()
+    text = http.get("/metrics").text
+    for name in METRICS:
+        assert re.search(rf"^{re.escape(name)}\{{", text, re.M), name
+    assert f'model_name="{upstream.model}"' in text
+    for reason in ("stop", "length", "abort"):
+        assert f'finished_reason="{reason}"' in text
+    assert read_metric(upstream.url, "vllm:generation_tokens_total") >= 2
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/tokenize", "/version"])
+def test_other_vllm_routes_exist(http: httpx.Client, route: str) -> None:
+    method = "GET" if route == "/version" else "POST"
+    assert http.request(method, route, json={}).status_code != 404

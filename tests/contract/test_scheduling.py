@@ -1,0 +1,87 @@
+"""Contract: the scheduler seen from outside: batching, abort, vLLM's own queue cap."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from tests.contract.contract_kit import Upstream
+
+from herdless.testing.vllm import read_metric
+
+RUNNING = "vllm:num_requests_running"
+
+
+async def test_concurrent_streams_interleave(upstream: Upstream) -> None:
+    """Continuous batching: every stream has its first token before any has its last."""
+    firsts: list[float] = []
+    lasts: list[float] = []
+
+    async def one(client: httpx.AsyncClient) -> None:
+        body = upstream.chat("Tell me a story.", max_tokens=24, ignore_eos=True, stream=True)
+        stamps = []
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if (
+                    line.startswith("data: {")
+                    and '"content":"' in line
+                    and '"content":""' not in line
+                ):
+                    stamps.append(time.monotonic())
+        assert len(stamps) >= 2
+        firsts.append(stamps[0])
+        lasts.append(stamps[-1])
+
+    async with httpx.AsyncClient(base_url=upstream.url, timeout=60.0) as client:
+        await asyncio.gather(*(one(client) for _ in range(3)))
+    assert max(firsts) < min(lasts)
+
+
+async def test_a_client_that_disconnects_is_aborted(upstream: Upstream) -> None:
+    before = read_metric(upstream.url, "vllm:request_success_total", finished_reason="abort")
+    body = upstream.chat("Tell me a long story.", max_tokens=1000, ignore_eos=True, stream=True)
+    async with httpx.AsyncClient(base_url=upstream.url, timeout=60.0) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            seen = 0
+            async for _ in response.aiter_lines():
+                seen += 1
+                if seen >= 6:  # a few tokens in: the sequence is running
+                    break
+        assert read_metric(upstream.url, RUNNING) == 1
+    # Leaving the block closed the connection; the server must free the sequence.
+    for _ in range(50):  # vLLM takes up to ~2 s; give it 5
+        if read_metric(upstream.url, RUNNING) == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert read_metric(upstream.url, RUNNING) == 0
+    after = read_metric(upstream.url, "vllm:request_success_total", finished_reason="abort")
+    assert after == before + 1
+
+
+async def test_over_the_queue_cap_requests_get_503(upstream: Upstream) -> None:
+    """``--max-num-queued-reqs 4``: a burst of 12 overflows it; vLLM sends no Retry-After."""
+    metric = "vllm:admission_rejections_total"
+    before = read_metric(upstream.url, metric, reason="max_num_queued_reqs")
+    body = upstream.chat(max_tokens=16, ignore_eos=True)
+    async with httpx.AsyncClient(base_url=upstream.url, timeout=60.0) as client:
+        responses = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body) for _ in range(12))
+        )
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 503}, statuses
+    refused = [r for r in responses if r.status_code == 503]
+    for response in refused:
+        assert "retry-after" not in response.headers
+        assert response.json() == {
+            "error": {
+                "message": "The engine is currently busy and cannot accept new requests. "
+                "Please try again later or on a different instance.",
+                "type": "Service Unavailable",
+                "param": None,
+                "code": 503,
+            }
+        }
+    after = read_metric(upstream.url, metric, reason="max_num_queued_reqs")
+    assert after == before + len(refused)

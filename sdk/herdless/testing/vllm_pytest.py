@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from herdless.testing.vllm import MODEL_NAME, VllmHome, VllmServer
+from herdless.testing.vllm import VllmHome, VllmServer
 
 __all__ = ["VLLM_ARGS", "vllm_server", "vllm_url"]
 

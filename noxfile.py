@@ -6,6 +6,7 @@ on and never download another one.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -83,6 +84,25 @@ def tests(session: nox.Session, extras: str) -> None:
 def tests_real(session: nox.Session) -> None:
     """Integration tests: real emulator and gateway processes on 127.0.0.1."""
     _tests_impl(session, extras="all", marker="integration", paths=["tests"])
+
+
+@nox.session
+def tests_vllm(session: nox.Session) -> None:
+    """Contract and gateway tests against a real vLLM on CPU; skips where it cannot install.
+
+    The vLLM venv and the converted model are kept in .cache/vllm between runs
+    (cold: a few minutes and 3.5 GB; see docs/real-vllm.md).
+    """
+    _install_project(session, "all")
+    session.install(*_group("test"))
+    cache = ROOT / ".cache" / "vllm"
+    prepare = ["python", "-m", "herdless.testing.vllm", "prepare", "--cache", str(cache)]
+    session.run(*prepare, success_codes=[0, 3])  # 3: unavailable, reason in status.json
+    status = json.loads((cache / "status.json").read_text())
+    if not status["available"]:
+        session.skip(f"vLLM's CPU build cannot be installed here: {status['reason']}")
+    args = session.posargs or ["tests"]
+    session.run("pytest", "-m", "vllm", *args, env={"HERDLESS_TEST_VLLM_HOME": str(cache)})
 
 
 @nox.session

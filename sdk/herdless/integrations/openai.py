@@ -260,7 +260,8 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
     kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", _PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
-    http = http_client(client, pass_model=pass_model, flavor=native_flavor())
+    # Typed loosely: openai 2.x wants an httpx client, 3.x an httpx2 one.
+    http: Any = http_client(client, pass_model=pass_model, flavor=native_flavor())
     return openai.OpenAI(http_client=http, **kwargs)
 
 
@@ -273,5 +274,5 @@ def async_openai_client(
     kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", _PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
-    http = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
+    http: Any = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
     return openai.AsyncOpenAI(http_client=http, **kwargs)

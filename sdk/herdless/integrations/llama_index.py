@@ -1,0 +1,56 @@
+"""LlamaIndex's ``OpenAI`` LLM on herdless.
+
+    import herdless
+    from herdless.integrations.llama_index import openai_llm
+
+    llm = openai_llm(herdless.Client(), herdless.AsyncClient(), model="gpt-4o-mini")
+    llm.complete("Hello")
+
+LlamaIndex checks ``model`` against OpenAI's model names (for the context window), so
+give it a name it knows; herdless still asks each backend for its own model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from herdless.integrations.openai import async_http_client, http_client
+
+if TYPE_CHECKING:
+    from llama_index.llms.openai import OpenAI
+
+    from herdless._client import AsyncClient, Client
+
+__all__ = ["openai_llm"]
+
+
+def openai_llm(
+    client: Client | None = None,
+    async_client: AsyncClient | None = None,
+    *,
+    pass_model: bool = False,
+    **kwargs: Any,
+) -> OpenAI:
+    """A ``llama_index.llms.openai.OpenAI`` whose requests go through herdless.
+
+    Args:
+        client: serves ``complete``/``chat``/``stream_*``.
+        async_client: serves ``acomplete``/``achat``/``astream_*``.
+        pass_model: send LlamaIndex's ``model`` to the primary.
+        **kwargs: more ``OpenAI`` arguments; ``max_retries`` is always 0.
+
+    Raises:
+        ValueError: neither client was given.
+    """
+    from llama_index.llms.openai import OpenAI
+
+    if client is None and async_client is None:
+        raise ValueError("openai_llm() needs a herdless Client, an AsyncClient, or both")
+    if client is not None:
+        kwargs["http_client"] = http_client(client, pass_model=pass_model)
+    if async_client is not None:
+        kwargs["async_http_client"] = async_http_client(async_client, pass_model=pass_model)
+    kwargs.setdefault("api_key", "unused-herdless-uses-each-backends-key")
+    kwargs.setdefault("api_base", "http://herdless.invalid/v1")
+    kwargs["max_retries"] = 0
+    return OpenAI(**kwargs)

@@ -1,0 +1,200 @@
+"""The openai client on herdless: fallback, model/key rewriting, no stacked retries, streams.
+
+Run against the installed openai (3.x uses httpx2, and also accepts httpx) for both
+flavors; the second venv of the report runs the same file under openai 2.x.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import openai
+import pytest
+
+import herdless
+from herdless._client import AsyncClient, Client
+from herdless.integrations.openai import (
+    async_http_client,
+    async_openai_client,
+    http_client,
+    native_flavor,
+    openai_client,
+)
+from herdless.testing import connect_error, draining, ok, rate_limited, server_error, stream
+
+pytest_plugins = ["herdless.testing.pytest_plugin"]
+
+GPU, HOSTED = "http://gpu.test/v1", "http://hosted.test/v1"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+FLAVORS = ["httpx"] + (["httpx2"] if importlib.util.find_spec("httpx2") else [])
+
+
+def _hosted() -> herdless.Backend:
+    return herdless.Backend(
+        name="hosted", base_url=HOSTED, api_key="sk-hosted", model="gpt-4o-mini", external=True
+    )
+
+
+@pytest.fixture
+def backends(herdless_backends):
+    return herdless_backends(GPU), herdless_backends(HOSTED)
+
+
+@pytest.fixture
+def hl(herdless_clock):
+    with Client(
+        primary=GPU,
+        model="gemma-4",
+        fallback=_hosted(),
+        clock=herdless_clock,
+        sleep=herdless_clock.sleep,
+    ) as client:
+        yield client
+
+
+def _openai(hl: Client, flavor: str) -> openai.OpenAI:
+    if flavor == native_flavor():
+        return openai_client(hl)
+    return openai.OpenAI(
+        api_key="unused",
+        base_url="http://x/v1",
+        max_retries=0,
+        http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+    )
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_429_is_retried_by_herdless_once_and_not_by_openai(backends, hl, flavor):
+    gpu, hosted = backends
+    gpu.script(rate_limited(0.2), ok("from the GPU"))
+    raw = _openai(hl, flavor).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=MESSAGES
+    )
+    answer = raw.parse()
+    assert answer.choices[0].message.content == "from the GPU"
+    assert raw.headers["x-herdless-backend"] == "primary"
+    assert raw.headers["x-herdless-attempts"] == "2"
+    assert len(gpu.requests) == 2
+    assert not hosted.requests
+    # The app's "gpt-4o" is not sent: the GPU is asked for its own model.
+    assert [body["model"] for body in gpu.bodies] == ["gemma-4", "gemma-4"]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_fallback_rewrites_url_key_and_model(backends, hl, flavor):
+    gpu, hosted = backends
+    gpu.script(connect_error())
+    hosted.script(ok("from the hosted model"))
+    raw = _openai(hl, flavor).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=MESSAGES
+    )
+    assert raw.parse().choices[0].message.content == "from the hosted model"
+    assert raw.headers["x-herdless-backend"] == "hosted"
+    assert raw.headers["x-herdless-fallback-reason"]
+    assert hosted.bodies[0]["model"] == "gpt-4o-mini"
+    assert hosted.requests[0].headers["authorization"] == "Bearer sk-hosted"
+    assert "unused" not in hosted.requests[0].headers["authorization"]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_status_errors_become_openai_errors_without_openai_retrying(backends, hl, flavor):
+    gpu, hosted = backends
+    gpu.script(server_error(400, "bad prompt"))
+    client = openai.OpenAI(
+        api_key="unused",
+        base_url="http://x/v1",
+        max_retries=5,  # left at its default-ish
+        http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+    )
+    with pytest.raises(openai.BadRequestError, match="bad prompt"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(gpu.requests) == 1
+    assert not hosted.requests
+
+
+def test_data_guard_header_keeps_the_call_off_the_external_fallback(backends, hl):
+    gpu, hosted = backends
+    gpu.script(draining(30))
+    with pytest.raises(openai.InternalServerError) as caught:
+        openai_client(hl).chat.completions.create(
+            model="m", messages=MESSAGES, extra_headers={"x-herdless-allow-fallback": "false"}
+        )
+    assert caught.value.status_code == 503
+    assert not hosted.requests
+
+
+def test_all_backends_down_is_a_connection_error(backends, hl):
+    gpu, hosted = backends
+    gpu.script(connect_error())
+    hosted.script(connect_error())
+    with pytest.raises(openai.APIConnectionError):
+        openai_client(hl).chat.completions.create(model="m", messages=MESSAGES)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_stream_passes_chunks_and_usage(backends, hl, flavor):
+    gpu, _ = backends
+    gpu.script(stream(["Hel", "lo"]))
+    chunks = list(
+        _openai(hl, flavor).chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 2
+
+
+def test_a_stream_cut_after_chunks_reached_the_app_raises(backends, hl):
+    gpu, _ = backends
+    gpu.script(stream(["a", "b", "c"], cut_after=3))
+    received = []
+
+    def read_all() -> None:
+        for chunk in openai_client(hl).chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):
+            received.append(chunk)
+
+    with pytest.raises(openai.APIConnectionError) as caught:
+        read_all()
+    assert "broke after" in str(caught.value.__cause__)
+    assert received  # what arrived before the cut reached the app
+
+
+def test_other_endpoints_are_refused_clearly(backends, hl):
+    with pytest.raises(openai.NotFoundError, match="chat/completions only"):
+        openai_client(hl).models.list()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+async def test_async_openai_falls_back(backends, herdless_clock, flavor):
+    gpu, hosted = backends
+    gpu.script(server_error(503))
+    hosted.script(ok("async fallback"))
+    async with AsyncClient(
+        primary=GPU,
+        model="gemma-4",
+        fallback=_hosted(),
+        clock=herdless_clock,
+        sleep=herdless_clock.asleep,
+    ) as hl:
+        if flavor == native_flavor():
+            client = async_openai_client(hl)
+        else:
+            client = openai.AsyncOpenAI(
+                api_key="unused",
+                base_url="http://x/v1",
+                max_retries=0,
+                http_client=async_http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+            )
+        answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert answer.choices[0].message.content == "async fallback"
+        gpu.script(stream(["x", "y"]))
+        hl_stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        parts = [c.choices[0].delta.content async for c in hl_stream if c.choices]
+    assert "".join(p or "" for p in parts) in {"xy", "Hello from the mock."}
+
+
+def test_unknown_flavor_is_refused(hl):
+    with pytest.raises(ValueError, match="flavor"):
+        http_client(hl, flavor="requests")  # type: ignore[call-overload]

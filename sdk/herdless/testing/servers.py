@@ -214,7 +214,11 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def emulator_process(
-    *, ready_timeout: float = 30.0, log_path: str | Path | None = None, **options: object
+    *,
+    ready_timeout: float = 30.0,
+    log_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **options: object,
 ) -> Iterator[ServerProcess]:
     """A running ``herdless emulate`` with ``options`` as flags (``max_num_seqs=8``).
 
@@ -226,6 +230,7 @@ def emulator_process(
         ready_path="/health",
         ready_timeout=ready_timeout + (delay if isinstance(delay, int | float) else 0.0),
         log_path=log_path,
+        env=env,
     )
     with server:
         yield server
@@ -237,6 +242,7 @@ def gateway_process(
     upstream: str,
     ready_timeout: float = 30.0,
     log_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
     **options: object,
 ) -> Iterator[ServerProcess]:
     """A running ``herdless serve --upstream URL`` with ``options`` as flags.
@@ -248,6 +254,7 @@ def gateway_process(
         ready_path="/healthz",
         ready_timeout=ready_timeout,
         log_path=log_path,
+        env=env,
     )
     with server:
         yield server

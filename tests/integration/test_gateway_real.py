@@ -1,0 +1,186 @@
+"""The gateway as a real process in front of the emulator, driven over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from herdless.testing.servers import (
+    ServerProcess,
+    emulator_process,
+    free_port,
+    gateway_process,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.server]
+
+ADMIN = {"authorization": "Bearer admin-secret"}
+ENV = {"HERDLESS_GATEWAY_ADMIN_TOKEN": "admin-secret", "HERDLESS_GATEWAY_API_KEYS": "k1,k2"}
+AUTH = {"authorization": "Bearer k1"}
+
+
+def body(**extra: object) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": "hello there"}], **extra}
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``condition()`` until true (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exposed")
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[ServerProcess]:
+    with emulator_process(speed=50, max_num_seqs=64) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm: ServerProcess) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        ["serve", "--upstream", vllm.url, "--max-concurrency", "8", "--max-queue", "4"],
+        ready_path="/readyz",
+        env=ENV,
+    )
+    with server:
+        yield server
+
+
+def test_openai_client_streams_through_the_gateway(gateway: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k1", max_retries=0)
+    model = client.models.list().data[0].id
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Tell me about herds."}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens <= 12
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+    )
+    assert answer.choices[0].message.content
+    client.close()
+
+
+def test_sse_bytes_are_those_of_the_emulator(gateway: ServerProcess, vllm: ServerProcess) -> None:
+    request = body(stream=True, max_tokens=4, seed=7, temperature=1.0)
+    direct = httpx.post(vllm.url + "/v1/chat/completions", json=request)
+    proxied = httpx.post(gateway.url + "/v1/chat/completions", json=request, headers=AUTH)
+    assert proxied.status_code == 200
+
+    def shape(raw: str) -> list[object]:  # ids and timestamps differ per request
+        events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e]
+        return [e if e == "[DONE]" else sorted(json.loads(e)) for e in events]
+
+    assert shape(proxied.text) == shape(direct.text)
+    assert proxied.text.endswith("data: [DONE]\n\n")
+
+
+def test_overload_gets_staggered_429s_and_the_rest_is_served(vllm: ServerProcess) -> None:
+    with gateway_process(upstream=vllm.url, max_concurrency=2, max_queue=2) as gateway:
+
+        async def crowd() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+                calls = [
+                    client.post("/v1/chat/completions", json=body(max_tokens=64)) for _ in range(12)
+                ]
+                return await asyncio.gather(*calls)
+
+        responses = asyncio.run(crowd())
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) >= 4
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused
+    waits = sorted(int(r.headers["retry-after-ms"]) for r in refused)
+    assert len(set(waits)) == len(waits)  # each refused caller got its own time
+    assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
+
+
+def test_client_disconnect_frees_the_upstream_sequence() -> None:
+    with (
+        emulator_process(speed=1, answer_min_tokens=2000, answer_max_tokens=2000) as vllm,
+        gateway_process(upstream=vllm.url) as gateway,
+    ):
+        with httpx.stream(
+            "POST", gateway.url + "/v1/chat/completions", json=body(stream=True), timeout=30
+        ) as response:
+            chunks = response.iter_raw()  # kept: a dropped generator closes the response
+            next(chunks)
+            wait_for(lambda: metric(vllm.url, "vllm:num_requests_running") == 1)
+        # Closing our side mid-stream must abort the emulated sequence, not let it run on.
+        wait_for(lambda: metric(vllm.url, "vllm:num_requests_running") == 0)
+        wait_for(lambda: metric(gateway.url, "herdless_gateway_inflight") == 0)
+
+
+def test_upstream_down_then_loading_then_ready() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with gateway_process(upstream=url, health_interval=0.1) as gateway:
+        down = httpx.post(gateway.url + "/v1/chat/completions", json=body())
+        assert httpx.get(gateway.url + "/readyz").status_code == 503
+        loading = ServerProcess(["emulate", "--startup-delay", "0.5", "--speed", "50"], port=port)
+        with loading.start(wait=False):
+            loading.wait_ready()
+            wait_for(lambda: httpx.get(gateway.url + "/readyz").status_code == 200)
+            up = httpx.post(gateway.url + "/v1/chat/completions", json=body(max_tokens=3))
+    assert down.status_code == 503
+    assert down.json()["error"]["code"] == "upstream_unavailable"
+    assert int(down.headers["retry-after"]) >= 1
+    assert up.status_code == 200
+
+
+def test_keys_and_admin_drain_and_resume(gateway: ServerProcess) -> None:
+    url = gateway.url
+    assert httpx.post(url + "/v1/chat/completions", json=body()).status_code == 401
+    assert httpx.post(url + "/admin/drain").status_code == 401
+    assert httpx.post(url + "/admin/drain", headers=AUTH).status_code == 403
+    assert httpx.post(url + "/admin/drain", headers=ADMIN).json()["draining"] is True
+    try:
+        drained = httpx.post(url + "/v1/chat/completions", json=body(), headers=AUTH)
+        assert drained.status_code == 503
+        assert drained.headers["x-herdless-drain"] == "1"
+        assert drained.json()["error"]["code"] == "draining"
+        assert httpx.get(url + "/readyz").status_code == 503
+    finally:
+        assert httpx.post(url + "/admin/resume", headers=ADMIN).status_code == 200
+    served = httpx.post(url + "/v1/chat/completions", json=body(max_tokens=2), headers=AUTH)
+    assert served.status_code == 200
+    assert "k1" not in gateway.logs().replace("key-", "")
+
+
+def test_sigterm_lets_the_running_stream_finish_then_exits(vllm: ServerProcess) -> None:
+    with gateway_process(upstream=vllm.url) as gateway:
+        request = body(stream=True, max_tokens=200)
+        with httpx.stream(
+            "POST", gateway.url + "/v1/chat/completions", json=request, timeout=30
+        ) as response:
+            chunks = response.iter_raw()
+            first = next(chunks)
+            assert gateway.process is not None
+            gateway.process.send_signal(signal.SIGTERM)
+            rest = b"".join(chunks)
+        assert (first + rest).endswith(b"data: [DONE]\n\n")
+        gateway.wait_exit(timeout=15)

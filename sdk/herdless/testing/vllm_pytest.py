@@ -63,16 +63,10 @@ def vllm_server(pytestconfig: pytest.Config) -> Iterator[VllmServer]:
         server.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def vllm_url(request: pytest.FixtureRequest) -> str:
-    """The root URL of a running vLLM serving ``MODEL_NAME``.
-
-    A test that stopped the session's server and failed before starting it
-    again would leave it down: it is started again here.
-    """
+    """The root URL of a running vLLM serving ``SmolLM2-135M-Instruct``."""
     if _URL:
         return _URL
     server: VllmServer = request.getfixturevalue("vllm_server")
-    if not server.running:
-        server.start()
     return server.url

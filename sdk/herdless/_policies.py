@@ -35,6 +35,9 @@ from herdless.events import (
 __all__ = ["DEFAULT_DEADLINE", "Policies"]
 
 logger = logging.getLogger("herdless")
+# A library logs; the application decides where it goes. Without this, Python's
+# last-resort handler would print herdless's warnings to stderr of every user.
+logger.addHandler(logging.NullHandler())
 
 # Seconds for a whole call, waits and fallback included. An LLM answer of a few hundred
 # tokens takes seconds to tens of seconds; a minute leaves room for a slow primary and

@@ -7,7 +7,7 @@ import random
 import threading
 
 import pytest
-from _policy_stubs import LowerRandom, UpperRandom
+from tests.unit._policy_stubs import LowerRandom, UpperRandom
 
 from herdless._breaker import BreakerPolicy, CircuitBreaker, Permit, Transition
 from herdless.testing import FakeClock

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _policy_stubs import UpperRandom
-from flow_driver import HOSTED, PRIMARY, Driver, Scripted, failure, hang, ok, status
+from tests.unit._policy_stubs import UpperRandom
+from tests.unit.flow_driver import HOSTED, PRIMARY, Driver, Scripted, failure, hang, ok, status
 
 from herdless._actions import Send, Sleep
 from herdless._backend import Backend, Timeouts

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 
 import pytest
-from _policy_stubs import LowerRandom, UpperRandom
+from tests.unit._policy_stubs import LowerRandom, UpperRandom
 
 from herdless._actions import Response, TransportFailure
 from herdless._retry import RetryPolicy, classify, parse_retry_after

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from _policy_stubs import UpperRandom
+from tests.unit._policy_stubs import UpperRandom
 
 from herdless._backend import Backend
 from herdless._routing import FallbackPolicy, SpendGuard, plan_route

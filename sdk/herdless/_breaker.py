@@ -210,9 +210,9 @@ class CircuitBreaker:
             until = self._clock.monotonic() + period
             if self._state == "open" and self._open_until >= until:
                 return None
-            old = self._state
-            self._probing = False
-            return self._open(old, reason, period)
+            # A probe still in flight keeps its flag: it is answered later (record_* or
+            # release clear it); clearing it here let a second probe start beside it.
+            return self._open(self._state, reason, period)
 
     def _period(self) -> float:
         policy = self._policy

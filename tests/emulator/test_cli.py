@@ -1,0 +1,71 @@
+"""``herdless emulate`` flags and settings, without starting a server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from herdless.emulator.cli import build_parser, main
+from herdless.emulator.settings import EmulatorSettings
+from herdless.testing.servers import ServerProcess, flags
+
+pytestmark = [pytest.mark.server]
+
+
+def test_every_setting_has_a_flag() -> None:
+    parser = build_parser()
+    options = {o for action in parser._actions for o in action.option_strings}
+    for name in EmulatorSettings.model_fields:
+        assert "--" + name.replace("_", "-") in options
+
+
+def test_flags_override_environment_which_overrides_defaults() -> None:
+    os.environ["HERDLESS_EMULATOR_MAX_NUM_SEQS"] = "7"
+    os.environ["HERDLESS_EMULATOR_MODEL"] = "env-model"
+    args = build_parser().parse_args(["--model", "flag-model", "--hang"])
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    settings = EmulatorSettings(**given)
+    assert (settings.model, settings.max_num_seqs, settings.hang) == ("flag-model", 7, True)
+    assert settings.speed == 1.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--kv-cache-tokens", "100"], "kv_cache_tokens (100) must be >= max_model_len"),
+        (["--error-rate", "2"], "error_rate"),
+    ],
+)
+def test_bad_settings_exit_2_with_a_clear_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_environment_is_reported_too(capsys: pytest.CaptureFixture[str]) -> None:
+    os.environ["HERDLESS_EMULATOR_SPEED"] = "fast"
+    assert main([]) == 2
+    assert "speed" in capsys.readouterr().err
+
+
+def test_unknown_choice_is_an_argparse_error() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--on-kv-exhausted", "explode"])
+    assert exit_.value.code == 2
+
+
+def test_harness_flags_and_validation() -> None:
+    assert flags({"max_num_seqs": 8, "hang": True, "access_log": False, "cut_after": None}) == [
+        "--max-num-seqs", "8", "--hang", "--no-access-log",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="ready_timeout"):
+        ServerProcess(["emulate"], ready_timeout=0)
+    server = ServerProcess(["emulate"], port=12345)
+    assert server.url == "http://127.0.0.1:12345"
+    assert server.returncode() is None
+    assert server.stop() is None  # never started: nothing to stop

@@ -1,0 +1,338 @@
+"""What the gateway costs: added latency, refusal throughput, memory under overload.
+
+``python -m herdless.bench.gateway_overhead [--quick]`` starts an emulator and
+gateways as real processes on 127.0.0.1 and measures, each figure against a
+baseline taken in the same run:
+
+* **added latency**: 100 concurrent streams (httpx) against the emulator
+  directly and through the gateway, arms interleaved and repeated; the figure
+  is ``p50(gateway) - p50(direct)`` (and p99) of each request's time to the
+  end of its stream. Targets: p50 <= 1 ms, p99 <= 3 ms.
+* **refusal throughput**: a gateway that refuses everything (a request rate of
+  ~0) is hammered over raw keep-alive sockets; refusals/s against the same
+  server's ``/healthz`` rate. The server is one uvicorn process: one core.
+  Targets: >= 5,000/s and >= 0.8x ``/healthz``.
+* **memory under overload**: an open-loop load of 10x the measured capacity,
+  paced with aiolimiter, for a bounded time; peak RSS of the gateway against
+  its RSS at rest (bounded queue, bounded memory).
+
+The load generator runs in this process (one core), the servers in their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TypedDict
+
+import httpx
+from aiolimiter import AsyncLimiter
+
+from herdless.bench.stats import median, percentile, ratio
+from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+
+__all__ = ["OverheadParams", "OverheadResult", "main", "run"]
+
+_CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": True}
+_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverheadParams:
+    """Sizes of the benchmark (all bounded).
+
+    Attributes:
+        streams: concurrent streams of the latency arms.
+        requests_per_stream: sequential requests per stream and run.
+        repeats: interleaved repetitions of the latency arms.
+        refusal_seconds: duration of each throughput measurement.
+        connections: keep-alive sockets of the throughput generator.
+        overload_seconds: duration of the overload (the issue asks for 60).
+        overload_factor: offered load over measured capacity.
+    """
+
+    streams: int = 100
+    requests_per_stream: int = 5
+    repeats: int = 3
+    refusal_seconds: float = 5.0
+    connections: int = 32
+    overload_seconds: float = 60.0
+    overload_factor: float = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverheadResult:
+    """The figures (seconds, requests per second, bytes)."""
+
+    direct_p50: float
+    direct_p99: float
+    gateway_p50: float
+    gateway_p99: float
+    added_p50: float
+    added_p99: float
+    refusals_per_s: float
+    healthz_per_s: float
+    refusal_ratio: float
+    overload_capacity_per_s: float
+    overload_offered_per_s: float
+    overload_codes: dict[str, int]
+    rss_at_rest: int
+    rss_peak: int
+
+
+# -- latency ----------------------------------------------------------------------------
+
+
+async def _stream_latencies(url: str, streams: int, per_stream: int) -> list[float]:
+    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def one_stream() -> list[float]:
+            times = []
+            for _ in range(per_stream):
+                start = time.perf_counter()
+                async with client.stream("POST", "/v1/chat/completions", json=_CHAT) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+                if response.status_code != 200:
+                    raise RuntimeError(f"{url} answered {response.status_code}")
+                times.append(time.perf_counter() - start)
+            return times
+
+        await _stream_latencies_warmup(client)
+        results = await asyncio.gather(*(one_stream() for _ in range(streams)))
+    return [t for times in results for t in times]
+
+
+async def _stream_latencies_warmup(client: httpx.AsyncClient) -> None:
+    async with client.stream("POST", "/v1/chat/completions", json=_CHAT) as response:
+        await response.aread()
+
+
+def _latency(
+    vllm: ServerProcess, gateway: ServerProcess, params: OverheadParams
+) -> dict[str, float]:
+    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+    for rep in range(params.repeats):
+        order = ["direct", "gateway"] if rep % 2 == 0 else ["gateway", "direct"]
+        for arm in order:  # interleaved: neither arm always runs on a warmer machine
+            url = vllm.url if arm == "direct" else gateway.url
+            samples[arm] += asyncio.run(
+                _stream_latencies(url, params.streams, params.requests_per_stream)
+            )
+    figures = {}
+    for arm, values in samples.items():
+        figures[f"{arm}_p50"] = percentile(values, 50)
+        figures[f"{arm}_p99"] = percentile(values, 99)
+    return figures
+
+
+# -- refusal throughput -----------------------------------------------------------------
+
+
+def _raw_request(method: str, path: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    return head.encode() + f"content-length: {len(body)}\r\n\r\n".encode() + body
+
+
+async def _hammer(
+    port: int, request: bytes, seconds: float, connections: int
+) -> tuple[float, Counter[int]]:
+    """Keep-alive sockets sending ``request`` back to back; returns (answers/s, statuses)."""
+    codes: Counter[int] = Counter()
+    end = time.perf_counter() + seconds
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < end:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                found = _LENGTH.search(head)
+                await reader.readexactly(int(found.group(1)) if found else 0)
+                codes[int(head[9:12])] += 1
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(connection() for _ in range(connections)))
+    return sum(codes.values()) / (time.perf_counter() - start), codes
+
+
+def _refusals(vllm: ServerProcess, params: OverheadParams) -> dict[str, float]:
+    # A rate of one request per ~3 years: after the first, every chat request is a 429.
+    with gateway_process(upstream=vllm.url, rate=1e-8, burst=1, access_log=False) as gateway:
+        refused_body = {**_CHAT, "stream": False}
+        # The one request the bucket lets through, spent before measuring.
+        httpx.post(gateway.url + "/v1/chat/completions", json=refused_body, timeout=30)
+        chat = _raw_request("POST", "/v1/chat/completions", json.dumps(refused_body).encode())
+        healthz = _raw_request("GET", "/healthz")
+        seconds, conns = params.refusal_seconds, params.connections
+        asyncio.run(_hammer(gateway.port, healthz, 1.0, conns))  # warm-up
+        rates: dict[str, list[float]] = {"refusals": [], "healthz": []}
+        for _ in range(2):  # interleaved, twice
+            refused, codes = asyncio.run(_hammer(gateway.port, chat, seconds, conns))
+            if codes[429] != sum(codes.values()):
+                raise RuntimeError(f"expected refusals, got {dict(codes)}")
+            rates["refusals"].append(refused)
+            rates["healthz"].append(asyncio.run(_hammer(gateway.port, healthz, seconds, conns))[0])
+    return {
+        "refusals_per_s": median(rates["refusals"]),
+        "healthz_per_s": median(rates["healthz"]),
+    }
+
+
+# -- memory under overload --------------------------------------------------------------
+
+
+def _rss(pid: int) -> int:
+    """Resident set size in bytes (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("VmRSS not found")
+
+
+async def _open_loop(url: str, rate: float, seconds: float, pid: int) -> tuple[Counter[str], int]:
+    """Offer ``rate`` requests/s for ``seconds`` (aiolimiter paces); returns codes and peak RSS."""
+    codes: Counter[str] = Counter()
+    limiter = AsyncLimiter(max(1.0, rate / 20), 1 / 20)  # 50 ms slices: smooth pacing
+    peak = _rss(pid)
+    body = {**_CHAT, "stream": False}
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+
+        async def one() -> None:
+            try:
+                response = await client.post("/v1/chat/completions", json=body)
+                codes[str(response.status_code)] += 1
+            except httpx.HTTPError as exc:
+                codes[type(exc).__name__] += 1
+
+        tasks = set()
+        end = time.perf_counter() + seconds
+        next_sample = 0.0
+        while time.perf_counter() < end:
+            await limiter.acquire()
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if time.perf_counter() >= next_sample:
+                peak = max(peak, _rss(pid))
+                next_sample = time.perf_counter() + 0.25
+        while tasks:
+            peak = max(peak, _rss(pid))
+            await asyncio.wait(tasks, timeout=0.25)
+    return codes, peak
+
+
+class _Overload(TypedDict):
+    overload_capacity_per_s: float
+    overload_offered_per_s: float
+    overload_codes: dict[str, int]
+    rss_at_rest: int
+    rss_peak: int
+
+
+def _overload(vllm: ServerProcess, params: OverheadParams) -> _Overload:
+    options = {"max_concurrency": 32, "max_queue": 64, "queue_timeout": 5, "access_log": False}
+    with gateway_process(upstream=vllm.url, **options) as gateway:
+        assert gateway.pid is not None  # started by the context manager
+        at_rest = _rss(gateway.pid)
+        # Capacity: a closed loop of max_concurrency callers for a few seconds.
+        served = asyncio.run(_stream_latencies(gateway.url, 32, 10))
+        capacity = len(served) / sum(served) * 32
+        offered = capacity * params.overload_factor
+        codes, peak = asyncio.run(
+            _open_loop(gateway.url, offered, params.overload_seconds, gateway.pid)
+        )
+    return {
+        "overload_capacity_per_s": capacity,
+        "overload_offered_per_s": offered,
+        "overload_codes": dict(codes),
+        "rss_at_rest": at_rest,
+        "rss_peak": peak,
+    }
+
+
+def run(params: OverheadParams) -> OverheadResult:
+    """Run the three measurements; returns the figures."""
+    with emulator_process(speed=50, max_num_seqs=256) as vllm:
+        with gateway_process(upstream=vllm.url, max_concurrency=256, access_log=False) as gw:
+            latency = _latency(vllm, gw, params)
+        refusals = _refusals(vllm, params)
+        overload = _overload(vllm, params)
+    return OverheadResult(
+        direct_p50=latency["direct_p50"],
+        direct_p99=latency["direct_p99"],
+        gateway_p50=latency["gateway_p50"],
+        gateway_p99=latency["gateway_p99"],
+        added_p50=latency["gateway_p50"] - latency["direct_p50"],
+        added_p99=latency["gateway_p99"] - latency["direct_p99"],
+        refusals_per_s=refusals["refusals_per_s"],
+        healthz_per_s=refusals["healthz_per_s"],
+        refusal_ratio=ratio(refusals["refusals_per_s"], refusals["healthz_per_s"]),
+        **overload,
+    )
+
+
+def _table(result: OverheadResult) -> str:
+    ms = 1000
+    rows = [
+        (
+            "latency p50 direct / gateway",
+            f"{result.direct_p50 * ms:.2f} / {result.gateway_p50 * ms:.2f} ms",
+        ),
+        (
+            "latency p99 direct / gateway",
+            f"{result.direct_p99 * ms:.2f} / {result.gateway_p99 * ms:.2f} ms",
+        ),
+        ("added p50 (target <= 1 ms)", f"{result.added_p50 * ms:.2f} ms"),
+        ("added p99 (target <= 3 ms)", f"{result.added_p99 * ms:.2f} ms"),
+        ("refusals/s (target >= 5000)", f"{result.refusals_per_s:,.0f}"),
+        ("/healthz/s, same server", f"{result.healthz_per_s:,.0f}"),
+        ("refusals / healthz (target >= 0.8)", f"{result.refusal_ratio:.2f}"),
+        (
+            "overload: capacity, offered",
+            f"{result.overload_capacity_per_s:.0f}/s, {result.overload_offered_per_s:.0f}/s",
+        ),
+        ("overload: answers", json.dumps(result.overload_codes, sort_keys=True)),
+        (
+            "RSS at rest / peak",
+            f"{result.rss_at_rest / 2**20:.1f} / {result.rss_peak / 2**20:.1f} MiB",
+        ),
+    ]
+    return "\n".join(["| figure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m herdless.bench.gateway_overhead [--quick] [--json PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m herdless.bench.gateway_overhead")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--overload-seconds", type=float, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    params = OverheadParams()
+    if args.quick:
+        params = OverheadParams(
+            streams=20, requests_per_stream=2, repeats=1, refusal_seconds=1, overload_seconds=3
+        )
+    if args.overload_seconds is not None:
+        params = OverheadParams(**{**asdict(params), "overload_seconds": args.overload_seconds})
+    result = run(params)
+    print(_table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(asdict(result), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

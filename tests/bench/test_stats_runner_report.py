@@ -1,0 +1,108 @@
+"""The bench's pure parts: statistics, interleaving, result writing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from herdless.bench.report import Column, ScenarioResult, Target, medians, write_result
+from herdless.bench.runner import Arm, interleaved_order, run_arms
+from herdless.bench.stats import median, peak_rate, percentile, ratio
+
+pytestmark = [pytest.mark.server]
+
+
+def test_median_ignores_missing_values() -> None:
+    assert median([3.0, math.nan, 1.0, 2.0]) == 2.0
+    assert math.isnan(median([]))
+
+
+@pytest.mark.parametrize(
+    ("q", "expected"), [(0, 1.0), (50, 2.5), (100, 4.0), (99, 3.97), (25, 1.75)]
+)
+def test_percentile_interpolates_between_ranks(q: float, expected: float) -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], q) == pytest.approx(expected)
+
+
+def test_percentile_rejects_out_of_range_q() -> None:
+    with pytest.raises(ValueError, match="q must be in"):
+        percentile([1.0], 101)
+
+
+def test_ratio_is_nan_without_a_baseline() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert math.isnan(ratio(1.0, 0.0))
+    assert math.isnan(ratio(math.nan, 1.0))
+
+
+def test_peak_rate_slides_the_window_and_ignores_before_start() -> None:
+    times = [0.1, 0.2, 1.6, 2.0, 2.1, 2.5, 2.59, 4.0]
+    # before start=1.5 nothing counts; the fullest 1 s window is [1.6, 2.6): 5 arrivals
+    assert peak_rate(times, start=1.5) == 5.0
+    # the fullest 0.5 s window is [2.1, 2.6): 3 arrivals, 6 per second
+    assert peak_rate(times, start=1.5, width=0.5) == 6.0
+    assert peak_rate([], start=0.0) == 0.0
+
+
+def test_peak_rate_rejects_empty_window() -> None:
+    with pytest.raises(ValueError, match="width"):
+        peak_rate([1.0], start=0.0, width=0)
+
+
+def test_interleaved_order_rotates_the_first_arm() -> None:
+    assert interleaved_order(3, 2) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (1, 0)]
+    with pytest.raises(ValueError, match="at least one"):
+        interleaved_order(0, 1)
+
+
+def test_run_arms_gives_each_repetition_its_seed_and_reports_progress() -> None:
+    calls: list[tuple[str, int]] = []
+    progress: list[str] = []
+
+    def arm(name: str) -> Arm:
+        def run(seed: int) -> dict[str, float]:
+            calls.append((name, seed))
+            return {"x": float(seed)}
+
+        return Arm(name=name, run=run)
+
+    runs = run_arms([arm("a"), arm("b")], repeats=2, seed=10, progress=progress.append)
+    assert calls == [("a", 10), ("b", 10), ("b", 11), ("a", 11)]
+    assert runs == {"a": [{"x": 10.0}, {"x": 11.0}], "b": [{"x": 10.0}, {"x": 11.0}]}
+    assert progress == ["a #1", "b #1", "b #2", "a #2"]
+    assert medians(runs) == [{"arm": "a", "x": 10.5}, {"arm": "b", "x": 10.5}]
+
+
+def test_target_met_and_missing() -> None:
+    assert Target(label="t", value=1.0, limit=1.5).met
+    assert not Target(label="t", value=2.0, limit=1.5).met
+    assert Target(label="t", value=0.95, limit=0.9, at_least=True).met
+    assert not Target(label="t", value=math.nan, limit=1.0).met
+
+
+def test_result_is_written_as_markdown_and_json(tmp_path: Path) -> None:
+    result = ScenarioResult(
+        name="demo",
+        title="a title",
+        params={"n": 3},
+        columns=[Column(key="x", label="x value"), Column(key="y", label="y", fmt="{:.0%}")],
+        rows=[{"arm": "a", "x": 1.234, "y": 0.5}, {"arm": "b", "x": math.nan, "y": 1.0}],
+        runs={"a": [{"x": 1.234}]},
+        targets=[Target(label="x small", value=1.234, limit=1.0)],
+        notes=["measured here"],
+        plots=[tmp_path / "demo.png"],
+    )
+    md_path, json_path = write_result(result, tmp_path / "out")
+    md = md_path.read_text()
+    assert "| a | 1.23 | 50% |" in md
+    assert "| b | n/a | 100% |" in md
+    assert "| x small | 1.23 | <= 1 | **no** |" in md
+    assert "- measured here" in md
+    assert "![demo](demo.png)" in md
+    data = json.loads(json_path.read_text())
+    assert data["rows"][1]["x"] is None  # NaN is not JSON
+    assert data["targets"][0]["met"] is False
+    assert data["plots"] == ["demo.png"]

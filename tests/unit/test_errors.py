@@ -1,0 +1,203 @@
+"""The error tree: status mapping, server messages, context, pickling, no secrets."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import herdless
+from herdless._actions import Response, TransportFailure
+from herdless._backend import Backend
+from herdless._types import AttemptRecord
+from herdless.errors import (
+    AllBackendsFailed,
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    DeadlineExceeded,
+    FallbackNotAllowed,
+    HerdlessError,
+    PermissionDeniedError,
+    RateLimitError,
+    ServiceUnavailableError,
+    SpendLimitExceeded,
+    StreamInterrupted,
+    status_error,
+    transport_error,
+)
+
+KEY = "sk-very-SECRET-key-123"
+BACKEND = Backend(name="hosted", base_url="https://h.test/v1", api_key=KEY)
+ATTEMPTS = (
+    AttemptRecord(backend="hosted", attempt=1, kind="status", status=503),
+    AttemptRecord(backend="hosted", attempt=2, kind="connect", waited=0.4),
+)
+
+
+def _response(status: int, body: bytes) -> Response:
+    return Response(status=status, headers={}, body=body, elapsed=0.1)
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, BadRequestError),
+        (404, BadRequestError),
+        (413, BadRequestError),
+        (422, BadRequestError),
+        (409, BadRequestError),
+        (401, AuthenticationError),
+        (403, PermissionDeniedError),
+        (429, RateLimitError),
+        (500, ServiceUnavailableError),
+        (502, ServiceUnavailableError),
+        (503, ServiceUnavailableError),
+        (504, ServiceUnavailableError),
+    ],
+)
+def test_status_maps_to_its_class(status: int, cls: type[APIStatusError]) -> None:
+    error = status_error(_response(status, b"{}"), backend=BACKEND, request_id="r", attempts=())
+    assert type(error) is cls
+    assert error.status == status
+    assert error.backend == "hosted"
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "code", "kind"),
+    [
+        # The gateway's refusal.
+        (
+            b'{"error":{"message":"queue full","type":"rate_limit_error","code":"queue_full"}}',
+            "queue full",
+            "queue_full",
+            "rate_limit_error",
+        ),
+        # vLLM's: an int code (VLLM_WIRE.md).
+        (
+            b'{"error":{"message":"The model `nope` does not exist.","type":"NotFoundError",'
+            b'"param":"model","code":404}}',
+            "The model `nope` does not exist.",
+            404,
+            "NotFoundError",
+        ),
+        (b'{"error":"plain text"}', "plain text", None, None),
+        (b"<html>Bad Gateway</html>", "<html>Bad Gateway</html>", None, None),
+        (b"", "", None, None),
+        (b"\xff\xfe", "\ufffd\ufffd", None, None),
+    ],
+)
+def test_server_message_is_parsed(
+    body: bytes, message: str, code: str | int | None, kind: str | None
+) -> None:
+    error = status_error(_response(404, body), backend=BACKEND, request_id="r", attempts=())
+    assert error.server_message == message
+    assert error.code == code
+    assert error.error_type == kind
+
+
+def test_message_says_what_to_do_and_carries_context() -> None:
+    error = status_error(
+        _response(503, b'{"error":{"message":"draining"}}'),
+        backend=BACKEND,
+        request_id="req-1",
+        attempts=ATTEMPTS,
+        retry_after=30.0,
+    )
+    text = str(error)
+    assert text.startswith("hosted answered 503: draining. The backend is not serving")
+    assert "request_id=req-1" in text
+    assert "hosted#1 503, hosted#2 connect after 0.40s wait" in text
+    assert error.retry_after == 30.0
+    assert error.attempts == ATTEMPTS
+
+
+def test_an_echoed_key_is_redacted() -> None:
+    body = f'{{"error":{{"message":"Incorrect API key provided: {KEY}"}}}}'.encode()
+    error = status_error(_response(401, body), backend=BACKEND, request_id="r", attempts=())
+    assert KEY not in str(error)
+    assert KEY not in error.server_message
+    assert "[secure]" in error.server_message
+
+
+def test_a_huge_body_is_capped() -> None:
+    error = status_error(_response(502, b"x" * 100_000), backend="b", request_id=None, attempts=())
+    assert len(error.server_message) <= 500
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [
+        ("connect", APIConnectionError),
+        ("read", APIConnectionError),
+        ("protocol", APIConnectionError),
+        ("connect_timeout", APITimeoutError),
+        ("first_byte_timeout", APITimeoutError),
+        ("read_timeout", APITimeoutError),
+    ],
+)
+def test_transport_failures_map_to_connection_errors(kind: str, cls: type[HerdlessError]) -> None:
+    failure = TransportFailure(kind=kind, message="boom", elapsed=1.0)  # type: ignore[arg-type]
+    error = transport_error(failure, backend=BACKEND, request_id="r", attempts=ATTEMPTS)
+    assert type(error) is cls
+    assert error.kind == kind
+    assert "boom" in str(error)
+
+
+ERRORS: list[HerdlessError] = [
+    status_error(
+        _response(429, b'{"error":{"message":"m","code":"queue_full"}}'),
+        backend=BACKEND,
+        request_id="r",
+        attempts=ATTEMPTS,
+        retry_after=1.5,
+    ),
+    transport_error(
+        TransportFailure(kind="first_byte_timeout", message="slow", elapsed=3.0),
+        backend=BACKEND,
+        request_id="r",
+        attempts=ATTEMPTS,
+    ),
+    DeadlineExceeded("late", deadline=10.0, request_id="r", attempts=ATTEMPTS, backend="p"),
+    StreamInterrupted("cut", delivered_chunks=3, delivered_chars=12, request_id="r"),
+    FallbackNotAllowed("guarded", request_id="r"),
+    SpendLimitExceeded("spent", request_id="r", backend="hosted"),
+    AllBackendsFailed(
+        "all",
+        errors={"p": DeadlineExceeded("late", request_id="r"), "h": HerdlessError("x")},
+        request_id="r",
+    ),
+    ConfigurationError("bad", variable="HERDLESS_PRIMARY_URL"),
+]
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_errors_pickle_with_their_context(error: HerdlessError) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert vars(copy).keys() == vars(error).keys()
+    for name, value in vars(error).items():
+        if name != "errors":
+            assert getattr(copy, name) == value, name
+    if isinstance(error, AllBackendsFailed):
+        assert {k: str(v) for k, v in copy.errors.items()} == {
+            k: str(v) for k, v in error.errors.items()
+        }
+
+
+def test_every_error_is_public_and_under_herdless_error() -> None:
+    for name in herdless.errors.__all__:
+        obj = getattr(herdless.errors, name)
+        if isinstance(obj, type):
+            assert issubclass(obj, HerdlessError)
+            assert obj.__doc__
+            assert getattr(herdless, name) is obj
+
+
+def test_context_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        HerdlessError("m", "request-id")  # type: ignore[misc]

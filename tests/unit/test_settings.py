@@ -1,0 +1,140 @@
+"""``HERDLESS_*`` settings: what they build, and errors that name the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from herdless._backend import Timeouts
+from herdless._breaker import BreakerPolicy
+from herdless._retry import RetryPolicy
+from herdless._settings import client_options
+from herdless.errors import ConfigurationError
+
+URL = "http://gpu.test:8080/v1"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("HERDLESS_PRIMARY_URL", URL)
+    return monkeypatch
+
+
+def test_the_minimum_is_a_primary_url(env: pytest.MonkeyPatch) -> None:
+    options = client_options(None)
+    assert options.primary.base_url == URL
+    assert options.primary.name == "primary"
+    assert options.primary.api_key is None
+    assert options.fallback == ()
+    assert options.model is None
+    assert options.deadline is None
+    assert options.timeouts == Timeouts()
+    assert options.retry == RetryPolicy()
+    assert options.breaker == BreakerPolicy()
+
+
+def test_everything_set(env: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "PRIMARY_API_KEY": "sk-p",
+        "MODEL": "gemma-4",
+        "FALLBACK_URL": "https://api.hosted.test/v1",
+        "FALLBACK_API_KEY": "sk-f",
+        "FALLBACK_MODEL": "gpt-mini",
+        "FALLBACK_EXTERNAL": "false",
+        "DEADLINE": "20",
+        "CONNECT_TIMEOUT": "1.5",
+        "FIRST_BYTE_TIMEOUT": "12",
+        "READ_TIMEOUT": "9",
+        "RETRY_MAX_ATTEMPTS": "3",
+        "RETRY_CAP": "4",
+        "RETRY_MAX_RETRY_AFTER": "30",
+        "BREAKER_OPEN_FOR": "2.5",
+        "BREAKER_CONSECUTIVE_FAILURES": "7",
+    }.items():
+        env.setenv(f"HERDLESS_{name}", value)
+    options = client_options(None)
+    assert options.primary.api_key == "sk-p"
+    assert options.model == "gemma-4"
+    [fallback] = options.fallback
+    assert (fallback.name, fallback.base_url, fallback.api_key) == (
+        "fallback",
+        "https://api.hosted.test/v1",
+        "sk-f",
+    )
+    assert (fallback.model, fallback.external) == ("gpt-mini", False)
+    assert options.deadline == 20.0
+    assert options.timeouts == Timeouts(connect=1.5, first_byte=12.0, read=9.0)
+    assert options.retry == RetryPolicy(max_attempts=3, cap=4.0, max_retry_after=30.0)
+    assert options.breaker == BreakerPolicy(open_for=2.5, consecutive_failures=7)
+
+
+def test_a_fallback_is_external_by_default(env: pytest.MonkeyPatch) -> None:
+    env.setenv("HERDLESS_FALLBACK_URL", "https://api.hosted.test/v1")
+    env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
+    assert client_options(None).fallback[0].external is True
+
+
+def test_a_dotenv_file_is_read(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(
+        f"HERDLESS_PRIMARY_URL={URL}\nHERDLESS_MODEL=from-file\nHERDLESS_GATEWAY_PORT=9\n"
+    )
+    options = client_options(dotenv)
+    assert options.model == "from-file"  # and the gateway's variable is ignored, not an error
+
+
+def test_the_environment_wins_over_the_dotenv_file(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("HERDLESS_PRIMARY_URL=http://file.test/v1\n")
+    assert client_options(dotenv).primary.base_url == URL
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({}, "HERDLESS_PRIMARY_URL"),
+        ({"HERDLESS_PRIMARY_URL": "gpu.test:8080/v1"}, "HERDLESS_PRIMARY_URL"),
+        ({"HERDLESS_PRIMARY_URL": URL, "HERDLESS_DEADLINE": "soon"}, "HERDLESS_DEADLINE"),
+        ({"HERDLESS_PRIMARY_URL": URL, "HERDLESS_RETRY_CAP": "-1"}, "HERDLESS_RETRY_CAP"),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_RETRY_MAX_ATTEMPTS": "2.5"},
+            "HERDLESS_RETRY_MAX_ATTEMPTS",
+        ),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_BREAKER_FAILURE_RATE": "2"},
+            "HERDLESS_BREAKER_FAILURE_RATE",
+        ),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_FIRST_BYTE_TIMEOUT": "0"},
+            "HERDLESS_FIRST_BYTE_TIMEOUT",
+        ),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_FALLBACK_URL": "https://h.test/v1"},
+            "HERDLESS_FALLBACK_MODEL",
+        ),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_FALLBACK_EXTERNAL": "maybe"},
+            "HERDLESS_FALLBACK_EXTERNAL",
+        ),
+    ],
+)
+def test_errors_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], named: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        client_options(None)
+    assert caught.value.variable == named
+    assert named in str(caught.value)
+
+
+def test_a_malformed_key_setting_never_shows_the_key(env: pytest.MonkeyPatch) -> None:
+    env.setenv("HERDLESS_PRIMARY_API_KEY", "sk-SECRET-1")
+    env.setenv("HERDLESS_DEADLINE", "sk-SECRET-2")
+    with pytest.raises(ConfigurationError) as caught:
+        client_options(None)
+    assert "SECRET" not in str(caught.value)
+    env.setenv("HERDLESS_DEADLINE", "5")
+    assert "SECRET" not in repr(client_options(None))

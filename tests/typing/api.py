@@ -2,6 +2,150 @@
 
 from __future__ import annotations
 
+import random
+
+import httpx
+
 import herdless
+from herdless import events
+from herdless.testing import FakeClock
 
 version: str = herdless.__version__
+
+# -- configuration objects -------------------------------------------------------------
+
+timeouts = herdless.Timeouts(connect=1.0, first_byte=10.0, read=5.0)
+hosted = herdless.Backend(
+    name="hosted",
+    base_url="https://api.example.com/v1",
+    api_key="sk-...",
+    model="gpt-4o-mini",
+    external=True,
+    timeouts=timeouts,
+)
+retry = herdless.RetryPolicy(max_attempts=3, base=0.5, cap=8.0, max_retry_after=60.0)
+breaker = herdless.BreakerPolicy(consecutive_failures=5, open_for=5.0)
+fallback_policy = herdless.FallbackPolicy(reserve=0.4, allow_external=True)
+clock = FakeClock()
+
+
+def on_event(event: events.Event) -> None:
+    if isinstance(event, events.RetryScheduled):
+        delay: float = event.delay
+        del delay
+
+
+async def on_event_async(event: events.Event) -> None:
+    return None
+
+
+# -- the sync client ---------------------------------------------------------------------
+
+
+def sync_usage() -> None:
+    with herdless.Client(
+        primary="http://gpu:8080/v1",
+        fallback=hosted,
+        model="gemma",
+        retry=retry,
+        breaker=breaker,
+        deadline=30.0,
+        on_event=on_event,
+        timeouts=timeouts,
+        fallback_policy=fallback_policy,
+        clock=clock,
+        rng=random.Random(1),
+        sleep=clock.sleep,
+        transport=httpx.MockTransport(lambda request: httpx.Response(200)),
+    ) as client:
+        result: herdless.ChatResult = client.chat(
+            [{"role": "user", "content": "hi"}],
+            model="gemma",
+            max_tokens=10,
+            temperature=0.0,
+            deadline=5.0,
+            allow_fallback=False,
+            seed=1,
+        )
+        content: str = result.content
+        backend: str = result.backend
+        model: str | None = result.model
+        usage: herdless.Usage | None = result.usage
+        attempts: tuple[herdless.AttemptRecord, ...] = result.attempts
+        reason: str | None = result.fallback_reason
+        request_id: str = result.request_id
+        finish: str | None = result.finish_reason
+        del content, backend, model, usage, attempts, reason, request_id, finish
+
+        with client.chat([{"role": "user", "content": "hi"}], stream=True) as stream:
+            for chunk in stream:
+                delta: str = chunk.content
+                del delta
+            stream_usage: herdless.Usage | None = stream.usage
+            del stream_usage
+        stats: herdless.ClientStats = client.stats()
+        del stats
+    herdless.Client.from_env(env_file=None, on_event=on_event).close()
+    herdless.Client(primary=[hosted, "http://gpu-2:8080/v1"]).close()
+
+
+# -- the async client --------------------------------------------------------------------
+
+
+async def async_usage() -> None:
+    async with herdless.AsyncClient(
+        primary="http://gpu:8080/v1",
+        fallback=[hosted],
+        on_event=on_event_async,
+        sleep=clock.asleep,
+        http_client=httpx.AsyncClient(),
+    ) as client:
+        result: herdless.ChatResult = await client.chat([{"role": "user", "content": "hi"}])
+        del result
+        stream: herdless.AsyncStream = await client.chat(
+            [{"role": "user", "content": "hi"}], stream=True
+        )
+        async with stream:
+            async for chunk in stream:
+                chunk_: herdless.Chunk = chunk
+                del chunk_
+    async with herdless.AsyncClient.from_env(on_event=on_event) as from_env:
+        del from_env
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def error_usage(error: herdless.HerdlessError) -> None:
+    request_id: str | None = error.request_id
+    attempts: tuple[herdless.AttemptRecord, ...] = error.attempts
+    retry_after: float | None = error.retry_after
+    del request_id, attempts, retry_after
+    if isinstance(error, herdless.APIStatusError):
+        status: int | None = error.status
+        server_message: str = error.server_message
+        del status, server_message
+    if isinstance(error, herdless.StreamInterrupted):
+        chars: int = error.delivered_chars
+        del chars
+    if isinstance(error, herdless.AllBackendsFailed):
+        each: dict[str, herdless.HerdlessError] = error.errors
+        del each
+    if isinstance(error, herdless.ConfigurationError):
+        variable: str | None = error.variable
+        del variable
+
+
+errors: tuple[type[herdless.HerdlessError], ...] = (
+    herdless.BadRequestError,
+    herdless.AuthenticationError,
+    herdless.PermissionDeniedError,
+    herdless.RateLimitError,
+    herdless.ServiceUnavailableError,
+    herdless.APIConnectionError,
+    herdless.APITimeoutError,
+    herdless.DeadlineExceeded,
+    herdless.FallbackNotAllowed,
+    herdless.SpendLimitExceeded,
+)
+message: herdless.Message = {"role": "user", "content": "hi"}

@@ -7,8 +7,12 @@ Run ``python docs/scripts/config_reference.py`` to print the tables.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib
+import inspect
 import pkgutil
+import re
 import typing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +40,89 @@ class Row:
     description: str
 
 
+# The SDK's settings leave most knobs unset so that the policy objects' own defaults
+# stay the single source of truth: show those defaults and their docstrings here.
+_SDK_CORE = {
+    "HERDLESS_PRIMARY_URL": "the primary's API root, ending in /v1 (the gateway)",
+    "HERDLESS_PRIMARY_API_KEY": "the primary's API key, sent as a bearer token",
+    "HERDLESS_MODEL": "the model asked of the primary",
+    "HERDLESS_FALLBACK_URL": "the fallback's API root (a hosted OpenAI-compatible model)",
+    "HERDLESS_FALLBACK_API_KEY": "the fallback's API key",
+    "HERDLESS_FALLBACK_MODEL": "the model asked of the fallback",
+    "HERDLESS_FALLBACK_EXTERNAL": "data sent to the fallback leaves the company "
+    "(calls with allow_fallback=False never reach it)",
+    "HERDLESS_DEADLINE": "seconds for a whole call, waits and fallback included",
+}
+# Secrets have no command-line flag (a command line is visible to every user), so no
+# --help text either.
+_SECRETS = {
+    "HERDLESS_GATEWAY_API_KEYS": "the API keys clients may use, comma-separated; unset: "
+    "anyone may call",
+    "HERDLESS_GATEWAY_ADMIN_TOKEN": "bearer token for POST /admin/drain and /admin/resume; "
+    "unset: the admin endpoints answer 403",
+    "HERDLESS_GATEWAY_UPSTREAM_API_KEY": "API key the gateway sends to vLLM (--api-key)",
+}
+
+
+def _arg_docs(cls: type) -> dict[str, str]:
+    """``{name: text}`` from the ``Args:`` section of a Google-style docstring."""
+    doc = inspect.getdoc(cls) or ""
+    section = re.search(r"^(?:Args|Attributes):\n((?:[ ]{4}.*\n?|\n)+)", doc, re.MULTILINE)
+    out: dict[str, str] = {}
+    name = ""
+    for line in (section.group(1) if section else "").splitlines():
+        entry = re.match(r"^ {4}(\w+)(?: \(.*?\))?: (.*)", line)
+        if entry:
+            name, out[entry.group(1)] = entry.group(1), entry.group(2)
+        elif name and line.startswith(" " * 8):
+            out[name] += " " + line.strip()
+    return out
+
+
+def _policy_rows() -> dict[str, tuple[str, str]]:
+    """``{ENV: (default, description)}`` for the SDK knobs whose defaults live in policies."""
+    try:
+        from herdless._backend import Timeouts
+        from herdless._breaker import BreakerPolicy
+        from herdless._policies import DEFAULT_DEADLINE
+        from herdless._retry import RetryPolicy
+    except ImportError:  # the SDK is not built yet: nothing to add
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for env, text in _SDK_CORE.items():
+        out[env] = ("", text)
+    out["HERDLESS_DEADLINE"] = (str(DEFAULT_DEADLINE), _SDK_CORE["HERDLESS_DEADLINE"])
+    sources: list[tuple[type, str, str]] = [
+        (RetryPolicy, "HERDLESS_RETRY_", ""),
+        (BreakerPolicy, "HERDLESS_BREAKER_", ""),
+        (Timeouts, "HERDLESS_", "_TIMEOUT"),
+    ]
+    for cls, prefix, suffix in sources:
+        docs = _arg_docs(cls)
+        for field in dataclasses.fields(cls):
+            env = f"{prefix}{field.name.upper()}{suffix}"
+            out[env] = (str(field.default), docs.get(field.name, ""))
+    return out
+
+
+def _flag_help(cls: type[BaseSettings]) -> dict[str, str]:
+    """The ``--help`` text of each flag of the command the settings belong to, by field.
+
+    The gateway and the emulator document their settings as command-line flags; their
+    argument parser is the one place that text lives.
+    """
+    package = cls.__module__.rsplit(".", 1)[0]
+    try:
+        cli = importlib.import_module(f"{package}.cli")
+    except ImportError:
+        return {}
+    build = getattr(cli, "build_parser", None) or getattr(cli, "_parser", None)
+    if build is None:
+        return {}
+    parser: argparse.ArgumentParser = build()
+    return {a.dest: a.help for a in parser._actions if a.help and a.dest != "help"}
+
+
 def _candidate_modules(package: str = "herdless") -> Iterator[str]:
     root = importlib.import_module(package)
     for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
@@ -55,6 +142,7 @@ def settings_classes(package: str = "herdless") -> list[type[BaseSettings]]:
                 and issubclass(value, BaseSettings)
                 and value is not BaseSettings
                 and value.__module__ == module.__name__
+                and not value.__name__.startswith("_")  # a private base of a public class
             ):
                 found[f"{value.__module__}.{value.__qualname__}"] = value
     return sorted(found.values(), key=lambda cls: (_prefix(cls), cls.__qualname__))
@@ -70,7 +158,8 @@ def _type_name(annotation: Any) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
     for noise in ("typing.", "pydantic.types.", "pydantic.networks."):
         text = text.replace(noise, "")
-    return text.replace(" | ", " or ")
+    # "float | None" only means "not set: the policy's default applies".
+    return text.replace(" | None", "").replace(" | ", " or ")
 
 
 def _default(field: FieldInfo) -> str:
@@ -101,6 +190,8 @@ def _env_names(cls: type[BaseSettings], name: str, field: FieldInfo) -> str:
 
 def rows(cls: type[BaseSettings]) -> Iterator[Row]:
     """One row per field; nested models are flattened with the class's delimiter."""
+    policy = _policy_rows()
+    flag_help = _flag_help(cls)
     delimiter = cls.model_config.get("env_nested_delimiter") or "__"
     for name, field in cls.model_fields.items():
         env = _env_names(cls, name, field)
@@ -114,12 +205,12 @@ def rows(cls: type[BaseSettings]) -> Iterator[Row]:
                     description=_one_line(sub_field.description),
                 )
             continue
-        yield Row(
-            env=env,
-            type=_type_name(annotation),
-            default=_default(field),
-            description=_one_line(field.description),
-        )
+        default = _default(field)
+        text = _one_line(field.description or flag_help.get(name) or _SECRETS.get(env))
+        if env in policy:
+            default = policy[env][0] if default == "unset" and policy[env][0] else default
+            text = text or _one_line(policy[env][1])
+        yield Row(env=env, type=_type_name(annotation), default=default, description=text)
 
 
 def _one_line(text: str | None) -> str:

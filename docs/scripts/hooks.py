@@ -11,7 +11,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import config_reference  # found through the path above
 
-
 # Pages other owners write; until one exists, links to it render as plain text.
 PAGES_WRITTEN_ELSEWHERE = (
     "emulator.md",

@@ -1,16 +1,22 @@
-"""The retry budget: per backend, retries stay a fraction of recent calls.
+"""The retry budget: per backend, failing retries stay a fraction of recent calls.
 
 When a backend is overloaded for good, per-call retries multiply the load exactly
 when it hurts (three callers retrying twice is nine attempts). The budget keeps
 attempts toward a backend near one per call, over a sliding window::
 
-    retries_in_window + retries_waiting < ratio * calls_in_window + floor
+    failed_retries_in_window + retries_pending < ratio * calls_in_window + floor
 
-A retry takes budget when it is *scheduled* (it then waits in backoff), not when
-it is sent: a crowd that all failed at once cannot all schedule retries first and
-overdraw it. The budget bounds attempts, not outcomes: a call that finds it spent
-waits behind the gate for budget, or goes to the fallback (the flow decides).
-Pure: no sleeping, no I/O; one lock makes it safe across threads and tasks.
+A retry takes budget when it is *scheduled* (it then waits in backoff, then flies),
+not when it is sent: a crowd that all failed at once cannot all schedule retries
+first and overdraw it. A retry that **succeeds** gives its unit back: it did not add
+to a storm, it was served. Only failed retries stay counted for the window. So a
+backend that is down for good sees about ``1 + ratio`` attempts per call, while a
+brief blip that refused a crowd (the gateway's queue was full for a moment) lets
+the crowd through as fast as its retries succeed, and every call is served.
+
+The budget bounds attempts, not outcomes: a call that finds it spent waits behind
+the gate for budget, or goes to the fallback (the flow decides). Pure: no sleeping,
+no I/O; one lock makes it safe across threads and tasks.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class RetryBudget:
         self._lock = threading.Lock()
         self._calls: deque[float] = deque()
         self._retries: deque[float] = deque()
-        self._waiting = 0  # retries scheduled and waiting in backoff, not yet sent
+        self._waiting = 0  # retries reserved: waiting in backoff or in flight
 
     def record_call(self) -> None:
         """A call's first attempt at this backend."""
@@ -56,30 +62,31 @@ class RetryBudget:
             self._calls.append(self._clock.monotonic())
 
     def try_acquire(self) -> bool:
-        """Reserve one retry; ``False`` when the budget is spent. A reserved retry must be
-        ``spend``-ed (sent) or ``cancel``-led (abandoned)."""
+        """Reserve one retry; ``False`` when the budget is spent. A reserved retry must end
+        with ``settle`` (it was sent and answered) or ``cancel`` (it was not sent)."""
         with self._lock:
             self._prune()
             allowed = self._ratio * len(self._calls) + self._floor
-            if len(self._retries) + self._waiting + 1 > allowed:
+            if len(self._retries) + self._waiting + 1 > allowed:  # +1: this one
                 return False
             self._waiting += 1
             return True
 
-    def spend(self) -> None:
-        """A reserved retry was sent."""
+    def settle(self, *, failed: bool) -> None:
+        """A reserved retry was sent and answered; a failed one stays counted for the window."""
         with self._lock:
             self._waiting = max(0, self._waiting - 1)
-            self._retries.append(self._clock.monotonic())
+            if failed:
+                self._retries.append(self._clock.monotonic())
 
     def cancel(self) -> None:
-        """A reserved retry will not be sent."""
+        """A reserved retry ends without an answer (not sent, or abandoned in flight)."""
         with self._lock:
             self._waiting = max(0, self._waiting - 1)
 
     def free_in(self) -> float:
-        """Seconds until the oldest counted retry leaves the window (budget frees up then at
-        the latest; a new call may free it sooner)."""
+        """Seconds until the oldest failed retry leaves the window (budget frees up then at
+        the latest; a new call or a successful retry may free it sooner)."""
         with self._lock:
             self._prune()
             if not self._retries:

@@ -249,7 +249,7 @@ class CallFlow:
         sent = 0  # attempts at this backend
         waits = 0  # waits (not retries) at this backend: grows their backoff
         waited = 0.0  # seconds waited since the previous attempt
-        reserved = False  # a retry budget unit is held
+        reserved = False  # a retry budget unit is held (waiting or in flight)
         last_error: HerdlessError | None = None
         admitted = not backend.external  # the spend guard let this call through
 
@@ -320,14 +320,14 @@ class CallFlow:
                     continue
 
                 # -- send ------------------------------------------------------------
-                if reserved:
-                    budget.spend()
-                    reserved = False
-                else:
+                if not reserved:
                     budget.record_call()
                 sent += 1
                 outcome = yield from self._send(backend, permit, now=now, end=end)
                 verdict = classify(outcome, retry, now=policies.wall())
+                if reserved:  # a retry: a served one gives its budget back
+                    budget.settle(failed=not verdict.ok)
+                    reserved = False
                 self._attempts.append(
                     AttemptRecord(
                         backend=name,

@@ -25,7 +25,7 @@ def test_retries_grow_with_calls() -> None:
         budget.record_call()
     granted = 0
     while budget.try_acquire():
-        budget.spend()
+        budget.settle(failed=True)
         granted += 1
     assert granted == 3
 
@@ -43,7 +43,7 @@ def test_retries_and_calls_leave_the_window() -> None:
     clock = FakeClock()
     budget = _budget(clock, ratio=0.0, floor=1)
     assert budget.try_acquire()
-    budget.spend()
+    budget.settle(failed=True)
     assert not budget.try_acquire()
     clock.advance(4)
     assert budget.free_in() == pytest.approx(6.0)
@@ -62,10 +62,20 @@ def test_overloaded_backend_sees_about_one_attempt_per_call() -> None:
         attempts += 1
         budget.record_call()
         if budget.try_acquire():
-            budget.spend()
+            budget.settle(failed=True)
             attempts += 1
         clock.advance(0.01)
     assert attempts / calls <= 1.1 + 3 / 1000 * 10
+
+
+def test_a_served_retry_gives_its_unit_back() -> None:
+    budget = _budget(FakeClock(), ratio=0.0, floor=1)
+    for _ in range(100):  # a crowd let through one retry at a time, each served
+        assert budget.try_acquire()
+        budget.settle(failed=False)
+    assert budget.try_acquire()
+    budget.settle(failed=True)
+    assert not budget.try_acquire()
 
 
 def test_threads_never_overdraw() -> None:

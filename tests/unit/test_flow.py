@@ -369,7 +369,7 @@ def test_spent_budget_sends_the_call_to_the_fallback() -> None:
 def test_spent_budget_waits_then_serves_without_a_fallback() -> None:
     driver = make([status(503), ok()], retry=RetryPolicy(budget_floor=1, budget_window=10))
     driver.policies.budget(PRIMARY).try_acquire()  # another call holds the only unit...
-    driver.policies.budget(PRIMARY).spend()
+    driver.policies.budget(PRIMARY).settle(failed=True)
     accepted = driver.run(deadline=30)  # ...so this one waits for it instead of failing
     assert accepted.backend is PRIMARY
     assert {w.reason for w in driver.of(WaitScheduled)} == {"budget"}

@@ -1,0 +1,101 @@
+"""The SDK through the real gateway: a drain switches to the fallback at once, and a crowd
+refused by a full queue is still served in full (Retry-After honoured, no herd)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from tests.integration.sdk_harness import HI, SPEED, TIMEOUTS, client_for
+
+from herdless import AsyncClient, BreakerPolicy, RetryPolicy
+from herdless.events import Event
+from herdless.testing.servers import ServerProcess, emulator_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.server]
+
+ADMIN = {"authorization": "Bearer admin-secret"}
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Iterator[ServerProcess]:
+    with emulator_process(speed=SPEED) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def hosted() -> Iterator[ServerProcess]:
+    with emulator_process(speed=SPEED, model="hosted-mini") as server:
+        yield server
+
+
+def _gateway(upstream: str, **flags: str) -> ServerProcess:
+    argv = ["serve", "--upstream", upstream]
+    for name, value in flags.items():
+        argv += ["--" + name.replace("_", "-"), value]
+    return ServerProcess(
+        argv,
+        ready_path="/readyz",
+        env={"HERDLESS_GATEWAY_ADMIN_TOKEN": "admin-secret"},
+    )
+
+
+@pytest.fixture
+def gateway(gpu: ServerProcess) -> Iterator[ServerProcess]:
+    with _gateway(gpu.url, drain_retry_after="1") as server:
+        yield server
+
+
+def test_a_drain_moves_every_call_to_the_fallback_at_once(
+    gateway: ServerProcess, hosted: ServerProcess
+) -> None:
+    with client_for(gateway.url + "/v1", hosted) as client:
+        assert client.chat(HI, max_tokens=8).backend == "primary"
+        httpx.post(gateway.url + "/admin/drain", headers=ADMIN, timeout=5).raise_for_status()
+        first = client.chat(HI, max_tokens=8)
+        second = client.chat(HI, max_tokens=8)
+        stats = client.stats()
+    assert (first.backend, first.fallback_reason) == ("hosted", "draining")
+    assert [(a.backend, a.status) for a in first.attempts] == [("primary", 503), ("hosted", 200)]
+    # The second call knows of the drain already: it does not touch the primary.
+    assert [a.backend for a in second.attempts] == ["hosted"]
+    assert second.fallback_reason == "draining"
+    assert stats.breakers["primary"] == "open"
+
+
+def test_calls_return_after_the_drain_ends(gateway: ServerProcess, hosted: ServerProcess) -> None:
+    with client_for(gateway.url + "/v1", hosted) as client:
+        httpx.post(gateway.url + "/admin/drain", headers=ADMIN, timeout=5).raise_for_status()
+        assert client.chat(HI, max_tokens=8).fallback_reason == "draining"
+        httpx.post(gateway.url + "/admin/resume", headers=ADMIN, timeout=5).raise_for_status()
+        backends = []
+        for _ in range(400):  # bounded: the drain's Retry-After is one second
+            backends.append(client.chat(HI, max_tokens=8).backend)
+            if backends[-1] == "primary":
+                break
+    assert backends[-1] == "primary"
+
+
+async def test_a_crowd_refused_by_a_full_queue_is_served_in_full(gpu: ServerProcess) -> None:
+    events: list[Event] = []
+    with _gateway(gpu.url, max_concurrency="2", max_queue="2") as gateway:
+        async with AsyncClient(
+            primary=gateway.url + "/v1",
+            model="emulated-llama-3-8b",
+            timeouts=TIMEOUTS,
+            deadline=30.0,
+            retry=RetryPolicy(max_attempts=20),
+            # 429s are not failures; the breaker stays out of this.
+            breaker=BreakerPolicy(),
+            on_event=events.append,
+            env_file=None,
+        ) as client:
+            results = await asyncio.gather(*(client.chat(HI, max_tokens=32) for _ in range(24)))
+            stats = client.stats()
+    assert len(results) == 24
+    assert {r.backend for r in results} == {"primary"}
+    assert stats.by_backend["primary"].get("status_429", 0) > 0  # the queue did refuse
+    assert stats.failed == 0
+    assert stats.waits > 0

@@ -1,0 +1,159 @@
+"""The demo's pure parts: the script of the day, the tally of events, the rendering."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.console import Console
+
+from herdless.demo.cli import main
+from herdless.demo.day import Day
+from herdless.demo.tally import Tally
+from herdless.demo.view import live_panel, summary_table
+from herdless.events import (
+    AttemptFailed,
+    BackpressureReceived,
+    BreakerStateChanged,
+    CallFailed,
+    CallFinished,
+    FallbackUsed,
+    RetryScheduled,
+)
+
+pytestmark = [pytest.mark.server]
+
+START = 1000.0
+
+
+def test_day_phases_and_crowd() -> None:
+    day = Day(length=100, crowd=50)
+    assert [day.phase(t).name for t in (0, 20, 50, 70, 90, 150)] == [
+        "morning",
+        "rush",
+        "maintenance",
+        "afternoon",
+        "evening",
+        "evening",
+    ]
+    assert day.active(0) == 5  # a tenth at dawn
+    assert day.active(7.5) == 28  # half-way up the morning ramp
+    assert day.active(30) == 50
+    assert day.active(100) == 5
+    assert day.maintenance == (45.0, 65.0)
+
+
+@pytest.mark.parametrize(("length", "crowd", "field"), [(0, 1, "length"), (1, 0, "crowd")])
+def test_day_rejects_nonsense(length: float, crowd: int, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Day(length=length, crowd=crowd)
+
+
+def _tally() -> Tally:
+    tally = Tally(start=START)
+    common = {"call_id": "c1"}
+    events = [
+        AttemptFailed(
+            **common, backend="gpu", at=START + 0.5, attempt=1, kind="status", status=429
+        ),
+        RetryScheduled(**common, backend="gpu", at=START + 0.5, attempt=1, delay=0.8, reason="429"),
+        CallFinished(**common, backend="gpu", at=START + 1.2, attempts=2, latency=1.2),
+        AttemptFailed(
+            **common, backend="gpu", at=START + 2.1, attempt=1, kind="status", status=503
+        ),
+        BackpressureReceived(
+            call_id=None, backend="gpu", at=START + 2.1, retry_after=3, draining=True
+        ),
+        FallbackUsed(
+            **common, backend="hosted", at=START + 2.1, from_backend="gpu", reason="draining"
+        ),
+        CallFinished(
+            **common,
+            backend="hosted",
+            at=START + 2.9,
+            attempts=2,
+            latency=0.9,
+            fallback_reason="draining",
+        ),
+        CallFailed(
+            **common, backend="gpu", at=START + 3.5, attempts=5, latency=3.0, error="RateLimitError"
+        ),
+    ]
+    for event in events:
+        tally.record(event, client=1)
+    tally.record(
+        BreakerStateChanged(
+            call_id=None, backend="gpu", at=START + 2.1, old="closed", new="open", reason="draining"
+        ),
+        client=1,
+    )
+    tally.record(
+        BreakerStateChanged(
+            call_id=None, backend="gpu", at=START + 2.1, old="closed", new="open", reason="draining"
+        ),
+        client=2,
+    )
+    tally.record(
+        BreakerStateChanged(
+            call_id=None, backend="gpu", at=START + 5, old="open", new="half_open", reason="x"
+        ),
+        client=1,
+    )
+    return tally
+
+
+def test_tally_counts_per_second_and_in_total() -> None:
+    tally = _tally()
+    assert tally.served["gpu"] == {1: 1}
+    assert tally.served["hosted"] == {2: 1}
+    assert tally.refused == {0: 1}
+    assert tally.failed == {3: 1}
+    assert tally.refusals_by == {429: 1, 503: 1}
+    assert tally.retries == 1
+    assert tally.waited == 0.8
+    assert tally.fallbacks_by == {"draining": 1}
+    assert tally.failed_by == {"RateLimitError": 1}
+    assert tally.drains_seen == 1
+    assert tally.finished == 3
+    assert tally.attempts == [2, 2, 5]
+    assert tally.mean_attempts() == 3.0
+    assert tally.latency(50) == pytest.approx(1.05)
+    # client 1 moved open -> half_open; client 2 stays open
+    assert +tally.breakers == {"open": 1, "half_open": 1}
+
+
+def test_tally_rate_averages_the_last_whole_seconds() -> None:
+    tally = _tally()
+    # at 3.4 s the last whole seconds are 1 and 2: one call served by gpu in second 1
+    assert tally.rate(tally.served["gpu"], START + 3.4) == 0.5
+    assert tally.second(START - 5) == 0  # events before the start count in second 0
+
+
+def test_empty_tally_has_no_figures() -> None:
+    tally = Tally(start=START)
+    assert math.isnan(tally.mean_attempts())
+    assert math.isnan(tally.latency(99))
+
+
+def test_live_panel_and_summary_show_the_counts() -> None:
+    tally = _tally()
+    tally.gauges["queue_depth"] = 7
+    console = Console(record=True, width=100)
+    console.print(
+        live_panel(tally, Day(length=10, crowd=20), START + 5.0, primary="gpu", fallback="hosted")
+    )
+    console.print(summary_table(tally, primary="gpu", fallback="hosted"))
+    text = console.export_text()
+    assert "maintenance" in text
+    assert "draining: 1" in text
+    assert "1 (33.3%)" in text  # served by gpu, by hosted and failed: one each
+    assert "failed: RateLimitError" in text
+    assert "attempts refused with 429" in text
+    assert "gateway queue depth" in text
+
+
+def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--crowd", "0"])
+    assert exc.value.code == 2
+    assert "must be > 0" in capsys.readouterr().err

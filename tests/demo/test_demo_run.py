@@ -1,0 +1,41 @@
+"""A short day: the whole demo with its real servers, in a few seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from herdless.demo.cli import main
+
+pytestmark = [pytest.mark.integration, pytest.mark.server]
+
+
+def _children() -> list[int]:
+    """Pids of this process's children that are still alive (or not yet reaped)."""
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="counts children through /proc")
+def test_short_day_ends_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = set(_children())
+    status = main(["--length", "5", "--crowd", "12", "--seed", "3", "--out", str(tmp_path)])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "the day, accounted for" in out
+    assert "all accounted for" in out
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    assert f"timeline: {(tmp_path / 'timeline.png').resolve()}" in out.replace("\n", "")
+    assert set(_children()) <= before  # every server it started is stopped and reaped

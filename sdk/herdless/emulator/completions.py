@@ -190,7 +190,10 @@ async def chat_completions(request: Request) -> Response:
     if cap is not None and state.engine.num_waiting >= cap:
         state.engine.metrics.rejected += 1
         return _error(
-            f"Too many requests waiting (max_num_queued_reqs={cap}).", "Service Unavailable", 503
+            "The engine is currently busy and cannot accept new requests. "
+            "Please try again later or on a different instance.",
+            "Service Unavailable",
+            503,
         )
     if faults.extra_latency:
         await asyncio.sleep(faults.extra_latency)

@@ -28,6 +28,16 @@ def emulator_url() -> Iterator[str]:
         print(f"----- log of {server} -----\n{server.logs()}")
 
 
+# Where the emulator still differs from vLLM 0.32 (each an emulator defect, strict:
+# the mark must go when the emulator is fixed). Keyed by test function name.
+EMULATOR_GAPS = {
+    "test_metrics_carry_vllms_names_and_labels": "no vllm:num_requests_waiting_by_reason; "
+    "admission_rejections_total has an engine label and no max_num_queued_tokens series; "
+    "request_success_total has no error/repetition series",
+    "test_other_vllm_routes_exist": "no /v1/completions and no /tokenize (404)",
+}
+
+
 @pytest.fixture(
     params=[
         pytest.param("emulator", marks=pytest.mark.integration),
@@ -38,6 +48,9 @@ def upstream(request: pytest.FixtureRequest) -> Upstream:
     """Each contract test runs once per upstream kind."""
     if request.param == "vllm":
         return Upstream("vllm", request.getfixturevalue("vllm_url"))
+    gap = EMULATOR_GAPS.get(request.function.__name__)
+    if gap:
+        request.applymarker(pytest.mark.xfail(reason=f"emulator differs: {gap}", strict=True))
     return Upstream("emulator", request.getfixturevalue("emulator_url"))
 
 

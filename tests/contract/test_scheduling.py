@@ -42,13 +42,15 @@ async def test_concurrent_streams_interleave(upstream: Upstream) -> None:
 async def test_a_client_that_disconnects_is_aborted(upstream: Upstream) -> None:
     before = read_metric(upstream.url, "vllm:request_success_total", finished_reason="abort")
     body = upstream.chat("Tell me a long story.", max_tokens=1000, ignore_eos=True, stream=True)
-    async with httpx.AsyncClient(base_url=upstream.url, timeout=60.0) as client:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            seen = 0
-            async for _ in response.aiter_lines():
-                seen += 1
-                if seen >= 6:  # a few tokens in: the sequence is running
-                    break
+    async with (
+        httpx.AsyncClient(base_url=upstream.url, timeout=60.0) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        seen = 0
+        async for _ in response.aiter_lines():
+            seen += 1
+            if seen >= 6:  # a few tokens in: the sequence is running
+                break
         assert read_metric(upstream.url, RUNNING) == 1
     # Leaving the block closed the connection; the server must free the sequence.
     for _ in range(50):  # vLLM takes up to ~2 s; give it 5

@@ -26,7 +26,7 @@ SHORT_ANSWER = "What is the capital of France?"
 def stream(
     http: httpx.Client, upstream: Upstream, content: str = "Hi", **body: Any
 ) -> list[dict[str, Any]]:
-    payload = upstream.chat(content, **body)
+    payload = upstream.chat(content, stream=True, **body)
     with http.stream("POST", "/v1/chat/completions", json=payload) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream; charset=utf-8"

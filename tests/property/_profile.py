@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 PROPERTY = settings(
-    max_examples=100,
-    stateful_step_count=30,
+    max_examples=60,
+    stateful_step_count=25,
     deadline=None,  # a loaded CI machine must not turn slowness into a failure
     derandomize=True,  # the same programs every run: a failure reproduces as is
     suppress_health_check=[HealthCheck.too_slow],

@@ -10,7 +10,13 @@ from __future__ import annotations
 import random
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 from tests.property._profile import PROPERTY
 
 from herdless._breaker import BreakerPolicy, CircuitBreaker, Permit
@@ -25,12 +31,11 @@ class BreakerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.breaker: CircuitBreaker | None = None
+        self.breaker = CircuitBreaker(BreakerPolicy(), clock=self.clock, rng=random.Random(0))
         self.in_flight: list[Permit] = []  # granted permits not yet answered
         self.hold_until = 0.0  # a force_open promised the backend this much rest
 
-    @precondition(lambda self: self.breaker is None)
-    @rule(
+    @initialize(
         consecutive=st.integers(1, 4),
         min_calls=st.integers(1, 6),
         rate=st.sampled_from([0.25, 0.5, 1.0]),
@@ -58,10 +63,8 @@ class BreakerMachine(RuleBasedStateMachine):
         )
         self.breaker = CircuitBreaker(policy, clock=self.clock, rng=random.Random(seed))
 
-    @precondition(lambda self: self.breaker is not None)
     @rule()
     def acquire(self) -> None:
-        assert self.breaker is not None
         now = self.clock.monotonic()
         state_before = self.breaker.state
         remaining = self.breaker.remaining_open()
@@ -76,7 +79,6 @@ class BreakerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.in_flight)
     @rule(index=st.integers(0, 50), verdict=st.sampled_from(["success", "failure", "release"]))
     def finish(self, index: int, verdict: str) -> None:
-        assert self.breaker is not None
         permit = self.in_flight.pop(index % len(self.in_flight))
         if verdict == "success":
             self.breaker.record_success(permit)
@@ -85,10 +87,8 @@ class BreakerMachine(RuleBasedStateMachine):
         else:
             self.breaker.release(permit)
 
-    @precondition(lambda self: self.breaker is not None)
     @rule(seconds=st.floats(0.1, 30.0))
     def drain(self, seconds: float) -> None:
-        assert self.breaker is not None
         self.breaker.force_open(seconds, "draining")
         self.hold_until = max(self.hold_until, self.clock.monotonic() + seconds)
 
@@ -103,8 +103,7 @@ class BreakerMachine(RuleBasedStateMachine):
 
     @invariant()
     def state_is_known(self) -> None:
-        if self.breaker is not None:
-            assert self.breaker.state in ("closed", "open", "half_open")
+        assert self.breaker.state in ("closed", "open", "half_open")
 
 
 BreakerMachine.TestCase.settings = PROPERTY

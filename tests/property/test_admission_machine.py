@@ -1,0 +1,193 @@
+"""The gateway's admission core as a hypothesis state machine.
+
+Invariants: never more than ``max_concurrency`` running upstream, never more than
+``max_queue`` waiting (nor more than a key's share), the KV budget never exceeded,
+the core's counters equal the live tickets, a refused request always says when to
+come back (``0 < retry_after <= max_retry_after``), queue reservations are handed
+out in order, and token-budget tokens are conserved: a request that never ran gives
+its whole price back, and no sequence of offers, releases, expiries and drains ever
+mints tokens beyond what the clock refilled.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from tests.property._profile import PROPERTY
+
+from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued, Refuse, Ticket
+from herdless.testing import FakeClock
+
+KEYS = st.sampled_from(["key-a", "key-b", "key-c"])
+
+
+class AdmissionMachine(RuleBasedStateMachine):
+    """Offers from three keys, releases, dispatches, expiries, drains, upstream flaps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.config = AdmissionConfig()
+        self.adm = Admission(self.config, clock=self.clock)
+        self.tickets: list[Ticket] = []  # every ticket handed out, live or done
+        self.refilled: dict[str, float] = {}  # key -> tokens the clock refilled since creation
+        self.last_queue_retry_at = float("-inf")
+
+    @initialize(
+        max_concurrency=st.integers(1, 4),
+        max_queue=st.integers(0, 5),
+        share=st.sampled_from([0.5, 1.0]),
+        rate=st.none() | st.sampled_from([1.0, 5.0]),
+        tpm=st.none() | st.sampled_from([600, 6000]),
+        kv=st.none() | st.sampled_from([300, 1000]),
+    )
+    def build(
+        self,
+        max_concurrency: int,
+        max_queue: int,
+        share: float,
+        rate: float | None,
+        tpm: int | None,
+        kv: int | None,
+    ) -> None:
+        self.config = AdmissionConfig(
+            max_concurrency=max_concurrency,
+            max_queue=max_queue,
+            key_queue_share=share,
+            rate=rate,
+            tokens_per_minute=tpm,
+            max_inflight_tokens=kv,
+            queue_timeout=5.0,
+            max_retry_after=30.0,
+        )
+        self.adm = Admission(self.config, clock=self.clock)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _live(self, state: str) -> list[Ticket]:
+        return [t for t in self.tickets if t.state == state]
+
+    def _level(self, key_id: str) -> float | None:
+        key = self.adm._keys.get(key_id)  # white-box: the conservation check needs the level
+        if key is None or key.tokens is None:
+            return None
+        return key.tokens.level(self.clock.monotonic())
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(key_id=KEYS, price=st.integers(1, 1200))
+    def offer(self, key_id: str, price: int) -> None:
+        self.refilled.setdefault(key_id, 0.0)
+        decision = self.adm.offer(key_id, price)
+        if isinstance(decision, Admit | Enqueued):
+            self.tickets.append(decision.ticket)
+            assert decision.ticket.state == ("running" if isinstance(decision, Admit) else "queued")
+            return
+        assert isinstance(decision, Refuse)
+        if decision.status in (429, 503):
+            assert 0 < decision.retry_after <= self.config.max_retry_after, decision
+        else:
+            assert decision.status == 400
+            assert decision.code == "request_too_large"
+        if decision.code in ("queue_full", "kv_budget"):
+            self._check_queue_order(decision)
+
+    def _check_queue_order(self, refused: Refuse) -> None:
+        at = self.clock.monotonic() + refused.retry_after
+        assert at >= self.last_queue_retry_at - 1e-9, "a later refusal was told an earlier time"
+        self.last_queue_retry_at = at
+
+    @precondition(lambda self: any(t.state != "done" for t in self.tickets))
+    @rule(index=st.integers(0, 100), used=st.none() | st.integers(0, 1500))
+    def release(self, index: int, used: int | None) -> None:
+        live = [t for t in self.tickets if t.state != "done"]
+        ticket = live[index % len(live)]
+        before = self._level(ticket.key_id)
+        was_queued = ticket.state == "queued"
+        self.adm.release(ticket, used_tokens=used)
+        assert ticket.state == "done"
+        self.adm.release(ticket, used_tokens=used)  # idempotent: a second release is a no-op
+        after = self._level(ticket.key_id)
+        if before is not None and after is not None and was_queued:
+            # Never ran: the whole price comes back (up to the bucket's size).
+            bucket = self.adm._keys[ticket.key_id].tokens
+            assert bucket is not None
+            assert abs(after - min(bucket.capacity, before + ticket.price)) < 1e-6
+
+    @rule()
+    def dispatch(self) -> None:
+        for ticket in self.adm.dispatch():
+            assert ticket.state == "running"
+
+    @precondition(lambda self: any(t.state == "queued" for t in self.tickets))
+    @rule(index=st.integers(0, 100))
+    def expire(self, index: int) -> None:
+        queued = self._live("queued")
+        refused = self.adm.expire(queued[index % len(queued)])
+        assert refused.status == 429
+        assert refused.code == "queue_timeout"
+        assert 0 < refused.retry_after <= self.config.max_retry_after
+        self._check_queue_order(refused)
+
+    @rule()
+    def drain(self) -> None:
+        for ticket, refused in self.adm.drain():
+            assert ticket.state == "done"
+            assert refused.status == 503
+            assert refused.drain
+        assert self.adm.queue_depth == 0
+        decision = self.adm.offer("key-a", 1)
+        assert isinstance(decision, Refuse)
+        assert decision.code == "draining"
+
+    @rule()
+    def resume(self) -> None:
+        self.adm.resume()
+
+    @rule(ready=st.booleans())
+    def upstream(self, ready: bool) -> None:
+        self.adm.set_upstream(ready=ready, code="upstream_unavailable")
+
+    @rule(seconds=st.floats(0.0, 5.0))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        tpm = self.config.tokens_per_minute
+        if tpm is not None:
+            for key_id in self.refilled:
+                self.refilled[key_id] += seconds * tpm / 60
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def counters_match_the_tickets(self) -> None:
+        running, queued = self._live("running"), self._live("queued")
+        assert self.adm.inflight == len(running) <= self.config.max_concurrency
+        assert self.adm.queue_depth == len(queued) <= self.config.max_queue
+        assert self.adm.inflight_tokens == sum(t.price for t in running)
+        if self.config.max_inflight_tokens is not None:
+            assert self.adm.inflight_tokens <= self.config.max_inflight_tokens
+        for key_id in self.refilled:
+            mine = sum(t.key_id == key_id for t in queued)
+            assert mine <= self.config.key_queue_limit
+
+    @invariant()
+    def tokens_are_never_minted(self) -> None:
+        tpm = self.config.tokens_per_minute
+        if tpm is None:
+            return
+        for key_id, refilled in self.refilled.items():
+            level = self._level(key_id)
+            if level is None:
+                continue
+            held = sum(t.price for t in self.tickets if t.key_id == key_id and t.state != "done")
+            assert level + held <= tpm + refilled + 1e-6, f"{key_id} holds more than it was given"
+
+
+AdmissionMachine.TestCase.settings = PROPERTY
+test_admission_machine = AdmissionMachine.TestCase

@@ -87,7 +87,13 @@ def main(argv: Sequence[str]) -> int:
     """Run ``herdless bench``; returns the exit status."""
     opts = _parser().parse_args(list(argv))
     from rich.console import Console  # lazy: the demo extra
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     from rich.progress import Progress as RichProgress
 
     console = Console(stderr=True)
@@ -106,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
             scenario = SCENARIOS[name]
             task = bar.add_task(name, total=scenario.runs(opts))
 
-            def advance(label: str, task: int = task, name: str = name) -> None:
+            def advance(label: str, task: TaskID = task, name: str = name) -> None:
                 bar.update(task, advance=1, description=f"{name}: {label}")
 
             results += scenario.run(opts, out, advance)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -58,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(kind: type[int] | type[float]) -> type[int] | type[float] | object:
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse ``type`` that parses ``kind`` and refuses zero and negatives."""
+
     def parse(text: str) -> float:
         try:
             value = kind(text)

@@ -2,19 +2,20 @@
 
 For each concurrency level ``N``, ``N`` closed-loop workers stream completions
 (``ignore_eos``, ``max_tokens`` each) from one emulator process for ``duration``
-seconds. The emulator is configured so that all ``N`` fit in one batch; its
-timing model then predicts ``N / step_time(N)`` tokens per second. The
-*efficiency* is the tokens per second the clients actually received divided
-by that prediction: near 1, the emulator (and the client, on the same
-machine) keeps up with the GPU it emulates; well below 1, the CPU is the
-bottleneck. A level is *sustained* when every stream completed without error
-and the efficiency is at least ``threshold``.
+seconds. The emulator is configured so that all ``N`` fit in one batch, so its
+timing model says a token comes every ``step_time(N)`` seconds. The
+*efficiency* of a level is that model step divided by the median inter-token
+time the clients measured (after their first token): near 1, the emulator
+(and the client, on the same machine) keeps pace with the GPU it emulates;
+well below 1, the CPU is the bottleneck. A level is *sustained* when every
+stream completed without error and the efficiency is at least ``threshold``.
 
-Also reported per level: time to first token and total time per stream
-(median and 95th percentile) against the model's step time, and the
-emulator's own CPU time per generated token (from ``/proc``; Linux only).
+Also reported per level: tokens per second received (and the model's
+``N / step_time(N)``), time to first token and total time per stream (median
+and 95th percentile), and the emulator's own CPU time per generated token
+(from ``/proc``; Linux only).
 
-Run: ``python -m herdless.bench.emulator_capacity --speed 10 --levels 1,100,250,500``.
+Run: ``python -m herdless.bench.emulator_capacity --speed 2 --levels 1,100,250,500``.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ class LevelResult:
     tokens: int
     tokens_per_s: float
     model_tokens_per_s: float
+    itl_p50: float
+    model_step: float
     efficiency: float
     ttft_p50: float
     ttft_p95: float
     total_p50: float
     total_p95: float
-    model_step: float
     cpu_per_token: float  # emulator CPU seconds per generated token; nan when unknown
 
     @property
@@ -71,6 +73,7 @@ class CapacityReport:
     max_tokens: int
     duration: float
     threshold: float
+    stream_interval: int
     levels: list[LevelResult]
 
     @property
@@ -81,20 +84,22 @@ class CapacityReport:
 
     def to_markdown(self) -> str:
         head = (
-            "| streams | completed | errors | tokens/s | model tokens/s | efficiency "
-            "| TTFT p50 / p95 (ms) | total p50 / p95 (ms) | model step (ms) | CPU µs/token |\n"
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| streams | completed | errors | tokens/s (model) | inter-token ms (model) "
+            "| efficiency | TTFT p50 / p95 (ms) | total p50 / p95 (ms) | CPU µs/token |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         )
         rows = "".join(
-            f"| {lv.concurrency} | {lv.streams} | {lv.errors} | {lv.tokens_per_s:,.0f} "
-            f"| {lv.model_tokens_per_s:,.0f} | {lv.efficiency:.2f} "
-            f"| {lv.ttft_p50 * 1e3:.1f} / {lv.ttft_p95 * 1e3:.1f} "
+            f"| {lv.concurrency} | {lv.streams} | {lv.errors} "
+            f"| {lv.tokens_per_s:,.0f} ({lv.model_tokens_per_s:,.0f}) "
+            f"| {lv.itl_p50 * 1e3:.2f} ({lv.model_step * 1e3:.2f}) | {lv.efficiency:.2f} "
+            f"| {lv.ttft_p50 * 1e3:.0f} / {lv.ttft_p95 * 1e3:.0f} "
             f"| {lv.total_p50 * 1e3:.0f} / {lv.total_p95 * 1e3:.0f} "
-            f"| {lv.model_step * 1e3:.2f} | {lv.cpu_per_token * 1e6:.1f} |\n"
+            f"| {lv.cpu_per_token * 1e6:.1f} |\n"
             for lv in self.levels
         )
         return (
-            f"Emulator capacity at --speed {self.speed:g}, {self.max_tokens} tokens per stream, "
+            f"Emulator capacity at --speed {self.speed:g} --stream-interval "
+            f"{self.stream_interval}, {self.max_tokens} tokens per stream, "
             f"{self.duration:g} s per level: sustained **{self.sustained}** concurrent streams "
             f"(efficiency >= {self.threshold:g}, no errors).\n\n{head}{rows}"
         )
@@ -110,55 +115,123 @@ def _cpu_seconds(pid: int | None) -> float:
         return math.nan
 
 
+@dataclass(frozen=True, slots=True)
+class _Samples:
+    ttfts: list[float]
+    totals: list[float]
+    itls: list[float]  # per stream: seconds between tokens after the first
+    tokens: int
+    errors: int
+    elapsed: float
+    cpu: float
+
+
+class _Stream(asyncio.Protocol):
+    """A bare HTTP/1.1 keep-alive connection that streams one completion at a time.
+
+    The load generator is hand-written on ``asyncio.Protocol`` on purpose: with
+    httpx as the client, the client spent about four times the emulator's CPU per
+    token here, so the table measured the client. This one only counts ``data:``
+    events and spots the end of the chunked body; it never parses JSON.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[bool] | None = None
+        self.first = 0.0
+        self.events = 0
+        self._head = True
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection is one
+
+    def send(self, request: bytes) -> asyncio.Future[bool]:
+        self.done = asyncio.get_running_loop().create_future()
+        self.first, self.events, self._head, self._tail = 0.0, 0, True, b""
+        assert self.transport is not None
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        if self._head:
+            self._head = False
+            if not data.startswith(b"HTTP/1.1 200"):
+                self._finish(False)
+                return
+        if not self.first and b'"content":"' in data.replace(b'"content":""', b""):
+            self.first = time.perf_counter()
+        self.events += data.count(b"data: ")
+        # The zero-length chunk ends a chunked body; it may straddle two reads.
+        if b"\r\n0\r\n\r\n" in self._tail + data[:16] or data.endswith(b"\r\n0\r\n\r\n"):
+            self._finish(True)
+        self._tail = data[-16:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._finish(False)
+
+    def _finish(self, ok: bool) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(ok)
+
+
 async def _worker(
-    client: httpx.AsyncClient,
-    body: bytes,
+    host: str,
+    port: int,
+    request: bytes,
     until: float,
     ttfts: list[float],
     totals: list[float],
+    itls: list[float],
     counts: list[int],
 ) -> None:
-    # counts: [tokens, errors]. Events are counted, not parsed: the client must stay cheap
-    # enough not to be the bottleneck itself.
+    # counts: [tokens, errors]
+    loop = asyncio.get_running_loop()
+    proto: _Stream | None = None
     while time.perf_counter() < until:
+        if proto is None or proto.transport is None:
+            _, proto = await loop.create_connection(_Stream, host, port)
         start = time.perf_counter()
-        first = 0.0
-        events = 0
-        try:
-            async with client.stream("POST", "/v1/chat/completions", content=body) as r:
-                if r.status_code != 200:
-                    counts[1] += 1
-                    continue
-                async for chunk in r.aiter_bytes():
-                    if not first and b'"content":"' in chunk.replace(b'"content":""', b""):
-                        first = time.perf_counter()
-                    events += chunk.count(b"data: ")
-        except httpx.HTTPError:
-            counts[1] += 1
-            continue
+        ok = await proto.send(request)
         end = time.perf_counter()
-        ttfts.append((first or end) - start)
+        if not ok:
+            counts[1] += 1
+            if proto.transport is not None:
+                proto.transport.close()
+            proto = None
+            continue
+        tokens = max(0, proto.events - 2)  # minus the role event and [DONE]
+        first = proto.first or end
+        ttfts.append(first - start)
         totals.append(end - start)
-        counts[0] += max(0, events - 2)  # minus the role event and [DONE]
+        if tokens > 1:
+            itls.append((end - first) / (tokens - 1))
+        counts[0] += tokens
+    if proto is not None and proto.transport is not None:
+        proto.transport.close()
 
 
-async def _level(url: str, pid: int | None, n: int, max_tokens: int, duration: float) -> tuple:
+async def _level(url: str, pid: int | None, n: int, max_tokens: int, duration: float) -> _Samples:
     body = json.dumps(
         {"messages": _PROMPT, "stream": True, "max_tokens": max_tokens, "ignore_eos": True}
     ).encode()
+    host, port = httpx.URL(url).host, httpx.URL(url).port or 80
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     ttfts: list[float] = []
     totals: list[float] = []
+    itls: list[float] = []
     counts = [0, 0]
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    timeout = httpx.Timeout(60.0, connect=30.0)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-        cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
-        until = t0 + duration
-        await asyncio.gather(
-            *(_worker(client, body, until, ttfts, totals, counts) for _ in range(n))
-        )
-        elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
-    return ttfts, totals, counts, elapsed, cpu
+    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    until = t0 + duration
+    await asyncio.gather(
+        *(_worker(host, port, request, until, ttfts, totals, itls, counts) for _ in range(n))
+    )
+    elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    return _Samples(ttfts, totals, itls, counts[0], counts[1], elapsed, cpu)
 
 
 def run_capacity(
@@ -168,6 +241,7 @@ def run_capacity(
     max_tokens: int = 64,
     duration: float = 5.0,
     threshold: float = 0.9,
+    stream_interval: int = 1,
 ) -> CapacityReport:
     """Measure the emulator at each concurrency level (see the module docstring).
 
@@ -177,6 +251,7 @@ def run_capacity(
         max_tokens: tokens per stream.
         duration: seconds each level runs (streams started before it ends finish).
         threshold: the efficiency a level needs to count as sustained.
+        stream_interval: the emulator's ``--stream-interval`` (tokens per write).
     """
     if not levels or min(levels) < 1:
         raise ValueError("levels must be positive integers")
@@ -186,33 +261,41 @@ def run_capacity(
     model = EngineConfig(max_num_seqs=top, speed=speed)
     results = []
     with emulator_process(
-        speed=speed, max_num_seqs=top, kv_cache_tokens=max(400_000, top * 200), log_level="warning"
+        speed=speed,
+        max_num_seqs=top,
+        kv_cache_tokens=max(400_000, top * 200),
+        stream_interval=stream_interval,
+        log_level="warning",
     ) as server:
         for n in levels:
-            ttfts, totals, (tokens, errors), elapsed, cpu = asyncio.run(
-                _level(server.url, server.pid, n, max_tokens, duration)
-            )
+            got = asyncio.run(_level(server.url, server.pid, n, max_tokens, duration))
             step = model.step_time(n, 0)
-            expected = n / step
+            itl = percentile(got.itls, 50)
             results.append(
                 LevelResult(
                     concurrency=n,
-                    streams=len(totals),
-                    errors=errors,
-                    tokens=tokens,
-                    tokens_per_s=tokens / elapsed,
-                    model_tokens_per_s=expected,
-                    efficiency=tokens / elapsed / expected,
-                    ttft_p50=percentile(ttfts, 50),
-                    ttft_p95=percentile(ttfts, 95),
-                    total_p50=percentile(totals, 50),
-                    total_p95=percentile(totals, 95),
+                    streams=len(got.totals),
+                    errors=got.errors,
+                    tokens=got.tokens,
+                    tokens_per_s=got.tokens / got.elapsed,
+                    model_tokens_per_s=n / step,
+                    itl_p50=itl,
                     model_step=step,
-                    cpu_per_token=cpu / tokens if tokens else math.nan,
+                    efficiency=step / itl if itl > 0 else math.nan,
+                    ttft_p50=percentile(got.ttfts, 50),
+                    ttft_p95=percentile(got.ttfts, 95),
+                    total_p50=percentile(got.totals, 50),
+                    total_p95=percentile(got.totals, 95),
+                    cpu_per_token=got.cpu / got.tokens if got.tokens else math.nan,
                 )
             )
     return CapacityReport(
-        speed=speed, max_tokens=max_tokens, duration=duration, threshold=threshold, levels=results
+        speed=speed,
+        max_tokens=max_tokens,
+        duration=duration,
+        threshold=threshold,
+        stream_interval=stream_interval,
+        levels=results,
     )
 
 
@@ -224,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per stream")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     parser.add_argument("--threshold", type=float, default=0.9, help="efficiency to sustain")
+    parser.add_argument("--stream-interval", type=int, default=1, help="tokens per write")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     try:
@@ -234,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             duration=args.duration,
             threshold=args.threshold,
+            stream_interval=args.stream_interval,
         )
     except ValueError as exc:
         print(f"emulator_capacity: {exc}", file=sys.stderr)

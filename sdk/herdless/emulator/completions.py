@@ -67,7 +67,7 @@ class _Completion(_Generation):
     async def _respond(self, send: Send) -> None:
         seq, driver = self.seq, self.state.driver
         while seq.state is not SeqState.FINISHED:
-            await driver.wait(seq, seq.generated)
+            await driver.wait(seq, seq.max_tokens)  # wake once, at the end
         if seq.finish_reason == "abort":
             # Client gone (nobody reads this) or the model went away (the server drops
             # the connections; in-process, the 503 is what a test sees).
@@ -99,9 +99,12 @@ class _Stream(_Generation):
         cut = self.state.faults.cut_after  # decided when the stream starts
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         events: list[str] = [enc.role()]
+        interval = self.state.settings.stream_interval
         sent_events = sent_text = seen = 0
         while True:
-            await driver.wait(seq, seen)
+            # The first token goes out at once, then every `interval` tokens (vLLM's
+            # --stream-interval): fewer, larger writes when the host is the bottleneck.
+            await driver.wait(seq, seen + interval if seen else 1)
             if seq.finish_reason == "abort":
                 return  # client gone, or the model went away: the body never ends
             seen, upto = seq.generated, seq.text_tokens

@@ -62,12 +62,12 @@ class Driver:
         for seq in list(self._live):
             self.abort(seq)
 
-    async def wait(self, seq: Sequence, seen: int) -> None:
-        """Return once ``seq`` has more than ``seen`` tokens or has finished."""
-        if seq.generated != seen or seq.state is SeqState.FINISHED:
+    async def wait(self, seq: Sequence, upto: int) -> None:
+        """Return once ``seq`` has at least ``upto`` tokens or has finished."""
+        if seq.generated >= upto or seq.state is SeqState.FINISHED:
             return
         fut = self._get_loop().create_future()
-        seq.waiter = fut
+        seq.waiter, seq.wake_at = fut, upto
         try:
             await fut
         finally:
@@ -96,7 +96,9 @@ class Driver:
         for seq in progressed:
             if seq.state is SeqState.FINISHED:
                 self._live.discard(seq)
-            _wake(seq)
+                _wake(seq)
+            elif seq.generated >= seq.wake_at:
+                _wake(seq)
         deadline = self.engine.next_deadline()
         if deadline is not None:
             self._timer = loop.call_at(deadline, self._tick)

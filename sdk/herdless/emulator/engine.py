@@ -141,6 +141,7 @@ class Sequence:
         "prompt_tokens",
         "state",
         "waiter",
+        "wake_at",
     )
 
     def __init__(
@@ -157,8 +158,10 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
-        # The driver's wake-up handle for the stream reading this sequence (opaque here).
+        # The driver's wake-up handle for the stream reading this sequence, and the token
+        # count at which to use it (opaque here).
         self.waiter: object = None
+        self.wake_at = 1
 
     @property
     def kv_tokens(self) -> int:

@@ -55,6 +55,9 @@ class EmulatorSettings(BaseSettings):
         default="preempt",
         description="what a full KV cache does: preempt (vLLM) or crash the process",
     )
+    stream_interval: int = Field(
+        default=1, ge=1, description="stream tokens in groups of N after the first (vLLM's flag)"
+    )
     answer_min_tokens: int = Field(
         default=16, ge=0, description="shortest natural answer (before EOS)"
     )

@@ -42,11 +42,22 @@ def _herd_runs(opts: argparse.Namespace) -> int:
     return 2 * len(ARMS) * int(opts.repeats)
 
 
+def _overhead(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import overhead  # lazy: starts real processes
+
+    return overhead.run(overhead.OverheadSizes(), progress)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "herd": Scenario(
         help="N callers refused at t=0, then the server recovers (5 retry strategies)",
         run=_herd,
         runs=_herd_runs,
+    ),
+    "overhead": Scenario(
+        help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",
+        run=_overhead,
+        runs=lambda opts: 3,
     ),
 }
 

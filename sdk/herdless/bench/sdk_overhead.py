@@ -1,0 +1,310 @@
+"""What the SDK costs: CPU time per call of herdless against raw httpx, same requests.
+
+``python -m herdless.bench.sdk_overhead [--calls N] [--rounds R]`` starts a tiny HTTP/1.1
+server in its own process on 127.0.0.1 (standard library only; it answers every
+``POST /v1/chat/completions`` with a canned vLLM answer, whole or as SSE) and, in this
+process, runs each arm ``calls`` times per round:
+
+* ``httpx``: a raw ``httpx.Client`` posting the same JSON with the same headers and
+  decoding the answer (the content of the first choice);
+* ``herdless``: ``herdless.Client.chat()`` against the same server, default policies;
+
+and the same two with streaming (raw: ``iter_lines`` + ``json.loads`` per event), and
+with ``httpx.AsyncClient`` / ``herdless.AsyncClient``. Arms alternate their order each
+round; the figure is the median over rounds of ``cpu(herdless) / cpu(httpx)`` per call,
+where ``cpu`` is this process's CPU time (``time.process_time``): the server's work is
+in another process and does not count. Target: at most 1.10x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+
+import herdless
+from herdless.bench.stats import median, ratio
+from herdless.testing.servers import free_port
+
+__all__ = ["ArmResult", "main", "run"]
+
+_MESSAGES = [{"role": "user", "content": "Say hello in five words."}]
+_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello there, how are you?"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+    },
+    separators=(",", ":"),
+).encode()
+_STREAM = b"".join(
+    b"data: "
+    + json.dumps(
+        {
+            "id": "c",
+            "model": "bench",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": end}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    + b"\n\n"
+    for delta, end in [
+        ({"role": "assistant", "content": ""}, None),
+        *(({"content": word}, None) for word in ("Hello", " there,", " how", " are", " you?")),
+        ({"content": ""}, "stop"),
+    ]
+) + (
+    b'data: {"id":"c","model":"bench","choices":[],"usage":{"prompt_tokens":12,'
+    b'"completion_tokens":7,"total_tokens":19}}\n\ndata: [DONE]\n\n'
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM behind uvicorn
+    # Head and body are two writes: without this, Nagle + delayed ACK add 40 ms a call.
+    disable_nagle_algorithm = True
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        payload, kind = (
+            (_STREAM, "text/event-stream")
+            if body.get("stream")
+            else (_COMPLETION, "application/json")
+        )
+        self.send_response(200)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:  # readiness
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+
+def _serve(port: int) -> None:
+    ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArmResult:
+    """One comparison: CPU microseconds per call of each arm, and their ratio."""
+
+    name: str
+    httpx_us: float
+    herdless_us: float
+    ratio: float
+    rounds: int
+    calls: int
+
+
+def _raw_body(stream: bool) -> dict[str, Any]:
+    # A dict, encoded by httpx on every call (json=), as a raw httpx user would send it.
+    body: dict[str, Any] = {"model": "bench", "messages": _MESSAGES}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    return body
+
+
+_HEADERS = {"authorization": "Bearer sk-bench"}
+
+
+def _cpu(call: Callable[[], object], calls: int) -> float:
+    start = time.process_time()
+    for _ in range(calls):
+        call()
+    return (time.process_time() - start) / calls
+
+
+async def _acpu(call: Callable[[], Any], calls: int) -> float:
+    start = time.process_time()
+    for _ in range(calls):
+        await call()
+    return (time.process_time() - start) / calls
+
+
+def _sync_arms(
+    url: str, *, stream: bool, stack: ExitStack
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    raw = stack.enter_context(httpx.Client())
+    client = stack.enter_context(
+        herdless.Client(
+            primary=herdless.Backend(name="primary", base_url=url, api_key="sk-bench"),
+            model="bench",
+        )
+    )
+    body = _raw_body(stream)
+
+    def raw_call() -> object:
+        if not stream:
+            answer = raw.post(f"{url}/chat/completions", json=body, headers=_HEADERS)
+            return answer.json()["choices"][0]["message"]["content"]
+        with raw.stream("POST", f"{url}/chat/completions", json=body, headers=_HEADERS) as r:
+            return [
+                json.loads(line[6:])
+                for line in r.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
+
+    def herdless_call() -> object:
+        if not stream:
+            return client.chat(_MESSAGES).content
+        with client.chat(_MESSAGES, stream=True) as chunks:
+            return list(chunks)
+
+    return raw_call, herdless_call
+
+
+def _rounds(
+    name: str, arms: tuple[Callable[[], float], Callable[[], float]], rounds: int, calls: int
+) -> ArmResult:
+    raw_cpu: list[float] = []
+    sdk_cpu: list[float] = []
+    arms[0]()  # warm both: connections, imports, caches
+    arms[1]()
+    for index in range(rounds):
+        order = (0, 1) if index % 2 == 0 else (1, 0)
+        for arm in order:
+            (raw_cpu if arm == 0 else sdk_cpu).append(arms[arm]())
+    ratios = [ratio(s, r) for s, r in zip(sdk_cpu, raw_cpu, strict=True)]
+    return ArmResult(
+        name=name,
+        httpx_us=median(raw_cpu) * 1e6,
+        herdless_us=median(sdk_cpu) * 1e6,
+        ratio=median(ratios),
+        rounds=rounds,
+        calls=calls,
+    )
+
+
+async def _async_result(url: str, rounds: int, calls: int) -> ArmResult:
+    raw = httpx.AsyncClient()
+    body = _raw_body(False)
+    async with (
+        herdless.AsyncClient(
+            primary=herdless.Backend(name="primary", base_url=url, api_key="sk-bench"),
+            model="bench",
+        ) as client,
+        raw,
+    ):
+
+        async def raw_call() -> object:
+            answer = await raw.post(f"{url}/chat/completions", json=body, headers=_HEADERS)
+            return answer.json()["choices"][0]["message"]["content"]
+
+        async def herdless_call() -> object:
+            return (await client.chat(_MESSAGES)).content
+
+        raw_cpu: list[float] = []
+        sdk_cpu: list[float] = []
+        await raw_call()
+        await herdless_call()
+        for index in range(rounds):
+            order = (raw_call, herdless_call) if index % 2 == 0 else (herdless_call, raw_call)
+            for call in order:
+                (raw_cpu if call is raw_call else sdk_cpu).append(await _acpu(call, calls))
+    ratios = [ratio(s, r) for s, r in zip(sdk_cpu, raw_cpu, strict=True)]
+    return ArmResult(
+        name="async",
+        httpx_us=median(raw_cpu) * 1e6,
+        herdless_us=median(sdk_cpu) * 1e6,
+        ratio=median(ratios),
+        rounds=rounds,
+        calls=calls,
+    )
+
+
+def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
+    """Start the tiny server, measure every arm, stop the server.
+
+    Args:
+        calls: calls per arm per round.
+        rounds: interleaved rounds; the figures are medians over them.
+    """
+    if calls < 1 or rounds < 1:
+        raise ValueError("calls and rounds must be >= 1")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "herdless.bench.sdk_overhead", "--serve", str(port)],
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_ready(url, server)
+        results = []
+        for stream in (False, True):
+            with ExitStack() as stack:
+                raw_call, sdk_call = _sync_arms(url, stream=stream, stack=stack)
+                arms = (partial(_cpu, raw_call, calls), partial(_cpu, sdk_call, calls))
+                results.append(_rounds("sync stream" if stream else "sync", arms, rounds, calls))
+        results.append(asyncio.run(_async_result(url, rounds, calls)))
+        return results
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("the benchmark server exited")
+        try:
+            httpx.get(url, timeout=1.0)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError("the benchmark server did not start within 10 s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m herdless.bench.sdk_overhead``: print a table (or JSON) and exit 0."""
+    parser = argparse.ArgumentParser(prog="python -m herdless.bench.sdk_overhead")
+    parser.add_argument("--calls", type=int, default=300, help="calls per arm per round")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        _serve(args.serve)
+        return 0
+    results = run(calls=args.calls, rounds=args.rounds)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+        return 0
+    print(f"{'arm':<12} {'httpx us/call':>14} {'herdless us/call':>17} {'ratio':>7}")
+    for r in results:
+        print(f"{r.name:<12} {r.httpx_us:>14.1f} {r.herdless_us:>17.1f} {r.ratio:>6.2f}x")
+    print(
+        f"({results[0].rounds} rounds x {results[0].calls} calls per arm; CPU time of this "
+        "process; target <= 1.10x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,11 +48,23 @@ def _overhead(opts: argparse.Namespace, out: Path, progress: Progress) -> list[S
     return overhead.run(overhead.OverheadSizes(), progress)
 
 
+def _overload(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import overload  # lazy: starts real processes
+
+    params = overload.OverloadParams(repeats=opts.repeats, target=opts.target)
+    return overload.run(params, progress)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "herd": Scenario(
         help="N callers refused at t=0, then the server recovers (5 retry strategies)",
         run=_herd,
         runs=_herd_runs,
+    ),
+    "overload": Scenario(
+        help="steady 0.8x, 2x and 4x capacity: goodput, p99, refusals",
+        run=_overload,
+        runs=lambda opts: 3 * int(opts.repeats),
     ),
     "overhead": Scenario(
         help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",

@@ -184,7 +184,7 @@ class CallFlow:
                 result = yield from self._serve(backend, end=end, last=last)
                 if isinstance(result, Accepted):
                     reason = previous[1] if previous is not None else None
-                    accepted = replace(result, fallback_reason=reason)
+                    accepted = result if reason is None else replace(result, fallback_reason=reason)
                     if spec.stream:
                         self._served = (backend, reason)
                     else:
@@ -412,11 +412,13 @@ class CallFlow:
         # Reading a stream happens after the call is accepted, when no fallback is possible
         # any more: its idle limit is clipped to the whole call's deadline, not this backend's.
         read_left = max(self._deadline_at - now, 1e-3)
-        timeouts = Timeouts(
-            connect=min(limits.connect, left),
-            first_byte=min(limits.first_byte, left),
-            read=min(limits.read, read_left),
-        )
+        timeouts = limits
+        if max(limits.connect, limits.first_byte) > left or limits.read > read_left:
+            timeouts = Timeouts(
+                connect=min(limits.connect, left),
+                first_byte=min(limits.first_byte, left),
+                read=min(limits.read, read_left),
+            )
         self._emit(AttemptStarted, backend=backend.name, attempt=self._attempt, model=model)
         action = Send(
             backend=backend,

@@ -28,6 +28,7 @@ from herdless.events import (
     AttemptStarted,
     BreakerStateChanged,
     CallFailed,
+    CallFinished,
     Event,
     PrimaryDegraded,
 )
@@ -44,7 +45,15 @@ logger.addHandler(logging.NullHandler())
 # still bounds a caller that would otherwise wait forever.
 DEFAULT_DEADLINE = 60.0
 
-_WARN = (BreakerStateChanged, CallFailed, PrimaryDegraded)
+# Routine steps are DEBUG; what an operator must see (a breaker moving, a call failing,
+# a primary hidden behind a fallback) is WARNING; every other decision is INFO.
+_LEVELS: dict[type[Event], int] = {
+    AttemptStarted: logging.DEBUG,
+    CallFinished: logging.DEBUG,
+    BreakerStateChanged: logging.WARNING,
+    CallFailed: logging.WARNING,
+    PrimaryDegraded: logging.WARNING,
+}
 
 
 def _as_list(value: Backend | Sequence[Backend] | None) -> tuple[Backend, ...]:
@@ -123,6 +132,7 @@ class Policies:
         self._lock = threading.Lock()
         self._stats = StatsRecorder()
         self._degraded = DegradedTracker(self.fallback_policy.degraded_interval)
+        self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
 
     def start_call(
         self,
@@ -162,6 +172,11 @@ class Policies:
 
     def route(self, *, allow_fallback: bool) -> Route:
         """The backends one call may try, in order."""
+        if len(self.primaries) == 1:  # nothing to choose per call: plan once
+            return self._routes[allow_fallback]
+        return self._plan(allow_fallback)
+
+    def _plan(self, allow_fallback: bool) -> Route:
         return plan_route(
             self.primaries,
             self.fallbacks,
@@ -198,13 +213,7 @@ class Policies:
     def observe(self, event: Event) -> None:
         """Count an event and log it (structured; events never hold secrets)."""
         self._stats.record(event)
-        level = (
-            logging.DEBUG
-            if isinstance(event, AttemptStarted)
-            else logging.WARNING
-            if isinstance(event, _WARN)
-            else logging.INFO
-        )
+        level = _LEVELS.get(type(event), logging.INFO)
         if logger.isEnabledFor(level):  # building the fields costs; skip when unused
             data = {f.name: getattr(event, f.name) for f in fields(event)}
             logger.log(level, "%s %s", type(event).__name__, data, extra={"herdless": data})

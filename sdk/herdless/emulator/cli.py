@@ -34,6 +34,15 @@ def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
     return annotation, None
 
 
+def _runner() -> asyncio.Runner:
+    """An event loop runner: uvloop's when it is installed (as uvicorn itself prefers)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``herdless emulate``; every default is ``None`` (= not given)."""
     parser = argparse.ArgumentParser(
@@ -71,7 +80,8 @@ def main(argv: Sequence[str]) -> int:
     from herdless.emulator.server import serve  # uvicorn is only needed to actually serve
 
     try:
-        asyncio.run(serve(settings))
+        with _runner() as runner:
+            runner.run(serve(settings))
     except OSError as exc:  # the port is taken, the host is not ours
         print(
             f"herdless emulate: cannot listen on {settings.host}:{settings.port}: {exc}",

@@ -7,6 +7,7 @@ its upper bound, so delays are exact.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -481,3 +482,27 @@ def test_no_time_for_any_attempt_is_a_deadline_error() -> None:
 def test_invalid_deadline() -> None:
     with pytest.raises(ValueError, match="deadline"):
         make().start(deadline=0)
+
+
+def test_threads_starting_calls_on_a_half_open_primary_send_one_probe() -> None:
+    driver = make([status(502)], [ok()], breaker=BreakerPolicy(consecutive_failures=1))
+    driver.run()
+    driver.clock.advance(60)
+    first_sends: list[str] = []
+    in_flight = []  # kept alive: a dropped flow frees its probe, as it should
+    start = threading.Barrier(16)
+
+    def call(n: int) -> None:
+        steps = driver.start(request_id=f"t{n}").run()
+        in_flight.append(steps)
+        start.wait()
+        action = next(steps)  # the first Send of each call, all in flight at once
+        assert isinstance(action, Send)
+        first_sends.append(action.backend.name)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(first_sends) == ["hosted"] * 15 + ["primary"]

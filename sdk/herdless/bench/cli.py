@@ -55,6 +55,16 @@ def _overload(opts: argparse.Namespace, out: Path, progress: Progress) -> list[S
     return overload.run(params, progress)
 
 
+def _outage(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+    if opts.target:
+        # A hang has to be injected into the primary: only the local emulator can do that.
+        print("outage: skipped with --target (it injects a hang into a local emulator)")
+        return []
+    from herdless.bench import outage  # lazy: starts real processes
+
+    return outage.run(outage.OutageParams(repeats=opts.repeats), progress)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "herd": Scenario(
         help="N callers refused at t=0, then the server recovers (5 retry strategies)",
@@ -65,6 +75,11 @@ SCENARIOS: dict[str, Scenario] = {
         help="steady 0.8x, 2x and 4x capacity: goodput, p99, refusals",
         run=_overload,
         runs=lambda opts: 3 * int(opts.repeats),
+    ),
+    "outage": Scenario(
+        help="the primary hangs, then recovers: time to fallback, added latency, time back",
+        run=_outage,
+        runs=lambda opts: 2 * int(opts.repeats),
     ),
     "overhead": Scenario(
         help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",

@@ -274,12 +274,12 @@ class CallFlow:
                     yield Sleep(seconds=delay)
                     waited += delay
                     continue
-                if sent and not reserved:  # a retry that found the budget spent
+                # A retry at the last backend that found the budget spent (the others
+                # move on instead) waits here until budget frees or the deadline nears.
+                if sent and not reserved:
                     if budget.try_acquire():
                         reserved = True
                     else:
-                        if not last:
-                            return _Move("budget_exhausted", last_error or self._blocked(name))
                         delay = max(retry.backoff(waits, rng), _MIN_WAIT)
                         waits += 1
                         if not self._fits(now + delay, end):
@@ -557,8 +557,6 @@ class CallFlow:
             )
         if len(errors) == 1:
             return next(iter(errors.values()))
-        if not errors:
-            return self._deadline_error("any backend")
         summary = "; ".join(f"{n}: {e.message}" for n, e in errors.items())
         return AllBackendsFailed(
             f"Every backend failed. {summary}", errors=errors, **self._context(None)

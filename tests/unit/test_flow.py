@@ -506,3 +506,59 @@ def test_threads_starting_calls_on_a_half_open_primary_send_one_probe() -> None:
     for thread in threads:
         thread.join()
     assert sorted(first_sends) == ["hosted"] * 15 + ["primary"]
+
+
+def test_spend_guard_waits_for_a_slot_when_the_deadline_allows() -> None:
+    driver = make([status(500)], [ok()], fallback_policy=FallbackPolicy(max_external_per_minute=1))
+    driver.run()
+    accepted = driver.run(deadline=100)
+    assert accepted.backend is HOSTED
+    assert [w.reason for w in driver.of(WaitScheduled)] == ["spend"]
+    assert driver.sleeps == [pytest.approx(60.0 - 0.21)]  # the slot used after 0.21 s
+
+
+def test_the_last_backend_waits_for_its_breaker_probe_when_the_deadline_allows() -> None:
+    driver = make(
+        [status(502)],
+        breaker=BreakerPolicy(consecutive_failures=1, open_for=5.0, open_jitter=0.0),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    with pytest.raises(ServiceUnavailableError):
+        driver.run()
+    driver.script["primary"] = [ok()]
+    accepted = driver.run(deadline=30)
+    assert accepted.backend is PRIMARY
+    (wait,) = driver.of(WaitScheduled)
+    assert wait.reason == "breaker_open"
+    assert driver.sleeps == [6.25]  # the open period, with jitter above it
+
+
+def test_the_last_backend_fails_fast_when_its_probe_comes_too_late() -> None:
+    driver = make(
+        [status(502)],
+        breaker=BreakerPolicy(consecutive_failures=1, open_for=50.0),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    with pytest.raises(ServiceUnavailableError):
+        driver.run()
+    with pytest.raises(APIConnectionError, match="circuit breaker is open") as caught:
+        driver.run(deadline=10)
+    assert caught.value.kind == "breaker_open"
+    assert driver.sleeps == []
+    assert len(driver.sends) == 1
+
+
+def test_a_drained_primary_without_fallback_is_waited_for() -> None:
+    drained = status(503, retry_after=2.0, drain=True)
+    driver = make([drained, ok()], breaker=BreakerPolicy(open_jitter=0.0))
+    accepted = driver.run(deadline=30)
+    assert accepted.backend is PRIMARY
+    assert [e.draining for e in driver.of(BackpressureReceived)] == [True]
+    assert driver.sleeps == [2.5]
+
+
+def test_a_driver_must_answer_a_send() -> None:
+    steps = make().start().run()
+    next(steps)
+    with pytest.raises(TypeError, match="outcome"):
+        steps.send(None)

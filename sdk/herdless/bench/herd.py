@@ -168,7 +168,7 @@ def _result(
         title=f"requests arriving at the server: {title}",
         capacity=p.server.capacity,
         mark=p.server.recover_at,
-        until=min(60.0, 1 + max((max(a) for a in arrivals.values() if a), default=0.0)),
+        until=min(40.0, 1 + max((max(a) for a in arrivals.values() if a), default=0.0)),
     )
     targets = []
     if cooperative and "herdless" in by_arm:

@@ -47,6 +47,9 @@ def rate_panels(
         # One artist for the whole series: a bar per bin is thousands of patches.
         ax.stairs(counts, bins, fill=True, color="#4c72b0")
         ax.axhline(capacity, color="#c44e52", linestyle="--", linewidth=1)
+        # Log scale: a herd is 10-100x capacity; on a linear axis capacity is invisible.
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1)
         if mark is not None:
             ax.axvline(mark, color="#55a868", linewidth=1)
         ax.set_ylabel("req/s")

@@ -242,3 +242,38 @@ async def test_refuse_and_crash_actions_reach_the_listener_and_the_process() -> 
     assert isinstance(state.control, NoListener)
     assert state.control.refusals == [1.5]
     assert crashed == [True]
+
+
+async def test_text_completions_json_and_stream() -> None:
+    async with emulator() as (client, _):
+        r = await client.post("/v1/completions", json={"prompt": "Hello, world!", "max_tokens": 3})
+        s = await client.post(
+            "/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 2, "stream": True, "ignore_eos": True,
+                  "stream_options": {"include_usage": True}},
+        )  # fmt: skip
+        bad = await client.post("/v1/completions", json={})
+    body = r.json()
+    assert body["id"].startswith("cmpl-")
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == 6  # the bare prompt: no chat template
+    assert body["usage"]["completion_tokens"] == 3
+    *tokens, usage, done = events(s.text)
+    assert done == "[DONE]"
+    assert [t["choices"][0]["finish_reason"] for t in tokens] == [None, "length"]
+    assert all(t["object"] == "text_completion" for t in tokens)
+    assert usage["usage"]["completion_tokens"] == 2
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "body.prompt"
+
+
+async def test_tokenize_counts_like_the_completion_usage() -> None:
+    async with emulator() as (client, _):
+        chat = (await client.post("/tokenize", json={"messages": HI})).json()
+        plain = (await client.post("/tokenize", json={"prompt": "Hello, world!"})).json()
+        neither = await client.post("/tokenize", json={})
+    assert chat["count"] == 8 == len(chat["tokens"])  # as prompt_tokens of a chat completion
+    assert plain["count"] == 6
+    assert plain["token_strs"] is None
+    assert neither.status_code == 400

@@ -74,3 +74,11 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     assert "does not exist" in str(not_found.value)
     with pytest.raises(openai.BadRequestError, match="max_model_len"):
         client.chat.completions.create(model="emulated", messages=HELLO, max_tokens=10**6)  # type: ignore[arg-type]
+
+
+def test_text_completion(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model="emulated", prompt="Once upon a time", max_tokens=4)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens <= 4

@@ -1,6 +1,7 @@
 """The emulated vLLM server's Starlette app: routes only.
 
-Routes as vLLM serves them: ``POST /v1/chat/completions``, ``GET /v1/models``,
+Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``;
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
 affects.
@@ -22,9 +23,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from herdless.emulator import wire
-from herdless.emulator.completions import chat_completions, json_response, until_disconnect
+from herdless.emulator.completions import chat_completions, completions, tokenize
 from herdless.emulator.faults import parse_faults
 from herdless.emulator.metrics import render
+from herdless.emulator.responses import json_response, until_disconnect
 from herdless.emulator.settings import EmulatorSettings
 from herdless.emulator.state import Control, EmulatorState, exit_now
 
@@ -134,6 +136,8 @@ def create_app(
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/models", _models),
         Route("/health", _health),
         Route("/ping", _health, methods=["GET", "POST"]),

@@ -109,10 +109,19 @@ def render(engine: Engine, model: str) -> str:
            [(plain, m.prompt_tokens)])  # fmt: skip
     metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
            [(plain, m.generation_tokens)])  # fmt: skip
+    # vLLM's waiting requests by reason: "capacity" (no slot or KV yet) and "deferred"
+    # (waiting on something else, never the case here).
+    metric("vllm:num_requests_waiting_by_reason", "gauge", "Waiting requests by reason.",
+           [(f'{{{label},reason="capacity"}}', engine.num_waiting),
+            (f'{{{label},reason="deferred"}}', 0)])  # fmt: skip
+    finished = {**m.finished, "error": 0, "repetition": 0}  # reasons vLLM has and we never give
     metric("vllm:request_success_total", "counter", "Count of finished requests by reason.",
-           [(f'{{{label},finished_reason="{r}"}}', n) for r, n in m.finished.items()])  # fmt: skip
+           [(f'{{{label},finished_reason="{r}"}}', n) for r, n in finished.items()])  # fmt: skip
+    # vLLM counts admission rejections per frontend, not per engine: no engine label.
+    model_label = f'model_name="{model}"'
     metric("vllm:admission_rejections_total", "counter", "Requests refused at admission.",
-           [(f'{{{label},reason="max_num_queued_reqs"}}', m.rejected)])  # fmt: skip
+           [(f'{{{model_label},reason="max_num_queued_reqs"}}', m.rejected),
+            (f'{{{model_label},reason="max_num_queued_tokens"}}', 0)])  # fmt: skip
     hist("vllm:time_to_first_token_seconds", "Histogram of time to first token.", m.ttft)
     hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", m.itl)
     hist("vllm:e2e_request_latency_seconds", "Histogram of end-to-end latency.", m.e2e)

@@ -33,6 +33,7 @@ __all__ = [
     "answer_length",
     "answer_seed",
     "count_tokens",
+    "split_tokens",
     "token_json",
     "token_text",
 ]
@@ -99,6 +100,11 @@ _MASK = (1 << 64) - 1
 def count_tokens(text: str) -> int:
     """Number of tokens in ``text`` by the rule in the module docstring."""
     return len(_TOKEN.findall(text))
+
+
+def split_tokens(text: str) -> list[str]:
+    """The tokens of ``text`` by the rule in the module docstring."""
+    return _TOKEN.findall(text)
 
 
 def _mix(seed: int, i: int) -> int:

@@ -10,14 +10,18 @@ from __future__ import annotations
 import json
 import secrets
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "VLLM_VERSION",
+    "ChatEncoder",
     "ChatRequest",
-    "StreamEncoder",
+    "CompletionRequest",
+    "Encoder",
+    "TextEncoder",
+    "TokenizeRequest",
     "chat_completion",
     "dumps",
     "error_body",
@@ -80,6 +84,36 @@ class ChatRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class CompletionRequest(BaseModel):
+    """A ``/v1/completions`` request: a text prompt, no chat template."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)  # the completions API's default, as in vLLM
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    n: int = Field(1, ge=1)
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else "".join(self.prompt)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TokenizeRequest(BaseModel):
+    """A ``/tokenize`` request: a ``prompt`` or chat ``messages``."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[_Message] | None = None
+
+
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> bytes:
     """vLLM's error JSON: ``{"error":{"message","type","param","code"}}``."""
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": status}})
@@ -92,8 +126,8 @@ def schema_error(exc: ValidationError) -> bytes:
     return error_body(f"{loc or 'body'}: {first['msg']}", "Bad Request", 400, f"body.{loc}")
 
 
-def new_completion_id() -> str:
-    return f"chatcmpl-{secrets.token_hex(8)}"
+def new_completion_id(prefix: str = "chatcmpl") -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
 
 
 def system_fingerprint(model: str) -> str:
@@ -155,8 +189,22 @@ def chat_completion(
     )
 
 
-class StreamEncoder:
-    """SSE events of one streamed completion, as strings (the caller encodes once per write).
+class Encoder(Protocol):
+    """How one kind of completion looks on the wire: SSE events and the JSON body."""
+
+    has_role: bool
+
+    def role(self) -> str: ...
+    def token(self, text_json: str) -> str: ...
+    def finish(self, text_json: str, reason: str) -> str: ...
+    def end(self, prompt_tokens: int, completion_tokens: int) -> str: ...
+    def body(
+        self, content: str, reason: str, prompt_tokens: int, completion_tokens: int
+    ) -> bytes: ...
+
+
+class ChatEncoder:
+    """SSE events of one streamed chat completion, as strings (encoded once per write).
 
     The first event carries the role; each token's event its text; the
     ``length`` finish rides on the last token's event, a ``stop`` (EOS) finish
@@ -164,9 +212,11 @@ class StreamEncoder:
     with empty ``choices`` follows; then ``data: [DONE]``.
     """
 
-    __slots__ = ("_fingerprint", "_head", "_include_usage", "_tail")
+    __slots__ = ("_created", "_fingerprint", "_head", "_id", "_include_usage", "_model", "_tail")
+    has_role = True
 
     def __init__(self, *, id_: str, created: int, model: str, include_usage: bool) -> None:
+        self._id, self._created, self._model = id_, created, model
         self._head = (
             f'data: {{"id":"{id_}","object":"chat.completion.chunk","created":{created},'
             f'"model":{json.dumps(model, ensure_ascii=False)},"choices":'
@@ -197,12 +247,97 @@ class StreamEncoder:
         """The usage event (when asked for) and ``[DONE]``."""
         if not self._include_usage:
             return DONE
-        usage = (
-            f'{{"prompt_tokens":{prompt_tokens},"total_tokens":{prompt_tokens + completion_tokens},'
-            f'"completion_tokens":{completion_tokens}}}'
+        usage = _usage(prompt_tokens, completion_tokens)
+        fingerprint = f'"system_fingerprint":{self._fingerprint}'
+        return f'{self._head}[],"usage":{usage},{fingerprint}}}\n\n{DONE}'
+
+    def body(self, content: str, reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """The non-streaming ``chat.completion`` body."""
+        return chat_completion(
+            id_=self._id,
+            created=self._created,
+            model=self._model,
+            content=content,
+            finish_reason=reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
         )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> str:
+    total = prompt_tokens + completion_tokens
+    return (
+        f'{{"prompt_tokens":{prompt_tokens},"total_tokens":{total},'
+        f'"completion_tokens":{completion_tokens}}}'
+    )
+
+
+class TextEncoder:
+    """A ``/v1/completions`` answer: ``text_completion`` objects, no role event.
+
+    Unlike the chat format, this one was not captured from vLLM 0.32: it follows
+    vLLM's response models (``CompletionResponse``, ``CompletionStreamResponse``).
+    """
+
+    __slots__ = ("_created", "_head", "_id", "_include_usage", "_model")
+    has_role = False
+
+    def __init__(self, *, id_: str, created: int, model: str, include_usage: bool) -> None:
+        self._id, self._created, self._model = id_, created, model
+        self._head = (
+            f'data: {{"id":"{id_}","object":"text_completion","created":{created},'
+            f'"model":{json.dumps(model, ensure_ascii=False)},"choices":'
+        )
+        self._include_usage = include_usage
+
+    def role(self) -> str:
+        return ""
+
+    def token(self, text_json: str) -> str:
         return (
-            f'{self._head}[],"usage":{usage},"system_fingerprint":{self._fingerprint}}}\n\n{DONE}'
+            f'{self._head}[{{"index":0,"text":{text_json},"logprobs":null,'
+            '"finish_reason":null,"stop_reason":null}]}\n\n'
+        )
+
+    def finish(self, text_json: str, reason: str) -> str:
+        return (
+            f'{self._head}[{{"index":0,"text":{text_json},"logprobs":null,'
+            f'"finish_reason":"{reason}","stop_reason":null}}]}}\n\n'
+        )
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> str:
+        if not self._include_usage:
+            return DONE
+        return f'{self._head}[],"usage":{_usage(prompt_tokens, completion_tokens)}}}\n\n{DONE}'
+
+    def body(self, content: str, reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """The non-streaming ``text_completion`` body."""
+        choice = {
+            "index": 0,
+            "text": content,
+            "logprobs": None,
+            "finish_reason": reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        }
+        return dumps(
+            {
+                "id": self._id,
+                "object": "text_completion",
+                "created": self._created,
+                "model": self._model,
+                "choices": [choice],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "kv_transfer_params": None,
+            }
         )
 
 

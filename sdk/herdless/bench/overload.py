@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -101,6 +102,7 @@ def _body(p: OverloadParams, model: str) -> dict[str, object]:
 async def _capacity(url: str, p: OverloadParams, body: dict[str, object]) -> float:
     """Requests per second served by ``slots`` closed-loop workers."""
     served = 0
+    statuses: Counter[int] = Counter()
     end = time.monotonic() + p.seconds
     limits = httpx.Limits(max_connections=p.slots * 2)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
@@ -109,6 +111,7 @@ async def _capacity(url: str, p: OverloadParams, body: dict[str, object]) -> flo
             nonlocal served
             while time.monotonic() < end:
                 response = await client.post("/chat/completions", json=body)
+                statuses[response.status_code] += 1
                 if response.status_code == 200:
                     served += 1
                 else:  # a refusal: no hot loop against the server being measured
@@ -116,6 +119,8 @@ async def _capacity(url: str, p: OverloadParams, body: dict[str, object]) -> flo
 
         start = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(p.slots)))
+        if not served:
+            raise RuntimeError(f"{url} served nothing in {p.seconds:g} s: {dict(statuses)}")
         return served / (time.monotonic() - start)
 
 
@@ -167,8 +172,6 @@ def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioRes
     with _deployment(p) as url:
         body = _body(p, _model(url))
         capacity = asyncio.run(_capacity(url, p, body))
-        if capacity <= 0:
-            raise RuntimeError(f"{url} served nothing in {p.seconds:g} s: no capacity to measure")
 
         def arm(level: float) -> Arm:
             return Arm(

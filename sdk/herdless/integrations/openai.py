@@ -152,6 +152,12 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
             except HerdlessError as exc:
                 return _answer(mod, reply_for_error(exc), request)
 
+        def close(self) -> None:
+            # The library closes its http client, hence this transport: the herdless
+            # client goes with it (closing is idempotent, so a shared one may be closed
+            # again by its other owner).
+            self.client.close()
+
     class AsyncHerdlessTransport(async_base):  # type: ignore[misc]  # base chosen at run time
         """Serves chat completions with a herdless ``AsyncClient``."""
 
@@ -178,6 +184,9 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
                 return _answer(mod, reply_for_result(result), request)
             except HerdlessError as exc:
                 return _answer(mod, reply_for_error(exc), request)
+
+        async def aclose(self) -> None:
+            await self.client.aclose()
 
     return HerdlessTransport, AsyncHerdlessTransport
 
@@ -218,7 +227,7 @@ def http_client(client: Client, *, pass_model: bool = False, flavor: Flavor = "h
     LangChain's ``ChatOpenAI(http_client=...)`` and LlamaIndex's ``OpenAI(http_client=...)``.
 
     Set the library's ``max_retries=0`` as well: herdless retries; the library should not.
-    Closing the http client does not close ``client``.
+    Closing the http client (or the openai client) closes ``client`` too.
     """
     mod = _module(flavor)
     return mod.Client(transport=transport(client, pass_model=pass_model, flavor=flavor))

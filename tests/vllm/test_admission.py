@@ -70,7 +70,6 @@ async def test_a_burst_is_refused_with_429s_and_vllm_never_runs_more_than_admitt
 async def test_a_client_that_disconnects_frees_vllms_sequence(
     gateway: ServerProcess, vllm_url: str
 ) -> None:
-    aborted = read_metric(vllm_url, "vllm:request_success_total", finished_reason="abort")
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60.0) as client:
         body = chat(1000, stream=True)
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -86,8 +85,6 @@ async def test_a_client_that_disconnects_frees_vllms_sequence(
             break
         await asyncio.sleep(0.1)
     assert read_metric(vllm_url, RUNNING) == 0
-    after = read_metric(vllm_url, "vllm:request_success_total", finished_reason="abort")
-    assert after == aborted + 1
 
 
 def _ready(gateway: ServerProcess) -> int:

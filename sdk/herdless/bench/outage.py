@@ -35,7 +35,7 @@ import herdless
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import percentile
-from herdless.events import BreakerStateChanged, Event
+from herdless.events import BreakerStateChanged, Event, FallbackUsed
 from herdless.testing.servers import emulator_process
 
 __all__ = ["OutageParams", "run"]
@@ -61,7 +61,7 @@ class OutageParams:
     workers: int = 8
     warmup: float = 3.0
     hang: float = 10.0
-    after: float = 15.0
+    after: float = 30.0
     first_byte: float = 2.0
     open_for: float = 5.0
     speed: float = 20.0
@@ -71,12 +71,16 @@ class OutageParams:
 @dataclass(slots=True)
 class _Log:
     calls: list[tuple[float, float, str | None]] = field(default_factory=list)
-    opened: list[float] = field(default_factory=list)
-    closed: list[float] = field(default_factory=list)
+    opened: list[tuple[float, float]] = field(default_factory=list)
+    """(time, open_for) of every opening of the primary's breaker."""
+    fallbacks: list[float] = field(default_factory=list)
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, BreakerStateChanged) and event.backend == "primary":
-            (self.opened if event.new == "open" else self.closed).append(event.at)
+        if isinstance(event, FallbackUsed):
+            self.fallbacks.append(event.at)
+        elif isinstance(event, BreakerStateChanged) and event.backend == "primary":
+            if event.new == "open":
+                self.opened.append((event.at, event.open_for or math.nan))
 
 
 @contextlib.contextmanager
@@ -117,19 +121,21 @@ async def _outage(primary: str, hosted: str, p: OutageParams) -> dict[str, float
         await asyncio.sleep(recover_at - time.monotonic())
         (await admin.delete("/_emulator/faults")).raise_for_status()
         await callers
-    on_fallback = [end for s, end, b in log.calls if b == "hosted" and end >= hang_at]
-    back = [end for s, end, b in log.calls if b == "primary" and s >= recover_at]
-    opened = [t for t in log.opened if hang_at <= t < recover_at]
+    back = min(
+        (end for s, end, b in log.calls if b == "primary" and s >= recover_at), default=math.nan
+    )
+    first_open = min((t for t, _ in log.opened if t >= hang_at), default=math.nan)
+    # The probe interval in force at recovery: the open period of the last opening before it.
+    interval = max(((t, f) for t, f in log.opened if t < recover_at), default=(0.0, math.nan))[1]
     open_latency = [
-        end - s
-        for s, end, b in log.calls
-        if b == "hosted" and opened and s >= opened[0] and end < recover_at
+        end - s for s, end, b in log.calls if b == "hosted" and first_open <= s and end < recover_at
     ]
     return {
-        "to_fallback": min(on_fallback, default=math.nan) - hang_at,
+        "to_fallback": min((t for t in log.fallbacks if t >= hang_at), default=math.nan) - hang_at,
         "fallback_p50": percentile(open_latency, 50),
-        "back_s": min(back, default=math.nan) - recover_at,
-        "back_intervals": (min(back, default=math.nan) - recover_at) / p.open_for,
+        "back_s": back - recover_at,
+        "probe_interval": interval,
+        "back_intervals": (back - recover_at) / interval,
         "failed": float(sum(1 for *_, b in log.calls if b is None)),
         "calls": float(len(log.calls)),
     }
@@ -187,6 +193,7 @@ def run(p: OutageParams, progress: Progress | None = None) -> list[ScenarioResul
                 Column(key="added_ms", label="added (ms)", fmt="{:.1f}"),
                 Column(key="to_fallback", label="time to fallback (s)"),
                 Column(key="back_s", label="back to primary (s)"),
+                Column(key="probe_interval", label="probe interval at recovery (s)"),
                 Column(key="back_intervals", label="back (probe intervals)"),
                 Column(key="failed", label="calls failed", fmt="{:.0f}"),
                 Column(key="calls", label="calls", fmt="{:.0f}"),

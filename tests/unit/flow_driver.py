@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.unit._policy_stubs import UpperRandom
+
 from herdless._actions import Accepted, Response, Send, Sleep, TransportFailure
 from herdless._backend import Backend
 from herdless._flow import CallFlow
@@ -115,3 +117,28 @@ class Driver:
 
     def sent_to(self) -> list[str]:
         return [send.backend.name for send in self.sends]
+
+
+def make(
+    primary_script: list[Scripted] | None = None,
+    hosted: list[Scripted] | None = None,
+    *,
+    fallback: list[Backend] | None = None,
+    **kwargs: Any,
+) -> Driver:
+    clock = FakeClock()
+    script: dict[str, list[Scripted]] = {"primary": primary_script or [ok()]}
+    if hosted is not None:
+        script["hosted"] = hosted
+    if fallback is None:
+        fallback = [HOSTED] if hosted is not None else []
+    kwargs.setdefault("primary", PRIMARY)
+    policies = Policies(
+        fallback=fallback,
+        model="llama",
+        clock=clock,
+        rng=UpperRandom(),
+        wall=lambda: 0.0,
+        **kwargs,
+    )
+    return Driver(policies, clock, **script)

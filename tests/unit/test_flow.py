@@ -8,16 +8,13 @@ its upper bound, so delays are exact.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
-from tests.unit._policy_stubs import UpperRandom
-from tests.unit.flow_driver import HOSTED, PRIMARY, Driver, Scripted, failure, hang, ok, status
+from tests.unit.flow_driver import HOSTED, PRIMARY, failure, hang, make, ok, status
 
 from herdless._actions import Send, Sleep
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
-from herdless._policies import Policies
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless.errors import (
@@ -44,33 +41,6 @@ from herdless.events import (
     RetryScheduled,
     WaitScheduled,
 )
-from herdless.testing import FakeClock
-
-
-def make(
-    primary_script: list[Scripted] | None = None,
-    hosted: list[Scripted] | None = None,
-    *,
-    fallback: list[Backend] | None = None,
-    **kwargs: Any,
-) -> Driver:
-    clock = FakeClock()
-    script: dict[str, list[Scripted]] = {"primary": primary_script or [ok()]}
-    if hosted is not None:
-        script["hosted"] = hosted
-    if fallback is None:
-        fallback = [HOSTED] if hosted is not None else []
-    kwargs.setdefault("primary", PRIMARY)
-    policies = Policies(
-        fallback=fallback,
-        model="llama",
-        clock=clock,
-        rng=UpperRandom(),
-        wall=lambda: 0.0,
-        **kwargs,
-    )
-    return Driver(policies, clock, **script)
-
 
 # -- the happy path and the wire -------------------------------------------------------
 

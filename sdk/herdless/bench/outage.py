@@ -78,9 +78,11 @@ class _Log:
     def on_event(self, event: Event) -> None:
         if isinstance(event, FallbackUsed):
             self.fallbacks.append(event.at)
-        elif isinstance(event, BreakerStateChanged) and event.backend == "primary":
-            if event.new == "open":
-                self.opened.append((event.at, event.open_for or math.nan))
+        elif isinstance(event, BreakerStateChanged) and (event.backend, event.new) == (
+            "primary",
+            "open",
+        ):
+            self.opened.append((event.at, event.open_for or math.nan))
 
 
 @contextlib.contextmanager

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import random
 import time
-import uuid
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -147,7 +147,8 @@ class _BaseClient:
         body = build_body(
             messages, max_tokens=max_tokens, temperature=temperature, stream=stream, extra=extra
         )
-        request_id = uuid.uuid4().hex
+        # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
+        request_id = os.urandom(16).hex()
         return self._policies.start_call(
             request_id=request_id,
             body=body,

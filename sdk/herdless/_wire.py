@@ -53,12 +53,12 @@ def build_body(
         TypeError: ``messages`` is not a list of mappings, or ``extra`` sets ``model``,
             ``messages`` or ``stream``, which have their own arguments.
     """
-    if not isinstance(messages, list | tuple) or not all(isinstance(m, Mapping) for m in messages):
+    if not isinstance(messages, list | tuple):
         raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': ...}")
     clash = {"model", "messages", "stream"} & extra.keys()
     if clash:
         raise TypeError(f"pass {', '.join(sorted(clash))} as chat() arguments, not as extra")
-    body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+    body: dict[str, Any] = {"messages": [_message(m) for m in messages]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if temperature is not None:
@@ -68,6 +68,15 @@ def build_body(
         body["stream"] = True
         body.setdefault("stream_options", _STREAM_OPTIONS)
     return body
+
+
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
+    # A plain dict goes as is (the common case, and the cheapest); json needs a dict.
+    if type(message) is dict:
+        return message
+    if not isinstance(message, Mapping):
+        raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': ...}")
+    return dict(message)
 
 
 def with_model(body: Mapping[str, Any], model: str | None) -> dict[str, Any]:
@@ -82,7 +91,7 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
 
 def _usage(data: Mapping[str, Any]) -> Usage | None:
     usage = data.get("usage")
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict:  # json.loads makes dicts: a cheap exact check
         return None
     return Usage(
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
@@ -93,7 +102,7 @@ def _usage(data: Mapping[str, Any]) -> Usage | None:
 
 def _first_choice(data: Mapping[str, Any]) -> Mapping[str, Any]:
     choices = data.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+    if type(choices) is list and choices and type(choices[0]) is dict:
         return choices[0]
     return {}
 
@@ -124,7 +133,7 @@ def parse_completion(body: bytes) -> Completion:
     data = _object(body)
     choice = _first_choice(data)
     message = choice.get("message")
-    content = message.get("content") if isinstance(message, Mapping) else None
+    content = message.get("content") if type(message) is dict else None
     model = data.get("model")
     return Completion(
         content if isinstance(content, str) else "",
@@ -149,7 +158,7 @@ def parse_chunk(data: str) -> Chunk:
         raise ValueError(f"the server reported an error in the stream: {message}")
     choice = _first_choice(obj)
     delta = choice.get("delta")
-    content = delta.get("content") if isinstance(delta, Mapping) else None
+    content = delta.get("content") if type(delta) is dict else None
     return Chunk(
         content=content if isinstance(content, str) else "",
         finish_reason=choice.get("finish_reason"),

@@ -370,5 +370,6 @@ class Engine:
         seq.state = SeqState.FINISHED
         seq.finish_reason = reason
         seq.finished_at = now
-        self.metrics.finished[reason] += 1
-        self.metrics.e2e.observe(now - seq.arrival)
+        if reason != "abort":  # vLLM 0.32 counts an aborted request nowhere
+            self.metrics.finished[reason] += 1
+            self.metrics.e2e.observe(now - seq.arrival)

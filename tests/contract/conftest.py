@@ -30,10 +30,7 @@ def emulator_url() -> Iterator[str]:
 
 # Where the emulator still differs from vLLM 0.32 (each an emulator defect, strict:
 # the mark must go when the emulator is fixed). Keyed by test function name.
-EMULATOR_GAPS = {
-    "test_a_client_that_disconnects_is_aborted": "a disconnected stream is counted in "
-    'request_success_total{finished_reason="abort"}; vLLM counts it nowhere',
-}
+EMULATOR_GAPS: dict[str, str] = {}
 
 
 @pytest.fixture(

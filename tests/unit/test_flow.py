@@ -7,6 +7,7 @@ its upper bound, so delays are exact.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -532,3 +533,21 @@ def test_a_driver_must_answer_a_send() -> None:
     next(steps)
     with pytest.raises(TypeError, match="outcome"):
         steps.send(None)
+
+
+def test_decisions_are_logged_structured_and_without_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = make([status(401, error_code="sk-primary-secret")])
+    with caplog.at_level(logging.DEBUG, logger="herdless"), pytest.raises(AuthenticationError):
+        driver.run(request_id="req-log")
+    records = [r for r in caplog.records if r.name == "herdless"]
+    assert [r.getMessage().split()[0] for r in records] == [
+        "AttemptStarted",
+        "AttemptFailed",
+        "CallFailed",
+    ]
+    assert [r.levelno for r in records] == [logging.DEBUG, logging.INFO, logging.WARNING]
+    assert records[1].herdless["status"] == 401  # type: ignore[attr-defined]  # set by extra=
+    assert all(r.herdless["call_id"] == "req-log" for r in records)  # type: ignore[attr-defined]
+    assert "sk-primary-secret" not in caplog.text

@@ -1,0 +1,64 @@
+"""The httpx boundary: exceptions to failure kinds, request building."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from herdless._actions import Send
+from herdless._backend import Backend, Timeouts
+from herdless._transport import build_request, failure
+
+_REQUEST = httpx.Request("POST", "http://gpu.test/v1/chat/completions")
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (httpx.ConnectError("refused", request=_REQUEST), "connect"),
+        (httpx.ConnectTimeout("slow", request=_REQUEST), "connect_timeout"),
+        (httpx.PoolTimeout("pool", request=_REQUEST), "connect_timeout"),
+        (httpx.WriteTimeout("write", request=_REQUEST), "connect_timeout"),
+        (httpx.ReadTimeout("silent", request=_REQUEST), "first_byte_timeout"),
+        (httpx.WriteError("reset", request=_REQUEST), "connect"),
+        (httpx.ReadError("reset", request=_REQUEST), "read"),
+        (httpx.RemoteProtocolError("closed", request=_REQUEST), "read"),
+        (httpx.LocalProtocolError("bad", request=_REQUEST), "protocol"),
+        (httpx.DecodingError("gzip", request=_REQUEST), "protocol"),
+        (httpx.ProxyError("proxy", request=_REQUEST), "connect"),
+        (ValueError("not JSON"), "protocol"),
+        (StopIteration(), "read"),
+        (StopAsyncIteration(), "read"),
+    ],
+)
+def test_exceptions_map_to_failure_kinds(exc: BaseException, kind: str) -> None:
+    result = failure(exc, elapsed=1.5)
+    assert result.kind == kind
+    assert result.elapsed == 1.5
+    assert result.message
+
+
+def test_request_has_body_headers_and_clipped_timeouts() -> None:
+    send = Send(
+        backend=Backend(name="p", base_url="http://gpu.test/v1/", api_key="sk-k"),
+        attempt=2,
+        model="gemma",
+        body={"messages": []},
+        headers={"X-Request-ID": "rid", "X-Herdless-Attempt": "2"},
+        timeouts=Timeouts(connect=1.0, first_byte=4.0, read=9.0),
+        stream=True,
+    )
+    with httpx.Client() as http:
+        request = build_request(http, send)
+    assert str(request.url) == "http://gpu.test/v1/chat/completions"
+    assert request.content == b'{"model":"gemma","messages":[]}'
+    assert request.headers["authorization"] == "Bearer sk-k"
+    assert request.headers["x-request-id"] == "rid"
+    assert request.headers["x-herdless-attempt"] == "2"
+    assert request.headers["accept"] == "text/event-stream"
+    assert request.extensions["timeout"] == {
+        "connect": 1.0,
+        "read": 4.0,  # first byte: everything before acceptance (head and first event)
+        "write": 1.0,
+        "pool": 1.0,
+    }

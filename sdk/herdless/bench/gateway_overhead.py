@@ -54,6 +54,7 @@ class OverheadParams:
         requests_per_stream: sequential requests per stream and run.
         repeats: interleaved repetitions of the latency arms.
         refusal_seconds: duration of each throughput measurement.
+        refusal_rounds: interleaved rounds of refusals and ``/healthz``.
         connections: keep-alive sockets of the throughput generator.
         overload_seconds: duration of the overload (the issue asks for 60).
         overload_factor: offered load over measured capacity.
@@ -62,7 +63,8 @@ class OverheadParams:
     streams: int = 100
     requests_per_stream: int = 5
     repeats: int = 3
-    refusal_seconds: float = 5.0
+    refusal_seconds: float = 2.0
+    refusal_rounds: int = 6
     connections: int = 32
     overload_seconds: float = 60.0
     overload_factor: float = 10.0
@@ -178,7 +180,8 @@ def _refusals(vllm: ServerProcess, params: OverheadParams) -> dict[str, float]:
         seconds, conns = params.refusal_seconds, params.connections
         asyncio.run(_hammer(gateway.port, healthz, 1.0, conns))  # warm-up
         rates: dict[str, list[float]] = {"refusals": [], "healthz": []}
-        for _ in range(2):  # interleaved, twice
+        for _ in range(params.refusal_rounds):  # interleaved short rounds: a busy machine
+            # drifts, and the median of pairs taken side by side is what compares.
             refused, codes = asyncio.run(_hammer(gateway.port, chat, seconds, conns))
             if codes[429] != sum(codes.values()):
                 raise RuntimeError(f"expected refusals, got {dict(codes)}")
@@ -243,8 +246,9 @@ class _Overload(TypedDict):
 
 
 def _overload(vllm: ServerProcess, params: OverheadParams) -> _Overload:
-    options = {"max_concurrency": 32, "max_queue": 64, "queue_timeout": 5, "access_log": False}
-    with gateway_process(upstream=vllm.url, **options) as gateway:
+    with gateway_process(
+        upstream=vllm.url, max_concurrency=32, max_queue=64, queue_timeout=5, access_log=False
+    ) as gateway:
         assert gateway.pid is not None  # started by the context manager
         at_rest = _rss(gateway.pid)
         # Capacity: a closed loop of max_concurrency callers for a few seconds.
@@ -323,7 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = OverheadParams()
     if args.quick:
         params = OverheadParams(
-            streams=20, requests_per_stream=2, repeats=1, refusal_seconds=1, overload_seconds=3
+            streams=20,
+            requests_per_stream=2,
+            repeats=1,
+            refusal_seconds=1,
+            refusal_rounds=2,
+            overload_seconds=3,
         )
     if args.overload_seconds is not None:
         params = OverheadParams(**{**asdict(params), "overload_seconds": args.overload_seconds})

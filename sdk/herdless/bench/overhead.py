@@ -12,6 +12,7 @@ turns their figures into result tables with their targets.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from herdless.bench import emulator_capacity, gateway_overhead, sdk_overhead
@@ -45,21 +46,47 @@ class OverheadSizes:
 
 
 def run(sizes: OverheadSizes, progress: Progress | None = None) -> list[ScenarioResult]:
-    """Run the three modules in turn; returns one result per module."""
+    """Run the three modules in turn; returns one result per module.
 
-    def step(label: str) -> None:
-        if progress is not None:
-            progress(label)
+    A module that fails (a busy machine can time a connection out) yields a
+    result that says so, and the other two still run.
+    """
 
-    gw = gateway_overhead.run(
-        gateway_overhead.OverheadParams(overload_seconds=sizes.overload_seconds)
+    def gateway() -> ScenarioResult:
+        params = gateway_overhead.OverheadParams(overload_seconds=sizes.overload_seconds)
+        return _gateway(gateway_overhead.run(params), sizes)
+
+    def sdk() -> ScenarioResult:
+        return _sdk(sdk_overhead.run(calls=sizes.sdk_calls, rounds=sizes.sdk_rounds), sizes)
+
+    def emulator() -> ScenarioResult:
+        return _emulator(emulator_capacity.run_capacity(levels=sizes.emulator_levels))
+
+    results = []
+    measures: tuple[tuple[str, Callable[[], ScenarioResult]], ...] = (
+        ("overhead-gateway", gateway),
+        ("overhead-sdk", sdk),
+        ("overhead-emulator", emulator),
     )
-    step("gateway")
-    sdk = sdk_overhead.run(calls=sizes.sdk_calls, rounds=sizes.sdk_rounds)
-    step("sdk")
-    emu = emulator_capacity.run_capacity(levels=sizes.emulator_levels)
-    step("emulator")
-    return [_gateway(gw, sizes), _sdk(sdk, sizes), _emulator(emu)]
+    for name, measure in measures:
+        try:
+            results.append(measure())
+        except Exception as exc:  # reported in the results, not swallowed
+            results.append(_failed(name, exc))
+        if progress is not None:
+            progress(name)
+    return results
+
+
+def _failed(name: str, exc: Exception) -> ScenarioResult:
+    return ScenarioResult(
+        name=name,
+        title="did not complete",
+        params={},
+        columns=[],
+        rows=[],
+        notes=[f"failed: {type(exc).__name__}: {exc}"],
+    )
 
 
 def _gateway(gw: OverheadResult, sizes: OverheadSizes) -> ScenarioResult:

@@ -8,10 +8,11 @@ Rules, checked in this order by :meth:`Admission.offer`:
 
 1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_loading``
    or ``upstream_unavailable``.
-2. a request that could never fit the KV budget (its price alone exceeds
+2. requests per second, one token bucket per key (``rate``, ``burst``) ->
+   429 ``rate_limited``. (Rules 1-2 need no price: :meth:`Admission.precheck`
+   applies them before the body is parsed, so a flood is refused cheaply.)
+3. a request that could never fit the KV budget (its price alone exceeds
    ``max_inflight_tokens``) -> 400 ``request_too_large``: retrying cannot help.
-3. requests per second, one token bucket per key (``rate``, ``burst``) ->
-   429 ``rate_limited``.
 4. LLM tokens per minute, one bucket per key, priced before the request runs
    (estimated prompt tokens + ``max_tokens``) and settled against the real
    usage afterwards (refund or debt) -> 429 ``token_budget``.
@@ -361,10 +362,10 @@ class Admission:
         """Admit again after :meth:`drain`."""
         self._draining = False
 
-    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
-        """Decide on a new request from ``key_id`` priced ``price`` tokens."""
-        cfg = self.config
-        now = self._clock.monotonic()
+    def precheck(self, key_id: str) -> Refuse | None:
+        """The refusals that do not depend on the request's price: draining, not
+        ready, request rate. Lets the HTTP layer refuse a flood before parsing
+        bodies; :meth:`offer` checks them again (nothing is taken here)."""
         if self._draining:
             return self._drain_refusal()
         if not self._ready:
@@ -372,8 +373,22 @@ class Admission:
                 status=503,
                 code=self._not_ready_code,
                 message="the model server is not ready; try again shortly",
-                retry_after=cfg.upstream_retry_after,
+                retry_after=self.config.upstream_retry_after,
             )
+        if self.config.rate is not None:
+            now = self._clock.monotonic()
+            rate = self._key(key_id, now).rate
+            if rate is not None and not rate.allows(now, 1):
+                return self._bucket_refusal(rate, now, 1, "rate_limited", "requests per second")
+        return None
+
+    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
+        """Decide on a new request from ``key_id`` priced ``price`` tokens."""
+        cfg = self.config
+        now = self._clock.monotonic()
+        early = self.precheck(key_id)
+        if early is not None:
+            return early
         if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
             return Refuse(
                 status=400,
@@ -385,8 +400,6 @@ class Admission:
                 retry_after=0.0,
             )
         key = self._key(key_id, now)
-        if key.rate is not None and not key.rate.allows(now, 1):
-            return self._bucket_refusal(key.rate, now, 1, "rate_limited", "requests per second")
         if key.tokens is not None and not key.tokens.allows(now, price):
             return self._bucket_refusal(key.tokens, now, price, "token_budget", "tokens per minute")
         fits_kv = self._fits_kv(price)

@@ -37,10 +37,14 @@ class Runtime:
             return None
         return self.keys.identify(token.strip())
 
+    @property
+    def access_log(self) -> bool:
+        """Whether access-log lines are written (checked before building one)."""
+        return self.settings.access_log and ACCESS_LOG.isEnabledFor(logging.INFO)
+
     def log_access(self, **fields: object) -> None:
         """One JSON line per request on ``herdless.gateway.access`` (never a key)."""
-        if self.settings.access_log and ACCESS_LOG.isEnabledFor(logging.INFO):
-            ACCESS_LOG.info(json.dumps(fields, separators=(",", ":")))
+        ACCESS_LOG.info(json.dumps(fields, separators=(",", ":")))
 
 
 def header_map(scope: Scope) -> dict[str, str]:

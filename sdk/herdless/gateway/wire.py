@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ def _content_chars(content: Any, index: int) -> int:
     )
 
 
+@functools.lru_cache(maxsize=256)  # refusals repeat the same few bodies under a flood
 def error_body(message: str, *, code: str, type: str, param: str | None = None) -> bytes:
     """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
     error = {"message": message, "type": type, "param": param, "code": code}

@@ -72,8 +72,11 @@ class Response:
     """The backend answered with a status.
 
     ``body`` is the whole body for a non-streaming answer and for any error status
-    (read with a size cap); it is ``b""`` for an accepted (2xx) stream, whose open
-    handle the driver keeps in ``stream``. ``elapsed`` is seconds since the send.
+    (read with a size cap); it is ``b""`` for an accepted (2xx) stream. ``elapsed`` is
+    seconds since the send. ``stream`` is the driver's own slot, which the flow never
+    reads: the open stream for an accepted stream, the decoded answer for an accepted
+    non-streaming call (the driver decodes a 2xx before handing it over, so that garbage
+    in a 200 comes back as a ``TransportFailure(kind="protocol")``, a failed attempt).
     """
 
     status: int

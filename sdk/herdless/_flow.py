@@ -252,6 +252,8 @@ class CallFlow:
         reserved = False  # a retry budget unit is held (waiting or in flight)
         last_error: HerdlessError | None = None
         admitted = not backend.external  # the spend guard let this call through
+        pacer = policies.pacer(backend)
+        paced = pacer is None  # the next attempt holds a pacing slot
 
         def give_up(reason: str, error: HerdlessError | None) -> _Move | _Fail:
             error = error or self._deadline_error(name)
@@ -285,6 +287,16 @@ class CallFlow:
                         if not self._fits(now + delay, end):
                             return give_up("deadline", last_error)
                         self._emit(WaitScheduled, backend=name, delay=delay, reason="budget")
+                        yield Sleep(seconds=delay)
+                        waited += delay
+                        continue
+                if not paced and pacer is not None:
+                    delay = pacer.reserve()
+                    paced = True
+                    if delay > 0:
+                        if not self._fits(now + delay, end):
+                            return give_up("deadline", last_error)
+                        self._emit(WaitScheduled, backend=name, delay=delay, reason="pacing")
                         yield Sleep(seconds=delay)
                         waited += delay
                         continue
@@ -328,6 +340,12 @@ class CallFlow:
                 if reserved:  # a retry: a served one gives its budget back
                     budget.settle(failed=not verdict.ok)
                     reserved = False
+                if pacer is not None:
+                    paced = False
+                    if verdict.status == 429:
+                        pacer.throttled()
+                    elif verdict.ok:
+                        pacer.succeeded()
                 self._attempts.append(
                     AttemptRecord(
                         backend=name,

@@ -21,6 +21,7 @@ from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless._flow import CallFlow, CallSpec
 from herdless._gate import BackpressureGate
+from herdless._pacing import Pacer, PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy, Route, SpendGuard, plan_route
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
@@ -74,6 +75,7 @@ class Policies:
         retry: retry, backoff and retry-budget policy.
         breaker: circuit-breaker policy (one breaker per backend).
         fallback_policy: reserve, data guard, spend guard, backpressure choice.
+        pacing: an optional rate each backend is never sent faster than (``None``: no cap).
         timeouts: per-attempt limits for backends that set none.
         deadline: default seconds for a whole call.
         clock: the monotonic clock (a ``FakeClock`` in tests).
@@ -90,6 +92,7 @@ class Policies:
         retry: RetryPolicy | None = None,
         breaker: BreakerPolicy | None = None,
         fallback_policy: FallbackPolicy | None = None,
+        pacing: PacingPolicy | None = None,
         timeouts: Timeouts | None = None,
         deadline: float = DEFAULT_DEADLINE,
         clock: Clock = SYSTEM_CLOCK,
@@ -128,6 +131,9 @@ class Policies:
             )
             for name in names
         }
+        self._pacers = (
+            {name: Pacer(pacing, clock=clock) for name in names} if pacing is not None else {}
+        )
         self._in_flight = dict.fromkeys(names, 0)
         self._lock = threading.Lock()
         self._stats = StatsRecorder()
@@ -169,6 +175,10 @@ class Policies:
     def budget(self, backend: Backend) -> RetryBudget:
         """The retry budget of ``backend``."""
         return self._budgets[backend.name]
+
+    def pacer(self, backend: Backend) -> Pacer | None:
+        """The pacer of ``backend``, when pacing is on."""
+        return self._pacers.get(backend.name)
 
     def route(self, *, allow_fallback: bool) -> Route:
         """The backends one call may try, in order."""

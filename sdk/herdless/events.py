@@ -100,12 +100,13 @@ class RetryScheduled(Event):
 class WaitScheduled(Event):
     """The call will wait ``delay`` seconds before its next attempt, other than a retry's
     backoff: behind another call's Retry-After, for retry budget, for a breaker's probe
-    time or for the spend guard."""
+    time, for the spend guard or for the client's own pacing."""
 
     delay: float
     """Seconds the client is about to wait."""
     reason: str
-    """Why: ``"backpressure"``, ``"draining"``, ``"budget"``, ``"breaker_open"``, ``"spend"``."""
+    """Why: ``"backpressure"``, ``"draining"``, ``"budget"``, ``"breaker_open"``, ``"spend"``,
+    ``"pacing"``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

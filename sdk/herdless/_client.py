@@ -110,9 +110,12 @@ class _BaseClient:
         )
         self._clock = clock
         self._on_event = on_event
-        # A shared flag, not self: the finalizer must not keep the client alive.
+        # A shared flag, not self: the finalizer must not keep the client alive. It warns
+        # when an open client is garbage-collected (a leak), not at interpreter exit, where
+        # a module-level client that lives as long as the process is fine.
         self._closed = [False]
-        weakref.finalize(self, _warn_unclosed, self._closed, type(self).__name__)
+        finalizer = weakref.finalize(self, _warn_unclosed, self._closed, type(self).__name__)
+        finalizer.atexit = False
 
     @classmethod
     def from_env(cls, *, env_file: str | Path | None = ".env", **kwargs: Any) -> Self:

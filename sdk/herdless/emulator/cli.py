@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import sys
 import types
@@ -37,7 +38,8 @@ def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
 def _runner() -> asyncio.Runner:
     """An event loop runner: uvloop's when it is installed (as uvicorn itself prefers)."""
     try:
-        import uvloop
+        # Imported by name: uvloop is optional, and type-checked installs may lack it.
+        uvloop = importlib.import_module("uvloop")
     except ImportError:
         return asyncio.Runner()
     return asyncio.Runner(loop_factory=uvloop.new_event_loop)

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         "traffic moves to the hosted model and back.",
     )
     parser.add_argument("--length", type=_positive(float), default=60.0, help="seconds (60)")
-    parser.add_argument("--crowd", type=_positive(int), default=200, help="employees (200)")
+    parser.add_argument("--crowd", type=_positive(int), default=150, help="employees (150)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (1)")
     parser.add_argument(
         "--no-fallback",
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "--speed", type=_positive(float), default=4.0, help="the emulated GPU's time scale (4)"
     )
     parser.add_argument(
-        "--gpu-seqs", type=_positive(int), default=16, help="sequences the GPU runs at once (16)"
+        "--gpu-seqs", type=_positive(int), default=8, help="sequences the GPU runs at once (8)"
     )
     return parser
 

@@ -51,21 +51,22 @@ def test_day_rejects_nonsense(length: float, crowd: int, field: str) -> None:
 
 def _tally() -> Tally:
     tally = Tally(start=START)
-    common = {"call_id": "c1"}
     events = [
         AttemptFailed(
-            **common, backend="gpu", at=START + 0.5, attempt=1, kind="status", status=429
+            call_id="c1", backend="gpu", at=START + 0.5, attempt=1, kind="status", status=429
         ),
-        RetryScheduled(**common, backend="gpu", at=START + 0.5, attempt=1, delay=0.8, reason="429"),
-        CallFinished(**common, backend="gpu", at=START + 1.2, attempts=2, latency=1.2),
+        RetryScheduled(
+            call_id="c1", backend="gpu", at=START + 0.5, attempt=1, delay=0.8, reason="429"
+        ),
+        CallFinished(call_id="c1", backend="gpu", at=START + 1.2, attempts=2, latency=1.2),
         AttemptFailed(
-            **common, backend="gpu", at=START + 2.1, attempt=1, kind="status", status=503
+            call_id="c1", backend="gpu", at=START + 2.1, attempt=1, kind="status", status=503
         ),
         BackpressureReceived(
             call_id=None, backend="gpu", at=START + 2.1, retry_after=3, draining=True
         ),
         FallbackUsed(
-            **common, backend="hosted", at=START + 2.1, from_backend="gpu", reason="draining"
+            call_id="c1", backend="hosted", at=START + 2.1, from_backend="gpu", reason="draining"
         ),
         CallFinished(
             **common,
@@ -76,7 +77,12 @@ def _tally() -> Tally:
             fallback_reason="draining",
         ),
         CallFailed(
-            **common, backend="gpu", at=START + 3.5, attempts=5, latency=3.0, error="RateLimitError"
+            call_id="c1",
+            backend="gpu",
+            at=START + 3.5,
+            attempts=5,
+            latency=3.0,
+            error="RateLimitError",
         ),
     ]
     for event in events:

@@ -165,7 +165,8 @@ class ChatProxy:
             )
         except UpstreamUnavailable as exc:
             rt.gate.release(ticket)
-            rt.gate.set_upstream(ready=False, code=exc.code)
+            if exc.down:
+                rt.gate.set_upstream(ready=False, code=exc.code)
             refused = Refuse(
                 status=503,
                 code=exc.code,

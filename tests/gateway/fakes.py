@@ -88,3 +88,12 @@ async def until(condition: Callable[[], bool], *, turns: int = 10_000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition not reached")
+
+
+class TimingOutTransport(httpx.AsyncBaseTransport):
+    """An upstream that accepts, then gives no answer in time (a busy vLLM); health is fine."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        raise httpx.ReadTimeout("no answer", request=request)

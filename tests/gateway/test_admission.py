@@ -347,3 +347,17 @@ def test_token_bucket_refills_to_capacity(clock: FakeClock) -> None:
     assert bucket.level(clock.monotonic()) == 10
     bucket.take(10)
     assert math.isclose(bucket.reserve(clock.monotonic(), 1), 0.5)
+
+
+def test_precheck_refuses_what_needs_no_price_and_takes_nothing(clock: FakeClock) -> None:
+    adm = make(clock, rate=1.0, burst=1)
+    assert adm.precheck("a") is None
+    assert adm.precheck("a") is None  # nothing was taken
+    admit(adm)
+    early = adm.precheck("a")
+    assert early is not None
+    assert early.code == "rate_limited"
+    adm.drain()
+    drained = adm.precheck("b")
+    assert drained is not None
+    assert drained.code == "draining"

@@ -14,6 +14,7 @@ from tests.gateway.fakes import (
     FakeVllm,
     GatewayFactory,
     RefusingTransport,
+    TimingOutTransport,
     chat_body,
     until,
 )
@@ -277,6 +278,17 @@ async def test_upstream_refusing_connections_is_a_fast_503(gateway: GatewayFacto
     assert_refusal(cut, 503, "upstream_unavailable")
     assert_refusal(models, 503, "upstream_unavailable")
     assert after.status_code == 503
+    assert runtime.gate.admission.inflight == 0
+
+
+async def test_an_upstream_timeout_fails_one_request_not_the_upstream(
+    gateway: GatewayFactory,
+) -> None:
+    async with gateway(transport=TimingOutTransport()) as (client, runtime):
+        response = await client.post("/v1/chat/completions", json=chat_body())
+        ready = await client.get("/readyz")
+    assert_refusal(response, 503, "upstream_unavailable")
+    assert ready.status_code == 200
     assert runtime.gate.admission.inflight == 0
 
 

@@ -8,8 +8,6 @@ import os
 import pytest
 from tests.gateway.fakes import until
 
-pytestmark = [pytest.mark.server]
-
 from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued
 from herdless.gateway.cli import load_settings, main
 from herdless.gateway.gate import Gate
@@ -18,6 +16,8 @@ from herdless.gateway.settings import ApiKeys, GatewaySettings
 from herdless.gateway.upstream import UsageSniffer
 from herdless.gateway.wire import parse_chat_request
 from herdless.testing import FakeClock
+
+pytestmark = [pytest.mark.server]
 
 
 def gate(**limits: object) -> Gate:

@@ -76,6 +76,8 @@ class OverheadResult:
 
     direct_p50: float
     direct_p99: float
+    direct_failures: float
+    gateway_failures: float
     gateway_p50: float
     gateway_p99: float
     added_p50: float
@@ -93,7 +95,10 @@ class OverheadResult:
 # -- latency ----------------------------------------------------------------------------
 
 
-async def _stream_latencies(url: str, streams: int, per_stream: int) -> list[float]:
+async def _stream_latencies(
+    url: str, streams: int, per_stream: int, failures: Counter[int] | None = None
+) -> list[float]:
+    """Latencies of the requests answered 200; other statuses go to ``failures``."""
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
 
@@ -104,9 +109,10 @@ async def _stream_latencies(url: str, streams: int, per_stream: int) -> list[flo
                 async with client.stream("POST", "/v1/chat/completions", json=_CHAT) as response:
                     async for _ in response.aiter_raw():
                         pass
-                if response.status_code != 200:
-                    raise RuntimeError(f"{url} answered {response.status_code}")
-                times.append(time.perf_counter() - start)
+                if response.status_code == 200:
+                    times.append(time.perf_counter() - start)
+                elif failures is not None:
+                    failures[response.status_code] += 1
             return times
 
         await _stream_latencies_warmup(client)
@@ -123,14 +129,17 @@ def _latency(
     vllm: ServerProcess, gateway: ServerProcess, params: OverheadParams
 ) -> dict[str, float]:
     samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+    failures: dict[str, Counter[int]] = {"direct": Counter(), "gateway": Counter()}
     for rep in range(params.repeats):
         order = ["direct", "gateway"] if rep % 2 == 0 else ["gateway", "direct"]
         for arm in order:  # interleaved: neither arm always runs on a warmer machine
             url = vllm.url if arm == "direct" else gateway.url
             samples[arm] += asyncio.run(
-                _stream_latencies(url, params.streams, params.requests_per_stream)
+                _stream_latencies(url, params.streams, params.requests_per_stream, failures[arm])
             )
-    figures = {}
+    figures: dict[str, float] = {
+        f"{arm}_failures": float(sum(counts.values())) for arm, counts in failures.items()
+    }
     for arm, values in samples.items():
         figures[f"{arm}_p50"] = percentile(values, 50)
         figures[f"{arm}_p99"] = percentile(values, 99)
@@ -276,6 +285,8 @@ def run(params: OverheadParams) -> OverheadResult:
         overload = _overload(vllm, params)
     return OverheadResult(
         direct_p50=latency["direct_p50"],
+        direct_failures=latency["direct_failures"],
+        gateway_failures=latency["gateway_failures"],
         direct_p99=latency["direct_p99"],
         gateway_p50=latency["gateway_p50"],
         gateway_p99=latency["gateway_p99"],
@@ -298,6 +309,10 @@ def _table(result: OverheadResult) -> str:
         (
             "latency p99 direct / gateway",
             f"{result.direct_p99 * ms:.2f} / {result.gateway_p99 * ms:.2f} ms",
+        ),
+        (
+            "non-200 answers direct / gateway",
+            f"{result.direct_failures:.0f} / {result.gateway_failures:.0f}",
         ),
         ("added p50 (target <= 1 ms)", f"{result.added_p50 * ms:.2f} ms"),
         ("added p99 (target <= 3 ms)", f"{result.added_p99 * ms:.2f} ms"),

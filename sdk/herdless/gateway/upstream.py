@@ -25,12 +25,15 @@ class UpstreamUnavailable(Exception):
     """The upstream could not be reached or gave no response (connect error, timeout).
 
     Attributes:
-        code: ``upstream_unavailable`` (refused or gone) or ``upstream_timeout``.
+        code: the refusal code, ``upstream_unavailable``.
+        down: the connection was refused: nothing listens (vLLM loading or gone),
+            so later requests are refused at once until a health poll succeeds.
     """
 
-    def __init__(self, message: str, *, code: str) -> None:
+    def __init__(self, message: str, *, code: str, down: bool) -> None:
         super().__init__(message)
         self.code = code
+        self.down = down
 
 
 class Upstream:
@@ -90,15 +93,19 @@ class Upstream:
         )
         try:
             return await self._client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        except httpx.ConnectError as exc:
             raise UpstreamUnavailable(
                 f"cannot connect to the model server ({type(exc).__name__})",
                 code="upstream_unavailable",
+                down=True,
             ) from exc
         except httpx.TransportError as exc:
+            # A timeout or a dropped connection fails this request only: under load it
+            # says nothing about the next one, so the upstream is not marked down.
             raise UpstreamUnavailable(
                 f"the model server gave no response ({type(exc).__name__})",
                 code="upstream_unavailable",
+                down=False,
             ) from exc
 
     async def health(self) -> str | None:

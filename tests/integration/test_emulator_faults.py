@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -182,3 +183,15 @@ def test_kv_exhaustion_crash_mode_ends_the_process(
 def test_settings_come_from_the_environment() -> None:
     with emulator_process(env={"HERDLESS_EMULATOR_MODEL": "from-env"}) as server:
         assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "from-env"
+
+
+def test_harness_retries_when_its_free_port_was_taken_meanwhile() -> None:
+    server = ServerProcess(["emulate", "--speed", "50"])
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with server:
+            assert server.port != taken
+            assert serving(server.url)
+    assert "Address already in use" in server.logs()

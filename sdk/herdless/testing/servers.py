@@ -92,6 +92,7 @@ class ServerProcess:
         self.ready_path = ready_path
         self.ready_timeout = ready_timeout
         self.host = "127.0.0.1"
+        self._auto_port = port is None
         self.port = port or free_port()
         self.env = dict(env or {})
         if log_path is None:
@@ -113,11 +114,37 @@ class ServerProcess:
     def start(self, *, wait: bool = True) -> ServerProcess:
         """Start the process; with ``wait``, return once it is ready.
 
+        A free port can be taken by another process between the moment it was
+        picked and the moment the server binds it: with an automatic port and
+        ``wait``, that case is retried on a new port (three tries).
+
         Raises:
             ServerStartError: it exited, or was not ready within ``ready_timeout``.
         """
         if self.process is not None:
             raise RuntimeError("already started")
+        for attempt in range(3):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self._spawn()
+            if not wait:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except ServerStartError:
+                self.stop()
+                with self.log_path.open("rb") as log:
+                    log.seek(logged)
+                    raced = b"address already in use" in log.read().lower()
+                if not (self._auto_port and raced and attempt < 2):
+                    raise
+                self.process, self.port = None, free_port()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
+
+    def _spawn(self) -> None:
         argv = [sys.executable, "-m", "herdless", *self.command]
         argv += ["--host", self.host, "--port", str(self.port)]
         with self.log_path.open("ab") as log:
@@ -128,13 +155,6 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
-        if wait:
-            try:
-                self.wait_ready()
-            except BaseException:
-                self.stop()
-                raise
-        return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Poll the readiness URL until it answers 200.

@@ -75,8 +75,13 @@ class Listener:
                 config=config, server_state=server.server_state, app_state=server.lifespan.state
             )
 
+        try:
+            sock = _bind(self.host, self.port)
+        except OSError as exc:  # someone took the port meanwhile: say so, keep refusing
+            log.error("cannot listen again on port %d: %s", self.port, exc)
+            return
         srv = await asyncio.get_running_loop().create_server(
-            protocol, sock=_bind(self.host, self.port), backlog=config.backlog
+            protocol, sock=sock, backlog=config.backlog
         )
         server.servers.append(srv)
         log.warning("listening again on port %d", self.port)

@@ -3,6 +3,7 @@
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import AsyncClient, Client
+from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._stats import ClientStats
@@ -49,6 +50,7 @@ __all__ = [
     "FallbackPolicy",
     "HerdlessError",
     "Message",
+    "PacingPolicy",
     "PermissionDeniedError",
     "RateLimitError",
     "RetryPolicy",

@@ -28,6 +28,7 @@ from herdless._actions import Accepted, Outcome, Send, Sleep
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless._pacing import PacingPolicy
 from herdless._policies import DEFAULT_DEADLINE, Policies
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
@@ -83,6 +84,7 @@ class _BaseClient:
         on_event: Callable[[Event], Any] | None,
         timeouts: Timeouts | None,
         fallback_policy: FallbackPolicy | None,
+        pacing: PacingPolicy | None,
         clock: Clock,
         rng: random.Random | None,
         env_file: str | Path | None,
@@ -103,6 +105,7 @@ class _BaseClient:
             retry=retry,
             breaker=breaker,
             fallback_policy=fallback_policy,
+            pacing=pacing,
             timeouts=timeouts,
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
             clock=clock,
@@ -206,6 +209,7 @@ class Client(_BaseClient):
         on_event: called with every event (``herdless.events``); must be a plain callable.
         timeouts: per-attempt limits for backends that set none.
         fallback_policy: when to leave a backend, where a call may not go.
+        pacing: a rate the client never exceeds toward each backend (off by default).
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng: random source for jitter (seeded in tests).
         sleep: how to wait (``time.sleep``; ``FakeClock.sleep`` in tests).
@@ -235,6 +239,7 @@ class Client(_BaseClient):
         on_event: Callable[[Event], None] | None = None,
         timeouts: Timeouts | None = None,
         fallback_policy: FallbackPolicy | None = None,
+        pacing: PacingPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -259,6 +264,7 @@ class Client(_BaseClient):
             on_event=on_event,
             timeouts=timeouts,
             fallback_policy=fallback_policy,
+            pacing=pacing,
             clock=clock,
             rng=rng,
             env_file=env_file,
@@ -416,6 +422,7 @@ class AsyncClient(_BaseClient):
         on_event: Callable[[Event], Awaitable[None] | None] | None = None,
         timeouts: Timeouts | None = None,
         fallback_policy: FallbackPolicy | None = None,
+        pacing: PacingPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -433,6 +440,7 @@ class AsyncClient(_BaseClient):
             on_event=on_event,
             timeouts=timeouts,
             fallback_policy=fallback_policy,
+            pacing=pacing,
             clock=clock,
             rng=rng,
             env_file=env_file,

@@ -30,7 +30,14 @@ from types import TracebackType
 
 import httpx
 
-__all__ = ["ServerProcess", "ServerStartError", "emulator_process", "free_port", "gateway_process"]
+__all__ = [
+    "ServerProcess",
+    "ServerStartError",
+    "emulator_process",
+    "flags",
+    "free_port",
+    "gateway_process",
+]
 
 
 class ServerStartError(RuntimeError):

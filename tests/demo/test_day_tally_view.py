@@ -69,7 +69,7 @@ def _tally() -> Tally:
             call_id="c1", backend="hosted", at=START + 2.1, from_backend="gpu", reason="draining"
         ),
         CallFinished(
-            **common,
+            call_id="c1",
             backend="hosted",
             at=START + 2.9,
             attempts=2,

@@ -369,13 +369,16 @@ class Client(_BaseClient):
                 while not opened.feed(next(opened.raw)):
                     pass
                 return opened.outcome(elapsed=self._elapsed(start))
-            body = bytearray()
-            for part in response.iter_bytes():
-                body += part
-                if len(body) > ERROR_BODY_CAP and not response.is_success:
-                    break
-            response.close()
-            return accept(response, bytes(body), stream=send.stream, elapsed=self._elapsed(start))
+            if response.is_success:
+                body = response.read()  # the whole answer; read() closes the response
+            else:
+                body = b""
+                for part in response.iter_bytes():
+                    body += part
+                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
+                        break
+                response.close()
+            return accept(response, body, stream=send.stream, elapsed=self._elapsed(start))
         except (httpx.RequestError, ValueError, StopIteration) as exc:
             if response is not None:
                 response.close()
@@ -527,13 +530,16 @@ class AsyncClient(_BaseClient):
                 while not opened.feed(await anext(opened.raw)):
                     pass
                 return opened.outcome(elapsed=self._elapsed(start))
-            body = bytearray()
-            async for part in response.aiter_bytes():
-                body += part
-                if len(body) > ERROR_BODY_CAP and not response.is_success:
-                    break
-            await response.aclose()
-            return accept(response, bytes(body), stream=send.stream, elapsed=self._elapsed(start))
+            if response.is_success:
+                body = await response.aread()  # the whole answer; aread() closes the response
+            else:
+                body = b""
+                async for part in response.aiter_bytes():
+                    body += part
+                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
+                        break
+                await response.aclose()
+            return accept(response, body, stream=send.stream, elapsed=self._elapsed(start))
         except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
             if response is not None:
                 await response.aclose()

@@ -48,17 +48,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from herdless._actions import Accepted, Action, Outcome, Response, Send, Sleep
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import Permit, Transition
+from herdless._flow_errors import CallErrors
 from herdless._retry import Verdict, classify
 from herdless._types import AttemptRecord
 from herdless.errors import (
-    AllBackendsFailed,
-    APIConnectionError,
-    DeadlineExceeded,
-    FallbackNotAllowed,
     HerdlessError,
     SpendLimitExceeded,
-    status_error,
-    transport_error,
 )
 from herdless.events import (
     AttemptFailed,
@@ -129,6 +124,7 @@ class CallFlow:
         "_attempts",
         "_deadline",
         "_deadline_at",
+        "_errors",
         "_events",
         "_policies",
         "_served",
@@ -148,6 +144,12 @@ class CallFlow:
         self._start = 0.0
         self._deadline_at = math.inf
         self._served: tuple[Backend, str | None] | None = None  # an accepted stream
+        self._errors = CallErrors(
+            request_id=spec.request_id,
+            deadline=self._deadline,
+            allow_fallback=spec.allow_fallback,
+            attempts=self._attempts,
+        )
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:
@@ -196,7 +198,7 @@ class CallFlow:
                 if isinstance(result, _Fail):
                     break
                 previous = (backend, result.reason)
-            raise self._final_error(errors, route.refused)
+            raise self._errors.final(errors, route.refused)
         except HerdlessError as error:
             self._emit(
                 CallFailed,
@@ -256,7 +258,7 @@ class CallFlow:
         paced = pacer is None  # the next attempt holds a pacing slot
 
         def give_up(reason: str, error: HerdlessError | None) -> _Move | _Fail:
-            error = error or self._deadline_error(name)
+            error = error or self._errors.deadline(name)
             return _Fail(error) if last else _Move(reason, error)
 
         try:
@@ -266,7 +268,7 @@ class CallFlow:
                 if blocked > 0:
                     if not last and (draining or fallback_policy.on_backpressure == "fallback"):
                         return _Move(
-                            "draining" if draining else "backpressure", self._blocked(name)
+                            "draining" if draining else "backpressure", self._errors.blocked(name)
                         )
                     delay = retry.after_server(blocked, rng)
                     if not self._fits(now + delay, end):
@@ -304,7 +306,7 @@ class CallFlow:
                     delay = policies.spend.admit()
                     if delay > 0:
                         if not self._fits(now + delay, end):
-                            return _Fail(self._spend_error(name))
+                            return _Fail(self._errors.spend(name))
                         self._emit(WaitScheduled, backend=name, delay=delay, reason="spend")
                         yield Sleep(seconds=delay)
                         waited += delay
@@ -317,7 +319,7 @@ class CallFlow:
                         self._attempts.append(
                             AttemptRecord(backend=name, attempt=0, kind="skipped_breaker_open")
                         )
-                        return _Move("breaker_open", last_error or self._open_error(name))
+                        return _Move("breaker_open", last_error or self._errors.breaker_open(name))
                     # The last backend: wait for its probe time (or, while another call
                     # probes, a jittered moment) when the deadline allows.
                     delay = breaker.remaining_open()
@@ -325,7 +327,7 @@ class CallFlow:
                     delay = max(delay, _MIN_WAIT)
                     waits += 1
                     if not self._fits(now + delay, end):
-                        return _Fail(last_error or self._open_error(name))
+                        return _Fail(last_error or self._errors.breaker_open(name))
                     self._emit(WaitScheduled, backend=name, delay=delay, reason="breaker_open")
                     yield Sleep(seconds=delay)
                     waited += delay
@@ -364,7 +366,7 @@ class CallFlow:
                     breaker.record_failure if verdict.breaker_failure else breaker.record_success
                 )
                 self._transition(backend, record(permit))
-                last_error = self._attempt_error(backend, outcome, verdict)
+                last_error = self._errors.attempt(backend, outcome, verdict)
                 self._emit(
                     AttemptFailed,
                     backend=name,
@@ -513,72 +515,6 @@ class CallFlow:
         degraded = self._policies.served(backend, reason)
         if degraded is not None:
             self._emit(PrimaryDegraded, **degraded)
-
-    def _context(self, name: str | None) -> dict[str, Any]:
-        return {"request_id": self._spec.request_id, "attempts": self.attempts, "backend": name}
-
-    def _attempt_error(self, backend: Backend, outcome: Outcome, verdict: Verdict) -> HerdlessError:
-        context = self._context(None)
-        del context["backend"]
-        if isinstance(outcome, Response):
-            return status_error(
-                outcome, backend=backend, retry_after=verdict.retry_after, **context
-            )
-        return transport_error(outcome, backend=backend, **context)
-
-    def _deadline_error(self, name: str) -> DeadlineExceeded:
-        return DeadlineExceeded(
-            f"The call's {self._deadline:g} s deadline does not leave time to try {name} "
-            "again. Raise the deadline or add a fallback.",
-            deadline=self._deadline,
-            **self._context(name),
-        )
-
-    def _blocked(self, name: str) -> APIConnectionError:
-        return APIConnectionError(
-            f"{name} asked clients to wait (Retry-After or drain); the call did not send to it.",
-            kind="backpressure",
-            **self._context(name),
-        )
-
-    def _open_error(self, name: str) -> APIConnectionError:
-        return APIConnectionError(
-            f"{name}'s circuit breaker is open (it failed recently) and its next probe "
-            "comes too late for this call's deadline; nothing was sent.",
-            kind="breaker_open",
-            **self._context(name),
-        )
-
-    def _spend_error(self, name: str) -> SpendLimitExceeded:
-        return SpendLimitExceeded(
-            f"The spend limit for external backends is reached; the call was not sent to "
-            f"{name}. Raise FallbackPolicy.max_external_share / max_external_per_minute, "
-            "or add primary capacity.",
-            **self._context(name),
-        )
-
-    def _final_error(
-        self, errors: Mapping[str, HerdlessError], refused: tuple[Backend, ...]
-    ) -> HerdlessError:
-        if refused:
-            names = ", ".join(b.name for b in refused)
-            why = (
-                "this call has allow_fallback=False"
-                if not self._spec.allow_fallback
-                else "the client's FallbackPolicy has allow_external=False"
-            )
-            tried = "; ".join(f"{n}: {e.message}" for n, e in errors.items()) or "none"
-            return FallbackNotAllowed(
-                f"No allowed backend could serve, and {names} may not be used because {why}. "
-                f"Tried: {tried}",
-                **self._context(next(iter(errors), None)),
-            )
-        if len(errors) == 1:
-            return next(iter(errors.values()))
-        summary = "; ".join(f"{n}: {e.message}" for n, e in errors.items())
-        return AllBackendsFailed(
-            f"Every backend failed. {summary}", errors=errors, **self._context(None)
-        )
 
 
 def _retry_reason(verdict: Verdict) -> str:

@@ -274,9 +274,7 @@ class CallFlow:
                     if not self._fits(now + delay, end):
                         return give_up("retry_after_exceeds_deadline", last_error)
                     why = "draining" if draining else "backpressure"
-                    self._emit(WaitScheduled, backend=name, delay=delay, reason=why)
-                    yield Sleep(seconds=delay)
-                    waited += delay
+                    waited += yield from self._pause(name, delay, why)
                     continue
                 # A retry at the last backend that found the budget spent (the others
                 # move on instead) waits here until budget frees or the deadline nears.
@@ -288,9 +286,7 @@ class CallFlow:
                         waits += 1
                         if not self._fits(now + delay, end):
                             return give_up("deadline", last_error)
-                        self._emit(WaitScheduled, backend=name, delay=delay, reason="budget")
-                        yield Sleep(seconds=delay)
-                        waited += delay
+                        waited += yield from self._pause(name, delay, "budget")
                         continue
                 if not paced and pacer is not None:
                     delay = pacer.reserve()
@@ -298,18 +294,14 @@ class CallFlow:
                     if delay > 0:
                         if not self._fits(now + delay, end):
                             return give_up("deadline", last_error)
-                        self._emit(WaitScheduled, backend=name, delay=delay, reason="pacing")
-                        yield Sleep(seconds=delay)
-                        waited += delay
+                        waited += yield from self._pause(name, delay, "pacing")
                         continue
                 if not admitted:
                     delay = policies.spend.admit()
                     if delay > 0:
                         if not self._fits(now + delay, end):
                             return _Fail(self._errors.spend(name))
-                        self._emit(WaitScheduled, backend=name, delay=delay, reason="spend")
-                        yield Sleep(seconds=delay)
-                        waited += delay
+                        waited += yield from self._pause(name, delay, "spend")
                         continue
                     admitted = True
                 permit, transition = breaker.acquire()
@@ -328,9 +320,7 @@ class CallFlow:
                     waits += 1
                     if not self._fits(now + delay, end):
                         return _Fail(last_error or self._errors.breaker_open(name))
-                    self._emit(WaitScheduled, backend=name, delay=delay, reason="breaker_open")
-                    yield Sleep(seconds=delay)
-                    waited += delay
+                    waited += yield from self._pause(name, delay, "breaker_open")
                     continue
 
                 # -- send ------------------------------------------------------------
@@ -420,6 +410,12 @@ class CallFlow:
         finally:
             if reserved:  # leaving (fallback, error, or the driver closed us) with a unit held
                 budget.cancel()
+
+    def _pause(self, name: str, delay: float, reason: str) -> Generator[Action, Any, float]:
+        """Announce a wait that is not a retry's backoff, then take it."""
+        self._emit(WaitScheduled, backend=name, delay=delay, reason=reason)
+        yield Sleep(seconds=delay)
+        return delay
 
     def _send(
         self, backend: Backend, permit: Permit, *, now: float, end: float

@@ -26,6 +26,7 @@ hosted = herdless.Backend(
 retry = herdless.RetryPolicy(max_attempts=3, base=0.5, cap=8.0, max_retry_after=60.0)
 breaker = herdless.BreakerPolicy(consecutive_failures=5, open_for=5.0)
 fallback_policy = herdless.FallbackPolicy(reserve=0.4, allow_external=True)
+pacing = herdless.PacingPolicy(rate=20.0, burst=5)
 clock = FakeClock()
 
 
@@ -53,6 +54,7 @@ def sync_usage() -> None:
         on_event=on_event,
         timeouts=timeouts,
         fallback_policy=fallback_policy,
+        pacing=pacing,
         clock=clock,
         rng=random.Random(1),
         sleep=clock.sleep,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from herdless.integrations.openai import async_http_client, http_client
 
 if TYPE_CHECKING:
-    from langchain_openai import ChatOpenAI
+    from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     from herdless._client import AsyncClient, Client
 
@@ -46,7 +46,7 @@ def chat_openai(
     Raises:
         ValueError: neither client was given.
     """
-    from langchain_openai import ChatOpenAI
+    from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     if client is None and async_client is None:
         raise ValueError("chat_openai() needs a herdless Client, an AsyncClient, or both")

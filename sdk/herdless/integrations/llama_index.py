@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from herdless.integrations.openai import async_http_client, http_client
 
 if TYPE_CHECKING:
-    from llama_index.llms.openai import OpenAI
+    from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     from herdless._client import AsyncClient, Client
 
@@ -42,7 +42,7 @@ def openai_llm(
     Raises:
         ValueError: neither client was given.
     """
-    from llama_index.llms.openai import OpenAI
+    from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     if client is None and async_client is None:
         raise ValueError("openai_llm() needs a herdless Client, an AsyncClient, or both")

@@ -53,7 +53,7 @@ from herdless.integrations._bridge import (
 )
 
 if TYPE_CHECKING:
-    import openai
+    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     from herdless._client import AsyncClient, Client
     from herdless._stream import AsyncStream, Stream
@@ -264,7 +264,7 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
         **kwargs: more ``openai.OpenAI`` arguments (``organization``, ``default_headers``,
             ...). ``max_retries`` is always 0.
     """
-    import openai
+    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", _PLACEHOLDER_URL)
@@ -278,7 +278,7 @@ def async_openai_client(
     client: AsyncClient, *, pass_model: bool = False, **kwargs: Any
 ) -> openai.AsyncOpenAI:
     """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``."""
-    import openai
+    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
     kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", _PLACEHOLDER_URL)

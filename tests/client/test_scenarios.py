@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from tests.client.client_harness import HOSTED_KEY, KEY, MESSAGES, Harness
 
@@ -144,7 +145,7 @@ SCENARIOS = [
     ),
     Scenario(
         "garbage in a 200 is a failed attempt, served by the fallback",
-        (lambda request: __import__("httpx").Response(200, content=b"<html>oops</html>"),),
+        (lambda request: httpx.Response(200, content=b"<html>oops</html>"),),
         hosted=(ok(),),
         backend="hosted",
         hosted_requests=1,
@@ -292,3 +293,24 @@ async def test_stats_count_what_happened(harness: Harness) -> None:
     assert stats.calls == stats.succeeded == 1
     assert stats.retries == 1
     assert stats.by_backend["primary"]["attempts"] == 2
+
+
+async def test_a_large_answer_is_read_whole_and_an_error_body_is_capped(harness: Harness) -> None:
+    big = "x" * 200_000
+    harness.primary.script(
+        lambda request: httpx.Response(500, content=b"E" * 1_000_000),
+        ok(big),
+    )
+    harness.build(fallback=harness.hosted_backend())
+    harness.hosted.script(ok(big))
+    result = await harness.chat()
+    assert result.content == big  # served by the fallback after the 500
+    assert result.attempts[0].status == 500
+
+
+async def test_bad_arguments_fail_before_any_request(harness: Harness) -> None:
+    with pytest.raises(TypeError):
+        await harness.chat(messages="hello")
+    with pytest.raises(TypeError):
+        await harness.chat(messages=[("user", "hello")])
+    assert harness.primary.requests == []

@@ -41,11 +41,12 @@ class _StreamState:
         "accepted",
         "delivered_chars",
         "delivered_chunks",
-        "ended",
+        "done",
         "finish_reason",
         "flow",
         "model",
         "opened",
+        "reported",
         "request_id",
         "usage",
     )
@@ -60,7 +61,8 @@ class _StreamState:
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.model: str | None = None
-        self.ended = False  # [DONE] seen
+        self.done = False  # [DONE] seen
+        self.reported = False  # the flow heard how the stream ended
 
     def chunks(self, events: list[str]) -> list[Chunk]:
         """Decode events into chunks, counting what goes to the caller.
@@ -71,7 +73,7 @@ class _StreamState:
         chunks = []
         for data in events:
             if data == DONE:
-                self.ended = True
+                self.done = True
                 break
             chunk = parse_chunk(data)
             if chunk.content:
@@ -91,24 +93,30 @@ class _StreamState:
 
     def feed(self, raw: bytes) -> list[Chunk]:
         """Decode one piece of the body (nothing after ``[DONE]``)."""
-        return [] if self.ended else self.chunks(self.opened.decoder.feed(raw))
+        return [] if self.done else self.chunks(self.opened.decoder.feed(raw))
+
+    def tail(self) -> list[Chunk]:
+        """The body ended: the chunks of an event the server left unterminated."""
+        return [] if self.done else self.chunks(self.opened.decoder.flush())
 
     def complete(self) -> None:
-        """The body ended: check that the stream did.
+        """The body ended: check that the stream did, and tell the flow.
 
         Raises:
             StreamInterrupted: neither ``[DONE]`` nor a finish reason arrived.
         """
-        self.chunks(self.opened.decoder.flush())
-        if not (self.ended or self.finish_reason):
+        if not (self.done or self.finish_reason):
             raise self.interrupted("the connection closed before the stream's end")
-        self.ended = True
-        self.flow.stream_ended(ok=True)
+        self._report(ok=True)
+
+    def _report(self, *, ok: bool, message: str = "") -> None:
+        if not self.reported:  # once, however the stream ends
+            self.reported = True
+            self.flow.stream_ended(ok=ok, message=message)
 
     def interrupted(self, message: str) -> StreamInterrupted:
         """Report the cut to the flow and build the caller's error."""
-        self.ended = True  # reported once
-        self.flow.stream_ended(ok=False, message=message)
+        self._report(ok=False, message=message)
         backend = self.accepted.backend.name
         record = AttemptRecord(backend=backend, attempt=len(self.attempts), kind="stream_cut")
         return StreamInterrupted(
@@ -123,10 +131,8 @@ class _StreamState:
         )
 
     def abandoned(self) -> None:
-        """The caller closed the stream early: a choice, not a backend failure."""
-        if not self.ended:
-            self.ended = True
-            self.flow.stream_ended(ok=True)
+        """The caller closed the stream (early, or after its end): not a backend failure."""
+        self._report(ok=True)
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:
@@ -205,8 +211,9 @@ class Stream(_StreamBase):
             yield from state.first()
             for raw in state.opened.raw:
                 yield from state.feed(raw)
-                if state.ended:
+                if state.done:
                     break
+            yield from state.tail()
             state.complete()
         except _BREAKS as exc:
             raise state.interrupted(str(exc) or type(exc).__name__) from exc
@@ -254,8 +261,10 @@ class AsyncStream(_StreamBase):
             async for raw in state.opened.raw:
                 for chunk in state.feed(raw):
                     yield chunk
-                if state.ended:
+                if state.done:
                     break
+            for chunk in state.tail():
+                yield chunk
             state.complete()
         except _BREAKS as exc:
             raise state.interrupted(str(exc) or type(exc).__name__) from exc

@@ -137,3 +137,35 @@ async def test_non_streaming_still_works_after_a_stream(harness: Harness) -> Non
     harness.primary.script(stream(["a"]), ok("b"))
     await harness.stream()
     assert (await harness.chat()).content == "b"
+
+
+async def test_an_unterminated_last_event_still_reaches_the_caller(harness: Harness) -> None:
+    harness.primary.script(
+        _events(
+            b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+            b'data: {"choices":[{"delta":{"content":"b"},"finish_reason":"stop"}]}',
+        )
+    )
+    result, chunks = await harness.stream()
+    assert [c.content for c in chunks] == ["a", "b"]
+    assert result.finish_reason == "stop"
+
+
+async def test_closing_after_the_last_chunk_finishes_the_call_once(harness: Harness) -> None:
+    harness.primary.script(stream(["a"]))
+    result = await harness.chat(stream=True)
+    # Read up to the usage chunk, then close before the iterator sees the end.
+    if harness.kind == "sync":
+        with result:
+            for chunk in result:
+                if chunk.usage is not None:
+                    break
+    else:
+        async with result:
+            async for chunk in result:
+                if chunk.usage is not None:
+                    break
+    stats = harness.client.stats()
+    assert (stats.succeeded, stats.failed) == (1, 0)
+    finished = [e for e in harness.events if type(e).__name__ == "CallFinished"]
+    assert len(finished) == 1

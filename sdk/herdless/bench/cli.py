@@ -32,6 +32,10 @@ class Scenario:
 def _herd(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
     from herdless.bench import herd  # lazy: pulls in the gateway core and the openai client
 
+    if opts.target:
+        # Its server must refuse everyone at t=0 and recover on cue: only the built-in one can.
+        print("herd: runs against its built-in server in virtual time; --target is not used")
+
     params = herd.HerdParams(n=opts.n, repeats=opts.repeats, seed=opts.seed)
     return herd.run(params, out, progress)
 

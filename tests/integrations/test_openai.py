@@ -98,19 +98,39 @@ def test_fallback_rewrites_url_key_and_model(backends, hl, flavor):
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_status_errors_become_openai_errors_without_openai_retrying(backends, hl, flavor):
-    gpu, hosted = backends
-    gpu.script(server_error(400, "bad prompt"))
-    client = openai.OpenAI(
-        api_key="unused",
-        base_url="http://x/v1",
-        max_retries=5,  # left at its default-ish
-        http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
-    )
-    with pytest.raises(openai.BadRequestError, match="bad prompt"):
-        client.chat.completions.create(model="m", messages=MESSAGES)
-    assert len(gpu.requests) == 1
-    assert not hosted.requests
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (server_error(400, "bad prompt"), openai.BadRequestError),
+        (rate_limited(0.5), openai.RateLimitError),
+        (server_error(503, "overloaded"), openai.InternalServerError),
+    ],
+)
+def test_status_errors_become_openai_errors_and_openai_never_retries(
+    herdless_backends, herdless_clock, flavor, reply, error
+):
+    gpu = herdless_backends(GPU)
+    sent = []
+    for openai_retries in (0, 5):
+        gpu.script(reply)
+        before = len(gpu.requests)
+        with Client(
+            primary=GPU, model="gemma-4", clock=herdless_clock, sleep=herdless_clock.sleep
+        ) as hl:
+            client = openai.OpenAI(
+                api_key="unused",
+                base_url="http://x/v1",
+                max_retries=openai_retries,  # even when the app leaves openai's retries on
+                http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+            )
+            with pytest.raises(error):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+        sent.append(len(gpu.requests) - before)
+    assert sent[0] == sent[1]  # x-should-retry: false: openai added no attempt of its own
+    if error is openai.BadRequestError:
+        assert sent[0] == 1  # a bad request is never retried, by anyone
+    else:
+        assert sent[0] > 1  # herdless retried 429/503 itself before giving up
 
 
 def test_data_guard_header_keeps_the_call_off_the_external_fallback(backends, hl):

@@ -24,18 +24,13 @@ delivered *before* the wait it announces::
 A stream is accepted at its first chunk; the driver then reports its end with
 ``stream_ended(ok=...)`` so the breaker and the stats see a stream cut mid-way.
 
-Per backend, in order (``herdless._routing``), the flow loops:
-
-1. gate: a running Retry-After window (any call's) -> wait above it with jitter if
-   that fits, else the next backend; a drain -> the next backend at once;
-2. spend guard (external backends only) -> wait for a slot, or ``SpendLimitExceeded``;
-3. breaker: open -> the next backend (the last one waits for the probe time if it fits);
-4. send, clipped to the time this backend may use: the whole deadline for the last
-   backend, the deadline less ``FallbackPolicy.reserve`` for the others;
-5. judge the outcome (``herdless._retry.classify``): 2xx -> done; 4xx other than 429
-   -> raise at once (no backend can fix the request); a timeout on a backend with a
-   fallback behind it -> the fallback (a hung backend is not waited on twice);
-   retryable -> retry if attempts, budget and deadline allow, else the next backend.
+The call walks its route (``herdless._routing``: primaries, then fallbacks, less what
+the data guard keeps out). At each backend it runs ``herdless._visit.serve`` (gate,
+budget, pacing, spend guard, breaker, send, judge, retry) until that backend answers,
+or the call must move on (the reason becomes ``FallbackUsed.reason`` and
+``ChatResult.fallback_reason``), or end. The deadline covers the whole call: every
+backend but the last may use it less ``FallbackPolicy.reserve``, so a hanging primary
+always leaves the fallback time to answer.
 """
 
 from __future__ import annotations
@@ -45,19 +40,15 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from herdless._actions import Accepted, Action, Outcome, Response, Send, Sleep
-from herdless._backend import Backend, Timeouts
+from herdless._actions import Accepted, Action, Outcome
+from herdless._backend import Backend
 from herdless._breaker import Permit, Transition
 from herdless._flow_errors import CallErrors
-from herdless._retry import Verdict, classify
 from herdless._types import AttemptRecord
-from herdless.errors import (
-    HerdlessError,
-    SpendLimitExceeded,
-)
+from herdless._visit import Fail, serve
+from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.events import (
     AttemptFailed,
-    AttemptStarted,
     BackpressureReceived,
     BreakerStateChanged,
     CallFailed,
@@ -65,17 +56,12 @@ from herdless.events import (
     Event,
     FallbackUsed,
     PrimaryDegraded,
-    RetryScheduled,
-    WaitScheduled,
 )
 
 if TYPE_CHECKING:
     from herdless._policies import Policies
 
 __all__ = ["CallFlow", "CallSpec"]
-
-# Seconds: the least a wait loop (budget, breaker) sleeps, so that it can never spin.
-_MIN_WAIT = 0.05
 
 Steps: TypeAlias = Generator[Action, Outcome | None, Accepted]
 
@@ -101,60 +87,47 @@ class CallSpec:
     allow_fallback: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class _Move:
-    """Leave this backend for the next one; ``error`` is why, when there is one."""
-
-    reason: str
-    error: HerdlessError
-
-
-@dataclass(frozen=True, slots=True)
-class _Fail:
-    """The last backend cannot serve within the deadline."""
-
-    error: HerdlessError
-
-
 class CallFlow:
     """One logical call's decisions. Create with ``Policies.start_call``; run once."""
 
+    # policies, spec, errors, records and deadline_at, and the methods without a leading
+    # underscore below ``stream_ended``, are for ``herdless._visit`` (the per-backend loop).
     __slots__ = (
         "_attempt",
-        "_attempts",
         "_deadline",
-        "_deadline_at",
-        "_errors",
         "_events",
-        "_policies",
         "_served",
-        "_spec",
         "_start",
+        "deadline_at",
+        "errors",
+        "policies",
+        "records",
+        "spec",
     )
 
     def __init__(self, policies: Policies, spec: CallSpec) -> None:
-        self._policies = policies
-        self._spec = spec
+        self.policies = policies
+        self.spec = spec
         self._events: list[Event] = []
-        self._attempts: list[AttemptRecord] = []
+        self.records: list[AttemptRecord] = []
         self._attempt = 0  # HTTP attempts sent so far, across backends
         self._deadline = policies.deadline if spec.deadline is None else spec.deadline
         if not self._deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {self._deadline!r}")
         self._start = 0.0
-        self._deadline_at = math.inf
+        self.deadline_at = math.inf
         self._served: tuple[Backend, str | None] | None = None  # an accepted stream
-        self._errors = CallErrors(
+        self.errors = CallErrors(
             request_id=spec.request_id,
             deadline=self._deadline,
             allow_fallback=spec.allow_fallback,
-            attempts=self._attempts,
+            attempts=self.records,
         )
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:
         """The call's attempt records so far, oldest first."""
-        return tuple(self._attempts)
+        return tuple(self.records)
 
     def take_events(self) -> list[Event]:
         """Return and clear the events emitted since the last call (oldest first)."""
@@ -163,9 +136,9 @@ class CallFlow:
 
     def run(self) -> Steps:
         """The call, as a generator of actions (see the module docstring)."""
-        policies, spec = self._policies, self._spec
+        policies, spec = self.policies, self.spec
         self._start = policies.clock.monotonic()
-        self._deadline_at = self._start + self._deadline
+        self.deadline_at = self._start + self._deadline
         policies.spend.record_call()
         route = policies.route(allow_fallback=spec.allow_fallback)
         errors: dict[str, HerdlessError] = {}
@@ -173,17 +146,17 @@ class CallFlow:
         try:
             for index, backend in enumerate(route.backends):
                 if previous is not None:
-                    self._emit(
+                    self.emit(
                         FallbackUsed,
                         backend=backend.name,
                         from_backend=previous[0].name,
                         reason=previous[1],
                     )
                 last = index == len(route.backends) - 1
-                end = self._deadline_at
+                end = self.deadline_at
                 if not last:
                     end -= policies.fallback_policy.reserve * self._deadline
-                result = yield from self._serve(backend, end=end, last=last)
+                result = yield from serve(self, backend, end=end, last=last)
                 if isinstance(result, Accepted):
                     reason = previous[1] if previous is not None else None
                     accepted = result if reason is None else replace(result, fallback_reason=reason)
@@ -195,12 +168,12 @@ class CallFlow:
                 if isinstance(result.error, SpendLimitExceeded):
                     raise result.error  # a cap the user set: say exactly that
                 errors[backend.name] = result.error
-                if isinstance(result, _Fail):
+                if isinstance(result, Fail):
                     break
                 previous = (backend, result.reason)
-            raise self._errors.final(errors, route.refused)
+            raise self.errors.final(errors, route.refused)
         except HerdlessError as error:
-            self._emit(
+            self.emit(
                 CallFailed,
                 backend=error.backend,
                 attempts=self._attempt,
@@ -221,16 +194,16 @@ class CallFlow:
         if ok:
             self._finish(backend, reason)
             return
-        transition = self._policies.breaker(backend).record_failure(Permit.CALL)
-        self._transition(backend, transition)
-        self._emit(
+        transition = self.policies.breaker(backend).record_failure(Permit.CALL)
+        self.transition(backend, transition)
+        self.emit(
             AttemptFailed,
             backend=backend.name,
             attempt=self._attempt,
             kind="stream_cut",
             message=message,
         )
-        self._emit(
+        self.emit(
             CallFailed,
             backend=backend.name,
             attempts=self._attempt,
@@ -238,254 +211,41 @@ class CallFlow:
             error="StreamInterrupted",
         )
 
-    # -- one backend ---------------------------------------------------------------
+    # -- for the per-backend loop (herdless._visit) --------------------------------
 
-    def _serve(
-        self, backend: Backend, *, end: float, last: bool
-    ) -> Generator[Action, Outcome | None, Accepted | _Move | _Fail]:
-        policies = self._policies
-        name = backend.name
-        clock, rng, retry = policies.clock, policies.rng, policies.retry
-        fallback_policy = policies.fallback_policy
-        breaker, budget, gate = policies.breaker(backend), policies.budget(backend), policies.gate
-        sent = 0  # attempts at this backend
-        waits = 0  # waits (not retries) at this backend: grows their backoff
-        waited = 0.0  # seconds waited since the previous attempt
-        reserved = False  # a retry budget unit is held (waiting or in flight)
-        last_error: HerdlessError | None = None
-        admitted = not backend.external  # the spend guard let this call through
-        pacer = policies.pacer(backend)
-        paced = pacer is None  # the next attempt holds a pacing slot
+    @property
+    def attempt(self) -> int:
+        """HTTP attempts sent so far, across backends."""
+        return self._attempt
 
-        def give_up(reason: str, error: HerdlessError | None) -> _Move | _Fail:
-            error = error or self._errors.deadline(name)
-            return _Fail(error) if last else _Move(reason, error)
-
-        try:
-            while True:
-                now = clock.monotonic()
-                blocked, draining = gate.blocked(name)
-                if blocked > 0:
-                    if not last and (draining or fallback_policy.on_backpressure == "fallback"):
-                        return _Move(
-                            "draining" if draining else "backpressure", self._errors.blocked(name)
-                        )
-                    delay = retry.after_server(blocked, rng)
-                    if not self._fits(now + delay, end):
-                        return give_up("retry_after_exceeds_deadline", last_error)
-                    why = "draining" if draining else "backpressure"
-                    waited += yield from self._pause(name, delay, why)
-                    continue
-                # A retry at the last backend that found the budget spent (the others
-                # move on instead) waits here until budget frees or the deadline nears.
-                if sent and not reserved:
-                    if budget.try_acquire():
-                        reserved = True
-                    else:
-                        delay = max(retry.backoff(waits, rng), _MIN_WAIT)
-                        waits += 1
-                        if not self._fits(now + delay, end):
-                            return give_up("deadline", last_error)
-                        waited += yield from self._pause(name, delay, "budget")
-                        continue
-                if not paced and pacer is not None:
-                    delay = pacer.reserve()
-                    paced = True
-                    if delay > 0:
-                        if not self._fits(now + delay, end):
-                            return give_up("deadline", last_error)
-                        waited += yield from self._pause(name, delay, "pacing")
-                        continue
-                if not admitted:
-                    delay = policies.spend.admit()
-                    if delay > 0:
-                        if not self._fits(now + delay, end):
-                            return _Fail(self._errors.spend(name))
-                        waited += yield from self._pause(name, delay, "spend")
-                        continue
-                    admitted = True
-                permit, transition = breaker.acquire()
-                self._transition(backend, transition)
-                if permit is Permit.DENIED:
-                    if not last:
-                        self._attempts.append(
-                            AttemptRecord(backend=name, attempt=0, kind="skipped_breaker_open")
-                        )
-                        return _Move("breaker_open", last_error or self._errors.breaker_open(name))
-                    # The last backend: wait for its probe time (or, while another call
-                    # probes, a jittered moment) when the deadline allows.
-                    delay = breaker.remaining_open()
-                    delay = retry.after_server(delay, rng) if delay else retry.backoff(waits, rng)
-                    delay = max(delay, _MIN_WAIT)
-                    waits += 1
-                    if not self._fits(now + delay, end):
-                        return _Fail(last_error or self._errors.breaker_open(name))
-                    waited += yield from self._pause(name, delay, "breaker_open")
-                    continue
-
-                # -- send ------------------------------------------------------------
-                if not reserved:
-                    budget.record_call()
-                sent += 1
-                outcome = yield from self._send(backend, permit, now=now, end=end)
-                verdict = classify(outcome, retry, now=policies.wall())
-                if reserved:  # a retry: a served one gives its budget back
-                    budget.settle(failed=not verdict.ok)
-                    reserved = False
-                if pacer is not None:
-                    paced = False
-                    if verdict.status == 429:
-                        pacer.throttled()
-                    elif verdict.ok:
-                        pacer.succeeded()
-                self._attempts.append(
-                    AttemptRecord(
-                        backend=name,
-                        attempt=self._attempt,
-                        kind=verdict.kind,
-                        status=verdict.status,
-                        waited=waited,
-                        elapsed=outcome.elapsed,
-                    )
-                )
-                waited = 0.0
-                if verdict.ok and isinstance(outcome, Response):
-                    self._transition(backend, breaker.record_success(permit))
-                    return Accepted(backend=backend, response=outcome, attempts=self.attempts)
-                record = (
-                    breaker.record_failure if verdict.breaker_failure else breaker.record_success
-                )
-                self._transition(backend, record(permit))
-                last_error = self._errors.attempt(backend, outcome, verdict)
-                self._emit(
-                    AttemptFailed,
-                    backend=name,
-                    attempt=self._attempt,
-                    kind=verdict.kind,
-                    status=verdict.status,
-                    retry_after=verdict.retry_after,
-                    message=verdict.message,
-                )
-                if verdict.draining:
-                    hold = verdict.retry_after or policies.breaker_policy.open_for
-                    self._backpressure(backend, hold, draining=True)
-                    self._transition(backend, breaker.force_open(hold, "draining"))
-                    if not last:
-                        return _Move("draining", last_error)
-                elif verdict.retry_after is not None:
-                    self._backpressure(backend, verdict.retry_after, draining=False)
-                    if not last and fallback_policy.on_backpressure == "fallback":
-                        return _Move("backpressure", last_error)
-                if not verdict.fallback_may_help:
-                    raise last_error  # a request no backend can serve: 400, 401, 403, ...
-                if not verdict.retryable:
-                    return give_up("failed", last_error)
-                if verdict.timeout and not last:
-                    return _Move("timeout", last_error)
-                if sent >= retry.max_attempts:
-                    return give_up("retries_exhausted", last_error)
-                now = clock.monotonic()
-                delay = retry.delay(sent - 1, verdict.retry_after, rng)
-                if not self._fits(now + delay, end):
-                    too_long = verdict.retry_after is not None
-                    return give_up(
-                        "retry_after_exceeds_deadline" if too_long else "deadline", last_error
-                    )
-                reserved = budget.try_acquire()
-                if not reserved:
-                    if not last:
-                        return _Move("budget_exhausted", last_error)
-                    # Wait anyway; the loop's budget check waits more if still spent.
-                    self._emit(WaitScheduled, backend=name, delay=delay, reason="budget")
-                else:
-                    self._emit(
-                        RetryScheduled,
-                        backend=name,
-                        attempt=self._attempt,
-                        delay=delay,
-                        reason=_retry_reason(verdict),
-                    )
-                yield Sleep(seconds=delay)
-                waited += delay
-        finally:
-            if reserved:  # leaving (fallback, error, or the driver closed us) with a unit held
-                budget.cancel()
-
-    def _pause(self, name: str, delay: float, reason: str) -> Generator[Action, Any, float]:
-        """Announce a wait that is not a retry's backoff, then take it."""
-        self._emit(WaitScheduled, backend=name, delay=delay, reason=reason)
-        yield Sleep(seconds=delay)
-        return delay
-
-    def _send(
-        self, backend: Backend, permit: Permit, *, now: float, end: float
-    ) -> Generator[Action, Outcome | None, Outcome]:
-        policies = self._policies
+    def next_attempt(self) -> int:
+        """Count one more attempt; return its number (1 for the call's first)."""
         self._attempt += 1
-        model = self._model(backend)
-        limits = backend.timeouts or policies.timeouts
-        left = max(end - now, 1e-3)
-        # Reading a stream happens after the call is accepted, when no fallback is possible
-        # any more: its idle limit is clipped to the whole call's deadline, not this backend's.
-        read_left = max(self._deadline_at - now, 1e-3)
-        timeouts = limits
-        if max(limits.connect, limits.first_byte) > left or limits.read > read_left:
-            timeouts = Timeouts(
-                connect=min(limits.connect, left),
-                first_byte=min(limits.first_byte, left),
-                read=min(limits.read, read_left),
-            )
-        self._emit(AttemptStarted, backend=backend.name, attempt=self._attempt, model=model)
-        action = Send(
-            backend=backend,
-            attempt=self._attempt,
-            model=model,
-            body=self._spec.body,
-            headers={
-                "X-Request-ID": self._spec.request_id,
-                "X-Herdless-Attempt": str(self._attempt),
-            },
-            timeouts=timeouts,
-            stream=self._spec.stream,
-        )
-        policies.enter(backend)
-        answered = False
-        try:
-            outcome = yield action
-            if outcome is None:
-                raise TypeError("the driver must send the outcome of a Send action, not None")
-            answered = True
-            return outcome
-        finally:
-            policies.leave(backend)
-            if not answered:  # the driver closed the flow mid-attempt: free a probe
-                policies.breaker(backend).release(permit)
+        return self._attempt
 
-    # -- helpers -------------------------------------------------------------------
-
-    def _model(self, backend: Backend) -> str | None:
-        policies = self._policies
+    def model_for(self, backend: Backend) -> str | None:
+        policies = self.policies
         if backend in policies.fallbacks:
             # A fallback serves another model than the primary: its own name comes first.
-            return backend.model or self._spec.model or policies.model
-        return self._spec.model or backend.model or policies.model
+            return backend.model or self.spec.model or policies.model
+        return self.spec.model or backend.model or policies.model
 
-    def _fits(self, resume_at: float, end: float) -> bool:
+    def fits(self, resume_at: float, end: float) -> bool:
         """Whether a wait until ``resume_at`` still leaves an attempt its minimum time."""
-        return resume_at + self._policies.fallback_policy.min_attempt <= end
+        return resume_at + self.policies.fallback_policy.min_attempt <= end
 
     def _elapsed(self) -> float:
-        return self._policies.clock.monotonic() - self._start
+        return self.policies.clock.monotonic() - self._start
 
-    def _emit(self, event_type: type[Event], /, **fields: Any) -> None:
-        fields.setdefault("call_id", self._spec.request_id)
-        event = event_type(at=self._policies.clock.monotonic(), **fields)
+    def emit(self, event_type: type[Event], /, **fields: Any) -> None:
+        fields.setdefault("call_id", self.spec.request_id)
+        event = event_type(at=self.policies.clock.monotonic(), **fields)
         self._events.append(event)
-        self._policies.observe(event)
+        self.policies.observe(event)
 
-    def _transition(self, backend: Backend, transition: Transition | None) -> None:
+    def transition(self, backend: Backend, transition: Transition | None) -> None:
         if transition is not None:
-            self._emit(
+            self.emit(
                 BreakerStateChanged,
                 backend=backend.name,
                 old=transition.old,
@@ -494,24 +254,20 @@ class CallFlow:
                 open_for=transition.open_for,
             )
 
-    def _backpressure(self, backend: Backend, seconds: float, *, draining: bool) -> None:
-        self._policies.gate.block(backend.name, seconds, draining=draining)
-        self._emit(
+    def backpressure(self, backend: Backend, seconds: float, *, draining: bool) -> None:
+        self.policies.gate.block(backend.name, seconds, draining=draining)
+        self.emit(
             BackpressureReceived, backend=backend.name, retry_after=seconds, draining=draining
         )
 
     def _finish(self, backend: Backend, reason: str | None) -> None:
-        self._emit(
+        self.emit(
             CallFinished,
             backend=backend.name,
             attempts=self._attempt,
             latency=self._elapsed(),
             fallback_reason=reason,
         )
-        degraded = self._policies.served(backend, reason)
+        degraded = self.policies.served(backend, reason)
         if degraded is not None:
-            self._emit(PrimaryDegraded, **degraded)
-
-
-def _retry_reason(verdict: Verdict) -> str:
-    return f"status_{verdict.status}" if verdict.status is not None else verdict.kind
+            self.emit(PrimaryDegraded, **degraded)

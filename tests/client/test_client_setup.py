@@ -159,3 +159,22 @@ def test_from_env_without_a_primary_names_the_variable() -> None:
     with pytest.raises(herdless.ConfigurationError) as caught:
         herdless.Client.from_env(env_file=None)
     assert caught.value.variable == "HERDLESS_PRIMARY_URL"
+
+
+async def test_an_async_hook_that_raises_is_logged(
+    router: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(event: Event) -> None:
+        raise RuntimeError("async hook bug")
+
+    harness = Harness("async", router)
+    harness.build(on_event=broken)
+    with caplog.at_level(logging.ERROR, logger="herdless"):
+        assert (await harness.chat()).content
+    await harness.close()
+    assert "on_event hook raised" in caplog.text
+
+
+def test_from_env_takes_no_primary() -> None:
+    with pytest.raises(TypeError, match="HERDLESS_PRIMARY_URL"):
+        herdless.Client.from_env(primary="http://gpu.test/v1")

@@ -384,3 +384,29 @@ async def test_rejections_are_counted_by_reason(gateway: GatewayFactory) -> None
         metrics = await client.get("/metrics")
     assert 'herdless_gateway_rejections_total{reason="rate_limited"} 1' in metrics.text
     assert 'herdless_gateway_requests_total{code="429"} 1' in metrics.text
+
+
+class _SlowHealth(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.slow = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.slow:
+            raise httpx.ReadTimeout("late", request=request)
+        return httpx.Response(200)
+
+
+async def test_health_timeouts_count_only_several_in_a_row(gateway: GatewayFactory) -> None:
+    from herdless.gateway.app import _poll_once
+
+    transport = _SlowHealth()
+    async with gateway(transport=transport) as (_, runtime):
+        transport.slow = True
+        assert await _poll_once(runtime, 0) == 1
+        assert await _poll_once(runtime, 1) == 2
+        assert runtime.gate.admission.upstream_ready
+        assert await _poll_once(runtime, 2) == 3
+        assert not runtime.gate.admission.upstream_ready
+        transport.slow = False
+        assert await _poll_once(runtime, 3) == 0
+        assert runtime.gate.admission.upstream_ready

@@ -25,12 +25,13 @@ from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from herdless.gateway.proxy import ChatProxy
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.settings import GatewaySettings, token_matches
-from herdless.gateway.upstream import Upstream, UpstreamUnavailable
+from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.wire import error_body, refusal_headers
 
 __all__ = ["create_app"]
 
 _HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health polls and /v1/models
+_SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
 
 
 def create_app(
@@ -149,15 +150,29 @@ def create_app(
     return app
 
 
-async def _poll_once(runtime: Runtime) -> None:
+async def _poll_once(runtime: Runtime, slow_in_a_row: int = 0) -> int:
+    """One health poll; returns how many polls in a row have now timed out.
+
+    A refusal or a non-200 is believed at once. A timeout is believed only
+    after ``_SLOW_POLLS`` in a row: under a flood the gateway's own loop can be
+    late to read a healthy answer, and one late poll must not turn every
+    request into a 503.
+    """
     code = await runtime.upstream.health()
+    if code == SLOW:
+        slow_in_a_row += 1
+        if slow_in_a_row >= _SLOW_POLLS:
+            runtime.gate.set_upstream(ready=False, code="upstream_unavailable")
+        return slow_in_a_row
     runtime.gate.set_upstream(ready=code is None, code=code or "upstream_loading")
+    return 0
 
 
 async def _poll_forever(runtime: Runtime) -> None:
+    slow = 0
     while True:
         await asyncio.sleep(runtime.settings.health_interval)
-        await _poll_once(runtime)
+        slow = await _poll_once(runtime, slow)
 
 
 def _status(runtime: Runtime) -> dict[str, object]:

@@ -14,7 +14,12 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 from pydantic import SecretStr
 
-__all__ = ["Upstream", "UpstreamUnavailable", "UsageSniffer"]
+__all__ = ["HEALTH_TIMEOUT", "SLOW", "Upstream", "UpstreamUnavailable", "UsageSniffer"]
+
+HEALTH_TIMEOUT = 5.0
+"""Seconds a ``/health`` poll may take (a hung vLLM must not stall the poller)."""
+SLOW = "slow"
+"""What :meth:`Upstream.health` returns when the poll timed out."""
 
 # Request headers worth passing on; everything else (Authorization above all) stays here.
 _FORWARD = ("content-type", "accept", "accept-encoding", "x-request-id", "x-herdless-attempt")
@@ -109,11 +114,20 @@ class Upstream:
             ) from exc
 
     async def health(self) -> str | None:
-        """Poll vLLM's ``/health``: ``None`` when ready, else the not-ready code."""
+        """Poll vLLM's ``/health`` (at most ``HEALTH_TIMEOUT`` seconds).
+
+        Returns:
+            ``None`` when ready; ``"upstream_loading"`` for a non-200 answer;
+            ``"upstream_unavailable"`` when the connection is refused;
+            ``SLOW`` when no answer came in time (a hung vLLM, or a gateway
+            too busy to read it: the caller decides after several in a row).
+        """
         try:
-            response = await self._client.get("/health")
-        except httpx.TransportError:
+            response = await self._client.get("/health", timeout=HEALTH_TIMEOUT)
+        except httpx.ConnectError:
             return "upstream_unavailable"
+        except httpx.TransportError:
+            return SLOW
         return None if response.status_code == 200 else "upstream_loading"
 
     async def aclose(self) -> None:

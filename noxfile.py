@@ -141,3 +141,11 @@ def bench(session: nox.Session) -> None:
     _install_project(session, "all")
     session.install("openai", "tenacity")
     session.run("herdless", "bench", "all", "--out", str(ROOT / "bench-results"), *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """The soak: thousands of calls through overload and two outages, fully accounted."""
+    _install_project(session, "all")
+    out = str(ROOT / "soak-results")
+    session.run("python", "-m", "herdless.bench.soak", "--out", out, *session.posargs)

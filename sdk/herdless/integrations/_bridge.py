@@ -30,6 +30,8 @@ __all__ = [
     "ALLOW_FALLBACK_HEADER",
     "DEADLINE_HEADER",
     "DONE",
+    "PLACEHOLDER_KEY",
+    "PLACEHOLDER_URL",
     "Call",
     "Failure",
     "Reply",
@@ -45,6 +47,10 @@ ALLOW_FALLBACK_HEADER = "x-herdless-allow-fallback"
 DEADLINE_HEADER = "x-herdless-deadline"
 """Request header: seconds for this call, waits and fallback included."""
 DONE = b"data: [DONE]\n\n"
+# The libraries require a base URL and a key; the transport ignores both (each herdless
+# backend has its own), so these only have to be valid.
+PLACEHOLDER_URL = "http://herdless.invalid/v1"
+PLACEHOLDER_KEY = "unused-herdless-uses-each-backends-key"
 # The library must never retry on top of herdless: openai-python obeys this header
 # even when the app left its own max_retries above zero.
 _NO_RETRY = {"x-should-retry": "false"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations.openai import async_http_client, http_client
 
 if TYPE_CHECKING:
@@ -23,9 +24,6 @@ if TYPE_CHECKING:
     from herdless._client import AsyncClient, Client
 
 __all__ = ["chat_openai"]
-
-_PLACEHOLDER_KEY = "unused-herdless-uses-each-backends-key"
-_PLACEHOLDER_URL = "http://herdless.invalid/v1"
 
 
 def chat_openai(
@@ -54,8 +52,8 @@ def chat_openai(
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
     if async_client is not None:
         kwargs["http_async_client"] = async_http_client(async_client, pass_model=pass_model)
-    kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", _PLACEHOLDER_URL)
+    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
+    kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs.setdefault("model", "herdless")
     kwargs["max_retries"] = 0
     return ChatOpenAI(**kwargs)

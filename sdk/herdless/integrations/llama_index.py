@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations.openai import async_http_client, http_client
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def openai_llm(
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
     if async_client is not None:
         kwargs["async_http_client"] = async_http_client(async_client, pass_model=pass_model)
-    kwargs.setdefault("api_key", "unused-herdless-uses-each-backends-key")
-    kwargs.setdefault("api_base", "http://herdless.invalid/v1")
+    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
+    kwargs.setdefault("api_base", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     return OpenAI(**kwargs)

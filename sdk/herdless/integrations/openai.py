@@ -42,6 +42,8 @@ import httpx
 from herdless.errors import HerdlessError, StreamInterrupted
 from herdless.integrations._bridge import (
     DONE,
+    PLACEHOLDER_KEY,
+    PLACEHOLDER_URL,
     Call,
     Failure,
     Reply,
@@ -64,16 +66,12 @@ __all__ = [
     "async_openai_client",
     "async_transport",
     "http_client",
+    "native_flavor",
     "openai_client",
     "transport",
 ]
 
 Flavor = Literal["httpx", "httpx2"]
-
-# openai requires a base URL and a key; the transport ignores both (each herdless
-# backend has its own), so these only have to be valid.
-_PLACEHOLDER_URL = "http://herdless.invalid/v1"
-_PLACEHOLDER_KEY = "unused-herdless-uses-each-backends-key"
 
 
 def _answer(mod: Any, reply: Reply | Failure, request: Any) -> Any:
@@ -266,8 +264,8 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
     """
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", _PLACEHOLDER_URL)
+    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
+    kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     # Typed loosely: openai 2.x wants an httpx client, 3.x an httpx2 one.
     http: Any = http_client(client, pass_model=pass_model, flavor=native_flavor())
@@ -280,8 +278,8 @@ def async_openai_client(
     """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``."""
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    kwargs.setdefault("api_key", _PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", _PLACEHOLDER_URL)
+    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
+    kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     http: Any = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
     return openai.AsyncOpenAI(http_client=http, **kwargs)

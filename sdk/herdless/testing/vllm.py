@@ -90,17 +90,17 @@ def _log(message: str) -> None:
     print(f"[vllm-cpu] {message}", file=sys.stderr, flush=True)
 
 
-def _run_logged(cmd: Sequence[str | Path], log: Path, what: str) -> None:
-    """Run ``cmd`` with its output in ``log``; on failure, raise with the log's tail."""
+def _run_logged(
+    cmd: Sequence[str | Path], log: Path, what: str, error: type[Exception] = VllmUnavailable
+) -> None:
+    """Run ``cmd`` with its output in ``log``; on failure, raise ``error`` with the log's tail."""
     with log.open("ab") as out:
         done = subprocess.run(
             [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, check=False
         )
     if done.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise VllmUnavailable(
-            f"{what} failed (exit {done.returncode}); full log: {log}\n" + "\n".join(tail)
-        )
+        raise error(f"{what} failed (exit {done.returncode}); full log: {log}\n" + "\n".join(tail))
 
 
 @contextlib.contextmanager
@@ -170,7 +170,9 @@ def prepare_model(root: Path, python: Path) -> Path:
     shutil.rmtree(model, ignore_errors=True)
     _log(f"converting {GGUF_NAME} into {model} (about 20 s); log: {log}")
     script = Path(__file__).with_name("_vllm_convert.py")
-    _run_logged([python, script, gguf_dir / GGUF_NAME, scratch], log, "converting the GGUF")
+    # Once vLLM installed, a failed conversion is a defect to fix, not a reason to skip.
+    convert = [python, script, gguf_dir / GGUF_NAME, scratch]
+    _run_logged(convert, log, "converting the GGUF", error=RuntimeError)
     scratch.rename(model)
     (model / _READY_MARK).write_text(f"{WEIGHTS_SPEC}\n")
     _log(f"model ready in {time.monotonic() - started:.0f} s")
@@ -181,7 +183,9 @@ def prepare(root: Path | None = None) -> VllmHome:
     """Install vLLM and convert the model, reusing what an earlier run left.
 
     Raises:
-        VllmUnavailable: the build cannot be installed here (the message says why).
+        VllmUnavailable: the build or the weights cannot be installed here (the
+            message says why): callers skip.
+        RuntimeError: the conversion failed: a defect, callers fail.
     """
     root = (root or default_cache()).resolve()
     with _locked(root):

@@ -78,6 +78,8 @@ class SoakReport:
     typed_errors: int = 0
     untyped_errors: int = 0
     hung: int = 0
+    late: int = 0  # ended, but more than 0.5 s past the deadline
+    max_loop_lag_s: float = 0.0
     by_outcome: dict[str, int] = field(default_factory=dict)
     by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
     attempts_per_call: float = 0.0
@@ -219,7 +221,11 @@ class _Soak:
         """Once a second: latency of the calls that ended, calls so far, memory."""
         seen = 0
         while True:
+            asked = time.monotonic()
             await asyncio.sleep(1.0)
+            # How late the loop woke us: on a starved CPU, calls overrun their deadline
+            # by about this much, through no decision of the SDK's.
+            lag = time.monotonic() - asked - 1.0
             window = [lat for _, lat in self.latencies[seen:]]
             seen = len(self.latencies)
             self.report.timeline.append(
@@ -228,6 +234,7 @@ class _Soak:
                     "calls_per_s": len(window),
                     "p50_s": statistics.median(window) if window else 0.0,
                     "max_s": max(window, default=0.0),
+                    "loop_lag_s": round(lag, 3),
                     "gateway_rss_mib": _rss_mib(self.gateway.pid),
                     "soak_rss_mib": _rss_mib(None),
                 }
@@ -240,6 +247,8 @@ class _Soak:
         if latencies:
             report.latency_p50_s = latencies[len(latencies) // 2]
             report.latency_p99_s = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        report.late = sum(lat > _DEADLINE + 0.5 for _, lat in self.latencies)
+        report.max_loop_lag_s = max((row["loop_lag_s"] for row in report.timeline), default=0.0)
         if self.attempts:
             report.attempts_per_call = sum(self.attempts) / len(self.attempts)
         return report
@@ -310,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"calls {report.calls} = results {report.results} + typed errors {report.typed_errors}"
         f" (untyped {report.untyped_errors}, hung {report.hung});"
         f" attempts/call {report.attempts_per_call:.2f};"
-        f" latency p50 {report.latency_p50_s:.2f}s p99 {report.latency_p99_s:.2f}s"
+        f" latency p50 {report.latency_p50_s:.2f}s p99 {report.latency_p99_s:.2f}s;"
+        f" {report.late} ended > 0.5 s past the {_DEADLINE:g} s deadline"
+        f" (event-loop lag up to {report.max_loop_lag_s:.2f} s)"
     )
     print(json.dumps(report.by_outcome, sort_keys=True))
     return 0 if report.balanced else 1

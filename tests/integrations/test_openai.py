@@ -220,3 +220,32 @@ async def test_async_openai_falls_back(backends, herdless_clock, flavor):
 def test_unknown_flavor_is_refused(hl):
     with pytest.raises(ValueError, match="flavor"):
         http_client(hl, flavor="requests")  # type: ignore[call-overload]
+
+
+async def test_async_errors_cuts_and_close(backends, herdless_clock):
+    gpu, hosted = backends
+    async with AsyncClient(
+        primary=GPU,
+        model="gemma-4",
+        fallback=_hosted(),
+        clock=herdless_clock,
+        sleep=herdless_clock.asleep,
+    ) as hl:
+        client = async_openai_client(hl)
+        with pytest.raises(openai.NotFoundError):
+            await client.models.list()
+        gpu.script(connect_error())
+        hosted.script(connect_error())
+        with pytest.raises(openai.APIConnectionError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        gpu.script(stream(["a", "b", "c"], cut_after=3))
+        cut = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+
+        async def read_all() -> None:
+            async for _ in cut:
+                pass
+
+        with pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)) as caught:
+            await read_all()
+        assert "broke after" in f"{caught.value} {caught.value.__cause__}"
+        await client.close()  # closes the herdless client under it (idempotent)

@@ -124,8 +124,8 @@ def _gateway(gw: OverheadResult, sizes: OverheadSizes) -> ScenarioResult:
         notes=[
             "Each request's time to the end of its stream, 100 concurrent streams, arms "
             "interleaved (herdless.bench.gateway_overhead).",
-            f"10x overload for {sizes.overload_seconds:g} s: capacity "
-            f"{gw.overload_capacity_per_s:.0f}/s, offered {gw.overload_offered_per_s:.0f}/s, "
+            f"10x overload ({gw.overload_callers} callers) for {sizes.overload_seconds:g} s: "
+            f"served {gw.overload_served_per_s:.0f}/s, refused {gw.overload_refused_per_s:.0f}/s, "
             f"answers {dict(sorted(gw.overload_codes.items()))}; gateway RSS "
             f"{gw.rss_at_rest / 2**20:.1f} MiB at rest, {gw.rss_peak / 2**20:.1f} MiB peak.",
             f"Refusals: {gw.refusals_per_s:,.0f}/s against /healthz {gw.healthz_per_s:,.0f}/s.",

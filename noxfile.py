@@ -12,7 +12,15 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "tests_real", "examples", "docs"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "tests_real",
+    "tests_openai2",
+    "examples",
+    "docs",
+]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_external_run = True
 nox.options.download_python = "never"
@@ -103,6 +111,16 @@ def tests_vllm(session: nox.Session) -> None:
         session.skip(f"vLLM's CPU build cannot be installed here: {status['reason']}")
     args = session.posargs or ["tests"]
     session.run("pytest", "-m", "vllm", *args, env={"HERDLESS_TEST_VLLM_HOME": str(cache)})
+
+
+@nox.session
+def tests_openai2(session: nox.Session) -> None:
+    """The integrations against openai 2.x (on httpx) and LlamaIndex, which needs openai < 3."""
+    _install_project(session, "all")
+    session.install(
+        *_group("test"), "openai>=2.45,<3", "langchain-openai>=1.0", "llama-index-llms-openai>=0.5"
+    )
+    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or ["tests/integrations"]))
 
 
 @nox.session

@@ -7,10 +7,10 @@ import math
 import pytest
 from rich.console import Console
 
-from herdless.demo.cli import main
+from herdless.demo.cli import main, settings
 from herdless.demo.day import Day
 from herdless.demo.tally import Tally
-from herdless.demo.view import live_panel, summary_table
+from herdless.demo.view import accounting, live_panel, summary_table
 from herdless.events import (
     AttemptFailed,
     BackpressureReceived,
@@ -163,3 +163,41 @@ def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--crowd", "0"])
     assert exc.value.code == 2
     assert "must be > 0" in capsys.readouterr().err
+
+
+def test_tally_counts_calls_that_end_after_the_deadline() -> None:
+    tally = Tally(start=START, deadline=2.0)
+    tally.record(CallFinished(call_id="a", backend="gpu", at=START + 1, attempts=1, latency=1.9))
+    tally.record(CallFinished(call_id="b", backend="gpu", at=START + 3, attempts=1, latency=2.5))
+    tally.record(
+        CallFailed(call_id="c", backend="gpu", at=START + 3, attempts=2, latency=2.1, error="X")
+    )
+    assert tally.late == 2
+
+
+def test_accounting_adds_up_and_names_what_is_missing() -> None:
+    tally = _tally()
+    tally.deadline = 20.0
+    whole = accounting(tally, started=3, primary="gpu", fallback="hosted").plain
+    assert whole == (
+        "requests started: 3 = 1 by gpu + 1 by hosted + 1 failed "
+        "(all accounted for; none ended after the 20 s deadline)"
+    )
+    short = accounting(tally, started=4, primary="gpu", fallback=None).plain
+    assert "1 unaccounted" in short
+    assert "hosted" not in short
+
+
+def test_flags_come_from_the_environment_and_flags_win(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HERDLESS_DEMO_CROWD", "40")
+    monkeypatch.setenv("HERDLESS_DEMO_FALLBACK", "false")
+    monkeypatch.setenv("HERDLESS_DEMO_LENGTH", "30")
+    opts = settings(["--length", "12"])
+    assert (opts.crowd, opts.fallback, opts.length, opts.deadline) == (40, False, 12.0, 20.0)
+    monkeypatch.setenv("HERDLESS_DEMO_CROWD", "-3")
+    with pytest.raises(SystemExit) as exc:
+        settings([])
+    assert exc.value.code == 2
+    assert "crowd" in capsys.readouterr().err

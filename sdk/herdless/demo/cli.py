@@ -15,15 +15,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
 from herdless.demo.crowd import FALLBACK, PRIMARY, Crowd
 from herdless.demo.day import Day
 from herdless.demo.plot import timeline_png
+from herdless.demo.settings import DemoSettings
 from herdless.demo.stack import running_stack
 from herdless.demo.tally import Tally
-from herdless.demo.view import live_panel, summary_table
+from herdless.demo.view import accounting, live_panel, summary_table
 
 __all__ = ["main"]
 
@@ -31,30 +33,40 @@ _INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every default is ``None`` (= not given): ``DemoSettings`` fills it from the environment."""
+    fields = DemoSettings.model_fields
     parser = argparse.ArgumentParser(
         prog="herdless demo",
         description="A day at the office in about a minute: a crowd chats with the company's "
         "GPU through the gateway; the GPU saturates, the model is swapped for maintenance and "
-        "traffic moves to the hosted model and back.",
+        "traffic moves to the hosted model and back. Every flag is also settable as "
+        "HERDLESS_DEMO_<FLAG> (--no-fallback: HERDLESS_DEMO_FALLBACK=false).",
+        argument_default=None,
     )
-    parser.add_argument("--length", type=_positive(float), default=60.0, help="seconds (60)")
-    parser.add_argument("--crowd", type=_positive(int), default=150, help="employees (150)")
-    parser.add_argument("--seed", type=int, default=1, help="random seed (1)")
+
+    def add(name: str, kind: Callable[[str], object], metavar: str | None = None) -> None:
+        field = fields[name]
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            metavar=metavar,
+            help=f"{field.description} ({field.default})",
+        )
+
+    add("length", _positive(float), "SECONDS")
+    add("crowd", _positive(int), "N")
+    add("seed", int, "SEED")
     parser.add_argument(
         "--no-fallback",
         dest="fallback",
-        action="store_false",
+        action="store_const",
+        const=False,
         help="no hosted model: see what the day looks like without a fallback",
     )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="folder for the timeline PNG and server logs"
-    )
-    parser.add_argument(
-        "--speed", type=_positive(float), default=4.0, help="the emulated GPU's time scale (4)"
-    )
-    parser.add_argument(
-        "--gpu-seqs", type=_positive(int), default=8, help="sequences the GPU runs at once (8)"
-    )
+    add("out", Path, "DIR")
+    add("speed", _positive(float))
+    add("gpu_seqs", _positive(int), "N")
+    add("deadline", _positive(float), "SECONDS")
     return parser
 
 
@@ -73,9 +85,26 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
+def settings(argv: Sequence[str]) -> DemoSettings:
+    """The demo's settings: flags over ``HERDLESS_DEMO_*`` over defaults.
+
+    Raises:
+        SystemExit: a flag or variable is malformed (status 2, the message on stderr).
+    """
+    parser = _parser()
+    given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
+    try:
+        return DemoSettings(**given)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        parser.error(f"{problems} (from flags or HERDLESS_DEMO_* variables)")
+
+
 def main(argv: Sequence[str]) -> int:
     """Run ``herdless demo``; returns the exit status (0, or 130 after Ctrl-C)."""
-    opts = _parser().parse_args(list(argv))
+    opts = settings(argv)
     # The live view shows every decision; the SDK's own warnings would tear it apart.
     logging.getLogger("herdless").setLevel(logging.ERROR)
     out: Path = opts.out or Path(tempfile.mkdtemp(prefix="herdless-demo-"))
@@ -93,8 +122,15 @@ def main(argv: Sequence[str]) -> int:
             drain_retry_after=max(1.0, (day.maintenance[1] - day.maintenance[0]) / 4),
             logs=out / "logs",
         ) as stack:
-            tally = Tally(start=time.monotonic())
-            crowd = Crowd(stack=stack, day=day, tally=tally, seed=opts.seed, fallback=opts.fallback)
+            tally = Tally(start=time.monotonic(), deadline=opts.deadline)
+            crowd = Crowd(
+                stack=stack,
+                day=day,
+                tally=tally,
+                seed=opts.seed,
+                fallback=opts.fallback,
+                deadline=opts.deadline,
+            )
             with Live(console=console, refresh_per_second=4, transient=False) as live:
 
                 def tick() -> None:
@@ -107,12 +143,8 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         console.print("interrupted: every demo server has been stopped.")
         return _INTERRUPTED
-    console.print(summary_table(tally, primary=PRIMARY, fallback=fallback))
-    lost = crowd.started - tally.finished
-    console.print(
-        f"requests started: {crowd.started}, ended: {tally.finished} "
-        f"({'all accounted for' if lost == 0 else f'{lost} unaccounted'})"
-    )
+    console.print(summary_table(tally, primary=PRIMARY, fallback=fallback, started=crowd.started))
+    console.print(accounting(tally, started=crowd.started, primary=PRIMARY, fallback=fallback))
     backends = [PRIMARY] + ([FALLBACK] if fallback else [])
     png = timeline_png(
         tally,

@@ -33,6 +33,7 @@ class Tally:
 
     Attributes:
         start: monotonic time of the day's start (seconds).
+        deadline: the clients' deadline per call (seconds): a call that ends later is late.
         served: per second, calls served by each backend.
         refused: per second, attempts refused with 429.
         failed: per second, calls that raised.
@@ -44,11 +45,13 @@ class Tally:
         waited: seconds of backoff scheduled, in total.
         breakers: the latest state of each backend's breakers, by state.
         latencies: seconds per served call.
+        late: calls that ended (served or failed) after ``deadline``: the SDK promises none.
         attempts: attempts per finished call (served or failed).
         gauges: the latest value of external gauges (the gateway's queue depth).
     """
 
     start: float
+    deadline: float = math.inf
     served: defaultdict[str, Counter[int]] = field(default_factory=lambda: defaultdict(Counter))
     refused: Counter[int] = field(default_factory=Counter)
     failed: Counter[int] = field(default_factory=Counter)
@@ -61,6 +64,7 @@ class Tally:
     drains_seen: int = 0
     breakers: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    late: int = 0
     attempts: list[int] = field(default_factory=list)
     gauges: dict[str, float] = field(default_factory=dict)
     _breaker_of: dict[tuple[int, str], str] = field(default_factory=dict)
@@ -75,7 +79,9 @@ class Tally:
                 self.served_total[name] += 1
                 self.latencies.append(latency)
                 self.attempts.append(attempts)
-            case CallFailed(error=error, attempts=attempts):
+                self.late += latency > self.deadline
+            case CallFailed(error=error, attempts=attempts, latency=latency):
+                self.late += latency > self.deadline
                 self.failed[second] += 1
                 self.failed_by[error] += 1
                 self.attempts.append(attempts)

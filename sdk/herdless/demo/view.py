@@ -13,7 +13,7 @@ from rich.text import Text
 from herdless.demo.day import Day
 from herdless.demo.tally import Tally
 
-__all__ = ["live_panel", "summary_table"]
+__all__ = ["accounting", "live_panel", "summary_table"]
 
 
 def live_panel(
@@ -48,13 +48,17 @@ def live_panel(
     return Panel(Group(head, bar, Text(""), grid), title="herdless demo: a day at the office")
 
 
-def summary_table(tally: Tally, *, primary: str, fallback: str | None) -> Table:
+def summary_table(
+    tally: Tally, *, primary: str, fallback: str | None, started: int | None = None
+) -> Table:
     """The final accounting: who served, who failed and why, latency and attempts."""
     table = Table(title="the day, accounted for", show_header=True)
     table.add_column("")
     table.add_column("value", justify="right")
     total = tally.finished
-    table.add_row("requests finished", str(total))
+    if started is not None:
+        table.add_row("requests started", str(started))
+    table.add_row("requests ended (served or failed)", str(total))
     table.add_row(f"served by {primary} (primary)", _share(tally.served_total[primary], total))
     if fallback:
         table.add_row(
@@ -69,8 +73,12 @@ def summary_table(tally: Tally, *, primary: str, fallback: str | None) -> Table:
     for status, n in sorted(tally.refusals_by.items()):
         table.add_row(f"attempts refused with {status}", str(n))
     table.add_row("retries scheduled", str(tally.retries))
-    for q in (50, 95, 99):
-        table.add_row(f"latency p{q} (served)", _seconds(tally.latency(q)))
+    for q in (50, 95, 99, 100):
+        table.add_row(
+            f"latency {'max' if q == 100 else f'p{q}'} (served)", _seconds(tally.latency(q))
+        )
+    if math.isfinite(tally.deadline):
+        table.add_row(f"ended after the {tally.deadline:g} s deadline", str(tally.late))
     table.add_row("attempts per request (mean)", _number(tally.mean_attempts()))
     table.add_row("attempts per request (max)", str(max(tally.attempts, default=0)))
     return table
@@ -91,3 +99,19 @@ def _seconds(value: float) -> str:
 
 def _number(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.2f}"
+
+
+def accounting(tally: Tally, *, started: int, primary: str, fallback: str | None) -> Text:
+    """One line that adds up: started = served by each backend + failed, and none late."""
+    parts = [f"{tally.served_total[primary]} by {primary}"]
+    if fallback:
+        parts.append(f"{tally.served_total[fallback]} by {fallback}")
+    failed = sum(tally.failed_by.values())
+    parts.append(f"{failed} failed")
+    lost = started - tally.finished
+    verdict = "all accounted for" if lost == 0 else f"{lost} unaccounted"
+    line = f"requests started: {started} = {' + '.join(parts)} ({verdict}"
+    if math.isfinite(tally.deadline):
+        late = "none" if tally.late == 0 else str(tally.late)
+        line += f"; {late} ended after the {tally.deadline:g} s deadline"
+    return Text(line + ")", style="bold green" if lost == 0 and tally.late == 0 else "bold red")

@@ -1,0 +1,140 @@
+"""The gateway's limits (:class:`AdmissionConfig`) and its token bucket (pure, no I/O).
+
+See :mod:`herdless.gateway.admission` for how they are applied and why the bucket
+reserves a time for each refused caller instead of using aiolimiter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["AdmissionConfig", "TokenBucket"]
+
+_NEVER = -math.inf
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionConfig:
+    """Limits of the gateway. ``None`` disables a limit. Times are in seconds.
+
+    Attributes:
+        max_concurrency: requests running upstream at once.
+        max_queue: requests waiting at once (0: refuse instead of waiting).
+        queue_timeout: longest wait in the queue before a 429 ``queue_timeout``.
+        rate: requests per second per key (token bucket refill).
+        burst: requests a key may send at once (bucket size); defaults to
+            ``max(1, ceil(rate))``.
+        tokens_per_minute: LLM tokens (prompt + completion) per minute per key.
+        max_inflight_tokens: KV budget: sum of prices of the running requests.
+        key_queue_share: fraction of the queue one key may hold (0 < share <= 1).
+        initial_service_time: assumed run time of a request until one is measured.
+        ewma_alpha: weight of the newest run time in the service-time average.
+        max_retry_after: cap on any Retry-After.
+        drain_retry_after: Retry-After while draining.
+        upstream_retry_after: Retry-After while the upstream is not ready.
+    """
+
+    max_concurrency: int = 64
+    max_queue: int = 256
+    queue_timeout: float = 30.0
+    rate: float | None = None
+    burst: int | None = None
+    tokens_per_minute: int | None = None
+    max_inflight_tokens: int | None = None
+    key_queue_share: float = 1.0
+    initial_service_time: float = 1.0
+    ewma_alpha: float = 0.2
+    max_retry_after: float = 60.0
+    drain_retry_after: float = 30.0
+    upstream_retry_after: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("max_concurrency", self.max_concurrency)
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
+        for name in (
+            "queue_timeout",
+            "initial_service_time",
+            "max_retry_after",
+            "drain_retry_after",
+            "upstream_retry_after",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("rate", "burst", "tokens_per_minute", "max_inflight_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(name, value)
+        if not 0 < self.key_queue_share <= 1:
+            raise ValueError(f"key_queue_share must be in (0, 1], got {self.key_queue_share!r}")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha!r}")
+
+    @property
+    def effective_burst(self) -> int:
+        """The request bucket's size: ``burst``, or ``max(1, ceil(rate))``."""
+        if self.burst is not None:
+            return self.burst
+        return max(1, math.ceil(self.rate or 1))
+
+    @property
+    def key_queue_limit(self) -> int:
+        """Most requests one key may have waiting: ``ceil(max_queue * key_queue_share)``."""
+        return math.ceil(self.max_queue * self.key_queue_share)
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class TokenBucket:
+    """A token bucket that refuses at once and reserves the k-th refused caller's time.
+
+    ``level`` refills at ``refill`` tokens per second up to ``capacity``; a request
+    costing ``cost`` passes when ``level >= min(cost, capacity)`` (so a price larger
+    than the bucket still passes when it is full, and leaves a debt). On refusal,
+    :meth:`reserve` returns the wait in seconds::
+
+        retry_at = max(now + (cost - level) / refill, horizon + cost / refill)
+    """
+
+    __slots__ = ("_horizon", "_level", "_updated", "capacity", "refill")
+
+    def __init__(self, *, capacity: float, refill: float, now: float) -> None:
+        self.capacity = capacity
+        self.refill = refill
+        self._level = capacity
+        self._updated = now
+        self._horizon = _NEVER
+
+    def level(self, now: float) -> float:
+        """Tokens available at ``now`` (negative while in debt)."""
+        self._refill(now)
+        return self._level
+
+    def allows(self, now: float, cost: float) -> bool:
+        """Whether ``cost`` may be taken now (does not take it)."""
+        return self.level(now) >= min(cost, self.capacity)
+
+    def take(self, cost: float) -> None:
+        """Take ``cost`` tokens (call after :meth:`allows`); the level may go negative."""
+        self._level -= cost
+
+    def settle(self, delta: float) -> None:
+        """Give back (``delta > 0``) or charge more (``delta < 0``) after the fact."""
+        self._level = min(self.capacity, self._level + delta)
+
+    def reserve(self, now: float, cost: float) -> float:
+        """Seconds until this refused caller may come back; moves the horizon."""
+        cost = min(cost, self.capacity)
+        ready = now + max(0.0, cost - self.level(now)) / self.refill
+        at = max(ready, self._horizon + cost / self.refill)
+        self._horizon = at
+        return at - now
+
+    def _refill(self, now: float) -> None:
+        # Monotonic clocks never go back, but a max() keeps a skewed fake clock harmless.
+        elapsed = max(0.0, now - self._updated)
+        self._updated = now
+        self._level = min(self.capacity, self._level + elapsed * self.refill)

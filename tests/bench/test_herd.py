@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from herdless.bench.cli import main
+from herdless.bench.cli import main, missing_modules
 from herdless.bench.herd import HerdParams, simulate
 from herdless.bench.herd_arms import ARMS
 from herdless.bench.herd_server import ServerParams
@@ -83,4 +84,29 @@ def test_cli_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["herd", "--n", "0"])
     assert exc.value.code == 2
-    assert "must be >= 1" in capsys.readouterr().err
+    assert "n: Input should be greater than 0" in capsys.readouterr().err
+
+
+def test_cli_reads_the_environment_and_flags_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERDLESS_BENCH_OUT", str(tmp_path / "from-env"))
+    monkeypatch.setenv("HERDLESS_BENCH_N", "10")
+    monkeypatch.setenv("HERDLESS_BENCH_REPEATS", "5")
+    assert main(["herd", "--repeats", "1"]) == 0
+    data = json.loads((tmp_path / "from-env" / "herd.json").read_text())
+    assert (data["params"]["n"], data["params"]["repeats"]) == (10, 1)
+
+
+def test_a_missing_extra_is_named_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "tenacity" else real(name)
+    )
+    assert missing_modules(["overload"]) == []
+    assert main(["herd", "--n", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "missing tenacity" in err
+    assert "pip install 'herdless[bench]'" in err

@@ -9,6 +9,7 @@ tables, and collects them into ``summary.md``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from herdless.bench.report import ScenarioResult, write_result
 from herdless.bench.runner import Progress
+from herdless.bench.settings import BenchSettings
+from herdless.demo.settings import parse_settings
 
-__all__ = ["SCENARIOS", "Scenario", "main"]
+__all__ = ["SCENARIOS", "Scenario", "main", "missing_modules"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,11 +28,19 @@ class Scenario:
     """A registered scenario: ``run(options, out, progress)`` and how many runs it makes."""
 
     help: str
-    run: Callable[[argparse.Namespace, Path, Progress], list[ScenarioResult]]
-    runs: Callable[[argparse.Namespace], int]
+    run: Callable[[BenchSettings, Path, Progress], list[ScenarioResult]]
+    runs: Callable[[BenchSettings], int]
+    needs: tuple[str, ...] = ()
+    """Modules of the ``bench`` extra it imports, beyond those every scenario needs."""
 
 
-def _herd(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+# Every scenario draws a progress bar (rich) and plots (matplotlib); real-process
+# scenarios also start the gateway and the emulator (starlette, uvicorn).
+_ALWAYS = ("rich", "matplotlib")
+_SERVERS = ("starlette", "uvicorn")
+
+
+def _herd(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     from herdless.bench import herd  # lazy: pulls in the gateway core and the openai client
 
     if opts.target:
@@ -40,26 +51,30 @@ def _herd(opts: argparse.Namespace, out: Path, progress: Progress) -> list[Scena
     return herd.run(params, out, progress)
 
 
-def _herd_runs(opts: argparse.Namespace) -> int:
+def _herd_runs(opts: BenchSettings) -> int:
     from herdless.bench.herd_arms import ARMS
 
     return 2 * len(ARMS) * int(opts.repeats)
 
 
-def _overhead(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+def _overhead(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     from herdless.bench import overhead  # lazy: starts real processes
+
+    if opts.target:
+        # Each arm compares a local server with and without the layer measured.
+        print("overhead: measures local processes against a baseline; --target is not used")
 
     return overhead.run(overhead.OverheadSizes(), progress)
 
 
-def _overload(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+def _overload(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     from herdless.bench import overload  # lazy: starts real processes
 
     params = overload.OverloadParams(repeats=opts.repeats, target=opts.target)
     return overload.run(params, progress)
 
 
-def _outage(opts: argparse.Namespace, out: Path, progress: Progress) -> list[ScenarioResult]:
+def _outage(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     if opts.target:
         # A hang has to be injected into the primary: only the local emulator can do that.
         print("outage: skipped with --target (it injects a hang into a local emulator)")
@@ -74,60 +89,77 @@ SCENARIOS: dict[str, Scenario] = {
         help="N callers refused at t=0, then the server recovers (5 retry strategies)",
         run=_herd,
         runs=_herd_runs,
+        needs=("openai", "tenacity"),
     ),
     "overload": Scenario(
         help="steady 0.8x, 2x and 4x capacity: goodput, p99, refusals",
         run=_overload,
         runs=lambda opts: 3 * int(opts.repeats),
+        needs=_SERVERS,
     ),
     "outage": Scenario(
         help="the primary hangs, then recovers: time to fallback, added latency, time back",
         run=_outage,
         runs=lambda opts: 2 * int(opts.repeats),
+        needs=_SERVERS,
     ),
     "overhead": Scenario(
         help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",
         run=_overhead,
         runs=lambda opts: 3,
+        needs=_SERVERS,
     ),
 }
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every default is ``None`` (= not given): ``BenchSettings`` fills it from the environment."""
     parser = argparse.ArgumentParser(
         prog="herdless bench",
         description="Run load scenarios; each compares arms in one run and writes "
-        "a Markdown table, a JSON file and PNG plots.",
+        "a Markdown table, a JSON file and PNG plots. Every flag is also settable as "
+        "HERDLESS_BENCH_<FLAG>.",
+        argument_default=None,
     )
     names = [*SCENARIOS, "all"]
     parser.add_argument("scenario", choices=names, help="which scenario ('all': every one)")
-    parser.add_argument(
-        "--out", type=Path, default=Path("bench-results"), help="output folder (created)"
-    )
-    parser.add_argument(
-        "--target",
-        metavar="URL",
-        help="base URL of a deployment (ending in /v1) for the client-side scenarios",
-    )
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="repetitions per arm")
-    parser.add_argument("--n", type=_positive_int, default=1000, help="callers in the herd")
-    parser.add_argument("--seed", type=int, default=1, help="first seed (repetition r: seed + r)")
+    fields = BenchSettings.model_fields
+    kinds: dict[str, Callable[[str], object]] = {
+        "out": Path,
+        "target": str,
+        "repeats": int,
+        "n": int,
+        "seed": int,
+    }
+    for name, kind in kinds.items():
+        field = fields[name]
+        parser.add_argument(
+            f"--{name}",
+            type=kind,
+            metavar="URL" if name == "target" else None,
+            help=f"{field.description} ({field.default})",
+        )
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def missing_modules(names: Sequence[str]) -> list[str]:
+    """The modules the scenarios ``names`` import that are not installed, sorted."""
+    wanted = set(_ALWAYS).union(*(SCENARIOS[name].needs for name in names))
+    return sorted(m for m in wanted if importlib.util.find_spec(m) is None)
 
 
 def main(argv: Sequence[str]) -> int:
     """Run ``herdless bench``; returns the exit status."""
-    opts = _parser().parse_args(list(argv))
+    opts, args = parse_settings(_parser(), BenchSettings, argv)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    missing = missing_modules(names)
+    if missing:
+        print(
+            f"herdless bench {args.scenario}: missing {', '.join(missing)}; "
+            "install the bench extra: pip install 'herdless[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     from rich.console import Console  # lazy: the demo extra
     from rich.progress import (
         BarColumn,
@@ -139,7 +171,6 @@ def main(argv: Sequence[str]) -> int:
     from rich.progress import Progress as RichProgress
 
     console = Console(stderr=True)
-    names = list(SCENARIOS) if opts.scenario == "all" else [opts.scenario]
     out: Path = opts.out
     out.mkdir(parents=True, exist_ok=True)
     results: list[ScenarioResult] = []

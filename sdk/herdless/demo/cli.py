@@ -15,14 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
 from herdless.demo.crowd import FALLBACK, PRIMARY, Crowd
 from herdless.demo.day import Day
 from herdless.demo.plot import timeline_png
-from herdless.demo.settings import DemoSettings
+from herdless.demo.settings import DemoSettings, parse_settings
 from herdless.demo.stack import running_stack
 from herdless.demo.tally import Tally
 from herdless.demo.view import accounting, live_panel, summary_table
@@ -86,20 +85,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
 
 
 def settings(argv: Sequence[str]) -> DemoSettings:
-    """The demo's settings: flags over ``HERDLESS_DEMO_*`` over defaults.
-
-    Raises:
-        SystemExit: a flag or variable is malformed (status 2, the message on stderr).
-    """
-    parser = _parser()
-    given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
-    try:
-        return DemoSettings(**given)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        parser.error(f"{problems} (from flags or HERDLESS_DEMO_* variables)")
+    """The demo's settings: flags over ``HERDLESS_DEMO_*`` over defaults (exit 2 if malformed)."""
+    return parse_settings(_parser(), DemoSettings, argv)[0]
 
 
 def main(argv: Sequence[str]) -> int:

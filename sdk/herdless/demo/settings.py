@@ -6,12 +6,17 @@ serve`` and ``herdless emulate``); ``--no-fallback`` is ``HERDLESS_DEMO_FALLBACK
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DemoSettings"]
+__all__ = ["DemoSettings", "parse_settings"]
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class DemoSettings(BaseSettings):
@@ -38,3 +43,27 @@ class DemoSettings(BaseSettings):
     speed: PositiveFloat = Field(default=4.0, description="the emulated GPU's time scale")
     gpu_seqs: PositiveInt = Field(default=8, description="sequences the GPU runs at once")
     deadline: PositiveFloat = Field(default=20.0, description="seconds per call, waits included")
+
+
+def parse_settings(
+    parser: argparse.ArgumentParser, kind: type[S], argv: Sequence[str]
+) -> tuple[S, argparse.Namespace]:
+    """Flags over the environment over defaults: ``kind`` built from what ``parser`` was given.
+
+    The parser's defaults must be ``None`` (= not given), so that pydantic-settings
+    reads the environment for every flag left out. Returns the settings and the parsed
+    arguments (for those that are not settings, such as a positional scenario).
+
+    Raises:
+        SystemExit: a flag or variable is malformed (status 2, the message on stderr).
+    """
+    args = parser.parse_args(list(argv))
+    given = {k: v for k, v in vars(args).items() if v is not None and k in kind.model_fields}
+    try:
+        return kind(**given), args
+    except ValidationError as exc:
+        prefix = kind.model_config.get("env_prefix", "")
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        parser.error(f"{problems} (from flags or {prefix}* variables)")

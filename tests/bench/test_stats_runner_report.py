@@ -106,3 +106,22 @@ def test_result_is_written_as_markdown_and_json(tmp_path: Path) -> None:
     assert data["rows"][1]["x"] is None  # NaN is not JSON
     assert data["targets"][0]["met"] is False
     assert data["plots"] == ["demo.png"]
+
+
+def test_a_target_note_gets_its_own_column() -> None:
+    result = ScenarioResult(
+        name="s",
+        title="t",
+        params={},
+        columns=[],
+        rows=[],
+        targets=[
+            Target(label="a", value=2.0, limit=1.5, note="floor is 2"),
+            Target(label="b", value=0.0, limit=0.0),
+        ],
+    )
+    md = result.to_markdown()
+    assert "| target | measured | limit | met | note |" in md
+    assert "| a | 2 | <= 1.5 | **no** | floor is 2 |" in md
+    assert "| b | 0 | <= 0 | yes |  |" in md
+    assert result.to_json()["targets"][0]["note"] == "floor is 2"

@@ -41,6 +41,7 @@ from herdless.bench.vtime import run_virtual
 __all__ = ["HerdParams", "run", "simulate"]
 
 _BASELINE = "exp-no-jitter"
+_FLOOR = 2.0  # attempts per request when every first attempt is refused, as here
 
 COLUMNS = [
     Column(key="attempts", label="attempts / request"),
@@ -173,12 +174,23 @@ def _result(
     targets = []
     if cooperative and "herdless" in by_arm:
         h = by_arm["herdless"]
+        # Every first attempt is refused by construction: 2.0 attempts per request is
+        # the floor for any client, so two targets cannot be met as the issue words them.
+        floor_vs_base = _FLOOR / base_attempts
         targets = [
-            Target(label="herdless attempts / request", value=float(h["attempts"]), limit=1.5),
+            Target(
+                label="herdless attempts / request",
+                value=float(h["attempts"]),
+                limit=1.5,
+                note=f"not reachable as written: every first attempt is refused, so "
+                f"{_FLOOR:g} is the floor for any client",
+            ),
             Target(
                 label="herdless attempts vs no-jitter arm",
                 value=float(h["attempts_vs_no_jitter"]),
                 limit=0.15,
+                note=f"not reachable as written: the floor of {_FLOOR:g} attempts is already "
+                f"{floor_vs_base:.2f}x the no-jitter arm's {base_attempts:.2f}",
             ),
             Target(label="herdless peak load (x capacity)", value=float(h["peak_x"]), limit=2.0),
             Target(label="herdless makespan / ideal", value=float(h["makespan_x"]), limit=1.2),
@@ -213,8 +225,8 @@ def _result(
             "in front of a GPU of `slots` x `service` s.",
             f"Ideal makespan = n x service / slots = {p.ideal:g} s, counted from recovery.",
             "Peak = most requests in any 1 s window after recovery / capacity.",
-            "Every first attempt is refused (503 upstream_loading), so 2.0 attempts per "
-            "request is the floor of this scenario.",
+            f"Every first attempt is refused (503 upstream_loading), so {_FLOOR:g} attempts "
+            "per request is the floor of this scenario.",
         ],
         plots=[plot],
     )

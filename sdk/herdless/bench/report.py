@@ -25,12 +25,17 @@ class Column:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """A claim checked against a measured figure: ``value <= limit`` (or ``>=``)."""
+    """A claim checked against a measured figure: ``value <= limit`` (or ``>=``).
+
+    ``note`` says what the table alone cannot: e.g. that no arm can meet the limit
+    as written in this scenario, and why.
+    """
 
     label: str
     value: float
     limit: float
     at_least: bool = False
+    note: str = ""
 
     @property
     def met(self) -> bool:
@@ -81,11 +86,14 @@ class ScenarioResult:
                 cells.append("n/a" if _missing(value) else col.fmt.format(value))
             lines.append("| " + " | ".join(cells) + " |")
         if self.targets:
-            lines += ["", "| target | measured | limit | met |", "|---|---|---|---|"]
+            noted = any(t.note for t in self.targets)
+            head = "| target | measured | limit | met |" + (" note |" if noted else "")
+            lines += ["", head, "|---|---|---|---|" + ("---|" if noted else "")]
             for t in self.targets:
                 sign = ">=" if t.at_least else "<="
                 value = "n/a" if math.isnan(t.value) else f"{t.value:.3g}"
-                lines.append(f"| {t.label} | {value} | {sign} {t.limit:g} | {_yes(t.met)} |")
+                line = f"| {t.label} | {value} | {sign} {t.limit:g} | {_yes(t.met)} |"
+                lines.append(line + (f" {t.note} |" if noted else ""))
         if self.notes:
             lines += ["", *(f"- {note}" for note in self.notes)]
         if self.plots:
@@ -108,6 +116,7 @@ class ScenarioResult:
                         "limit": t.limit,
                         "at_least": t.at_least,
                         "met": t.met,
+                        "note": t.note,
                     }
                     for t in self.targets
                 ],

@@ -335,6 +335,70 @@ def test_upstream_not_ready_is_a_503(clock: FakeClock) -> None:
     admit(adm)
 
 
+def waits(adm: Admission, n: int) -> list[float]:
+    return [refuse(adm).retry_after for _ in range(n)]
+
+
+def test_503s_while_loading_are_staggered_at_the_gpu_rate(clock: FakeClock) -> None:
+    # 4 slots, 1 s per request (the prior): the GPU takes one every 0.25 s once back.
+    adm = make(clock, max_concurrency=4, upstream_retry_after=2, max_retry_after=3)
+    adm.set_upstream(ready=False, code="upstream_loading")
+    assert waits(adm, 6) == [2.0, 2.25, 2.5, 2.75, 3.0, 3.0]  # the last ones capped
+    clock.advance(1)
+    # The horizon is an absolute time (t=3): one second later, 2.25 s from now.
+    assert waits(adm, 1) == [2.25]
+
+
+def test_the_503_gap_follows_the_measured_service_time(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=2, ewma_alpha=1.0, upstream_retry_after=2)
+    first, second = admit(adm), admit(adm)
+    clock.advance(0.5)
+    adm.release(first)
+    adm.release(second)
+    assert adm.mean_service_time == 0.5
+    adm.set_upstream(ready=False, code="upstream_unavailable")
+    assert waits(adm, 3) == [2.0, 2.25, 2.5]
+
+
+def test_serving_again_hands_the_outage_horizon_to_the_queue(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=0, upstream_retry_after=2)
+    adm.set_upstream(ready=False)
+    assert waits(adm, 3) == [2.0, 3.0, 4.0]  # promised up to t=4
+    clock.advance(0.5)
+    adm.set_upstream(ready=True)
+    admit(adm)
+    # A full queue sends the next caller after those promised a time (t=4 + 1 s).
+    assert refuse(adm).retry_after == 4.5
+    # A new outage starts its reservations afresh from its own delay.
+    adm.set_upstream(ready=False)
+    assert waits(adm, 2) == [2.0, 3.0]
+
+
+def test_a_drain_staggers_its_waiters_and_new_callers(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=2, max_queue=5, drain_retry_after=10)
+    admit(adm)
+    admit(adm)
+    enqueue(adm)
+    enqueue(adm)
+    drained = [refused.retry_after for _, refused in adm.drain()]
+    assert drained == [10.0, 10.5]  # 2 slots, 1 s each: one every 0.5 s
+    assert [r.drain for r in (refuse(adm), refuse(adm))] == [True, True]
+    adm.resume()
+    adm.drain()
+    # Resumed in between: this drain's first caller is told the delay, not t=12.
+    assert waits(adm, 1) == [10.0]
+
+
+def test_a_not_ready_upstream_during_a_drain_shares_one_horizon(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=1, drain_retry_after=5, upstream_retry_after=2)
+    adm.set_upstream(ready=False)
+    assert waits(adm, 2) == [2.0, 3.0]
+    adm.drain()
+    assert waits(adm, 1) == [5.0]  # draining: its own delay, still after t=3
+    adm.resume()  # the upstream is still down: not serving, the horizon stays
+    assert waits(adm, 1) == [6.0]
+
+
 # -- the bucket alone -------------------------------------------------------------------
 
 

@@ -40,6 +40,15 @@ next refused caller the next free slot after it:
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``.
 
+* not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
+  service is expected back after the configured ``delay`` (``drain_retry_after``
+  or ``upstream_retry_after``), and then the GPU takes a request every
+  ``gap = mean_service / max_concurrency`` seconds (``mean_service`` starts at
+  ``initial_service_time`` until a run is measured), so
+  ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
+  the promises still outstanding pass to the queue's horizon (a caller refused
+  by a full queue is told a time after them) and the next outage starts afresh.
+
 So the k-th refused caller is told a later time than the (k-1)-th, at the rate
 capacity frees: they come back spread out, not as a herd on the next second.
 Every answer is capped at ``max_retry_after``. Reservations are advisory: a
@@ -74,6 +83,8 @@ __all__ = [
 ]
 
 _NEVER = -math.inf
+_DRAINING = "the gateway is draining for maintenance; use your fallback"
+_NOT_READY = "the model server is not ready; try again shortly"
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -171,6 +182,7 @@ class Admission:
         self._inflight_tokens = 0
         self._mean_service = config.initial_service_time
         self._queue_horizon = _NEVER
+        self._outage_horizon = _NEVER
         self._draining = False
         self._ready = True
         self._not_ready_code = "upstream_loading"
@@ -216,8 +228,11 @@ class Admission:
 
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
         """Record the upstream's readiness; ``code`` names why it is not ready."""
+        was_ready = self.ready
         self._ready = ready
         self._not_ready_code = code
+        if not was_ready and self.ready:
+            self._serving_again()
 
     def drain(self) -> list[tuple[Ticket, Refuse]]:
         """Stop admitting; the waiters are refused (returned), running ones finish."""
@@ -227,7 +242,7 @@ class Admission:
             for ticket in self._keys[key].waiting:
                 self._refund(ticket)
                 ticket.state = "done"
-                refused.append((ticket, self._drain_refusal()))
+                refused.append((ticket, self.unavailable("draining")))
             self._keys[key].waiting.clear()
         self._rotation.clear()
         self._queued = 0
@@ -235,21 +250,19 @@ class Admission:
 
     def resume(self) -> None:
         """Admit again after :meth:`drain`."""
+        was_ready = self.ready
         self._draining = False
+        if not was_ready and self.ready:
+            self._serving_again()
 
     def precheck(self, key_id: str) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
         bodies; :meth:`offer` checks them again (nothing is taken here)."""
         if self._draining:
-            return self._drain_refusal()
+            return self.unavailable("draining")
         if not self._ready:
-            return Refuse(
-                status=503,
-                code=self._not_ready_code,
-                message="the model server is not ready; try again shortly",
-                retry_after=self.config.upstream_retry_after,
-            )
+            return self.unavailable(self._not_ready_code)
         if self.config.rate is not None:
             now = self._clock.monotonic()
             rate = self._key(key_id, now).rate
@@ -400,20 +413,43 @@ class Admission:
     def _capped(self, seconds: float) -> float:
         return min(seconds, self.config.max_retry_after)
 
-    def _drain_refusal(self) -> Refuse:
+    def unavailable(self, code: str, message: str | None = None) -> Refuse:
+        """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
+
+        A reservation like the queue's: ``retry_at = max(now + delay, horizon + gap)``
+        with ``delay`` the configured time until service is expected back and
+        ``gap = mean_service / max_concurrency`` (the rate at which the GPU will
+        take the callers back), capped at ``max_retry_after``. Also used by the
+        HTTP layer when a request finds the upstream gone (``message`` says how).
+        """
+        cfg = self.config
+        now = self._clock.monotonic()
+        draining = code == "draining"
+        delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
+        gap = self._mean_service / cfg.max_concurrency
+        # Relative to now, so that the cap holds exactly despite float rounding.
+        wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
+        self._outage_horizon = now + wait
         return Refuse(
             status=503,
-            code="draining",
-            message="the gateway is draining for maintenance; use your fallback",
-            retry_after=self.config.drain_retry_after,
-            drain=True,
+            code=code,
+            message=message or (_DRAINING if draining else _NOT_READY),
+            retry_after=wait,
+            drain=draining,
         )
+
+    def _serving_again(self) -> None:
+        # Callers promised a time during the outage are still on their way back:
+        # a queue refusal must not send anyone ahead of them. The next outage
+        # starts its own reservations from its own delay.
+        self._queue_horizon = max(self._queue_horizon, self._outage_horizon)
+        self._outage_horizon = _NEVER
 
     def _queue_refusal(self, now: float, code: str) -> Refuse:
         cfg = self.config
         gap = self._mean_service / max(1, self._running)
-        at = min(max(now, self._queue_horizon) + gap, now + cfg.max_retry_after)
-        self._queue_horizon = at
+        wait = min(max(now, self._queue_horizon) + gap - now, cfg.max_retry_after)
+        self._queue_horizon = now + wait
         messages = {
             "queue_full": "the gateway's queue is full",
             "kv_budget": "the model server's KV-cache budget is in use",
@@ -423,7 +459,7 @@ class Admission:
             status=429,
             code=code,
             message=f"{messages[code]}; retry after the given time",
-            retry_after=at - now,
+            retry_after=wait,
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - self._queued),
         )

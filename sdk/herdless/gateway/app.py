@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
-from herdless.gateway.admission import Admission, Refuse
+from herdless.gateway.admission import Admission
 from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from herdless.gateway.proxy import ChatProxy
@@ -97,12 +97,7 @@ def create_app(
         try:
             response = await runtime.upstream.open("GET", "/v1/models", headers=headers)
         except UpstreamUnavailable as exc:
-            refused = Refuse(
-                status=503,
-                code=exc.code,
-                message=str(exc),
-                retry_after=settings.upstream_retry_after,
-            )
+            refused = admission.unavailable(exc.code, str(exc))
             body = error_body(refused.message, code=refused.code, type="service_unavailable")
             headers = {name.decode(): value.decode() for name, value in refusal_headers(refused)}
             return Response(body, 503, headers, media_type="application/json")

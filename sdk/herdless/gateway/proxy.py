@@ -167,12 +167,7 @@ class ChatProxy:
             rt.gate.release(ticket)
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
-            refused = Refuse(
-                status=503,
-                code=exc.code,
-                message=str(exc),
-                retry_after=rt.settings.upstream_retry_after,
-            )
+            refused = rt.gate.admission.unavailable(exc.code, str(exc))
             await _send_refusal(send, refused)
             return 503, exc.code
         try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from herdless.bench.plots import table_bars
 from herdless.bench.report import Column, ScenarioResult, Target, medians, write_result
 from herdless.bench.runner import Arm, interleaved_order, run_arms
 from herdless.bench.stats import median, peak_rate, percentile, ratio
@@ -125,3 +126,22 @@ def test_a_target_note_gets_its_own_column() -> None:
     assert "| a | 2 | <= 1.5 | **no** | floor is 2 |" in md
     assert "| b | 0 | <= 0 | yes |  |" in md
     assert result.to_json()["targets"][0]["note"] == "floor is 2"
+
+
+def test_table_bars_draws_the_numbers_and_skips_an_empty_table(tmp_path: Path) -> None:
+    result = ScenarioResult(
+        name="overload",
+        title="steady load",
+        params={},
+        columns=[Column(key="g", label="goodput"), Column(key="p99", label="p99 (s)")],
+        rows=[
+            {"arm": "0.8x", "g": 0.8, "p99": 1.0},
+            {"arm": "2x", "g": 0.95, "p99": math.nan},
+        ],
+    )
+    png = table_bars(result, tmp_path / "overload.png")
+    assert png == tmp_path / "overload.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = ScenarioResult(name="e", title="t", params={}, columns=[], rows=[])
+    assert table_bars(empty, tmp_path / "e.png") is None
+    assert not (tmp_path / "e.png").exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from herdless.bench.plots import table_bars
 from herdless.bench.report import ScenarioResult, write_result
 from herdless.bench.runner import Progress
 from herdless.bench.settings import BenchSettings
@@ -188,7 +189,11 @@ def main(argv: Sequence[str]) -> int:
             def advance(label: str, task: TaskID = task, name: str = name) -> None:
                 bar.update(task, advance=1, description=f"{name}: {label}")
 
-            results += scenario.run(opts, out, advance)
+            for result in scenario.run(opts, out, advance):
+                if not result.plots:  # scenarios without a plot of their own: the table's bars
+                    png = table_bars(result, out / f"{result.name}.png")
+                    result.plots += [png] if png is not None else []
+                results.append(result)
             bar.update(task, description=f"{name}: done")
     for result in results:
         md, _ = write_result(result, out)

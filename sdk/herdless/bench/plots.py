@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["rate_panels"]
+if TYPE_CHECKING:
+    from herdless.bench.report import ScenarioResult
+
+__all__ = ["rate_panels", "table_bars"]
 
 
 def rate_panels(
@@ -62,3 +67,50 @@ def rate_panels(
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def table_bars(result: ScenarioResult, path: Path) -> Path | None:
+    """The results table as a figure: one panel per column, one bar per arm.
+
+    For scenarios whose figures are per-arm numbers (overload levels, outage arms,
+    overhead baselines): the bars put each arm beside its baseline at a glance.
+    Returns ``None`` (and writes nothing) when the table has no number to draw.
+    """
+    panels = [
+        (col.label, [_number(row.get(col.key)) for row in result.rows]) for col in result.columns
+    ]
+    panels = [(label, values) for label, values in panels if any(map(math.isfinite, values))]
+    if not panels:
+        return None
+    import matplotlib  # lazy: heavy; only loaded when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [str(row["arm"]) for row in result.rows]
+    width = min(4, len(panels))
+    rows = math.ceil(len(panels) / width)
+    fig, axes = plt.subplots(rows, width, figsize=(3.2 * width, 0.5 * len(arms) * rows + 1.6))
+    flat = list(axes.flat) if hasattr(axes, "flat") else [axes]
+    for ax, (label, values) in zip(flat, panels, strict=False):
+        shown = [v if math.isfinite(v) else 0.0 for v in values]
+        ax.barh(range(len(arms)), shown, color="#4c72b0")
+        for y, v in enumerate(values):
+            if not math.isfinite(v):
+                ax.text(0, y, " n/a", va="center", fontsize=7)
+        ax.set_yticks(range(len(arms)), arms if ax in flat[::width] else [""] * len(arms))
+        ax.invert_yaxis()  # the table's order, top to bottom
+        ax.set_title(label, fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+    for ax in flat[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(f"{result.name}: {result.title}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan

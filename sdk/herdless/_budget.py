@@ -56,10 +56,15 @@ class RetryBudget:
         self._retries: deque[float] = deque()
         self._waiting = 0  # retries reserved: waiting in backoff or in flight
 
-    def record_call(self) -> None:
-        """A call's first attempt at this backend."""
+    def record_call(self, now: float | None = None) -> None:
+        """A call's first attempt at this backend, at ``now`` (the clock's when not given)."""
         with self._lock:
-            self._calls.append(self._clock.monotonic())
+            self._calls.append(self._clock.monotonic() if now is None else now)
+            # Drop what left the window here too: a backend that never fails never asks
+            # try_acquire, and its history must not grow without bound.
+            horizon = self._calls[-1] - self._window
+            while self._calls[0] < horizon:
+                self._calls.popleft()
 
     def try_acquire(self) -> bool:
         """Reserve one retry; ``False`` when the budget is spent. A reserved retry must end

@@ -34,7 +34,7 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._settings import client_options
 from herdless._stream import AsyncStream, Stream, _StreamState
-from herdless._transport import ERROR_BODY_CAP, OpenStream, accept, build_request, failure
+from herdless._transport import ERROR_BODY_CAP, Endpoints, OpenStream, accept, failure
 from herdless._types import ChatResult
 from herdless._wire import Completion, build_body
 
@@ -113,6 +113,10 @@ class _BaseClient:
         )
         self._clock = clock
         self._on_event = on_event
+        self._policies.keep_events = on_event is not None  # nobody to hand events to
+        self._endpoints = Endpoints(
+            (*self._policies.primaries, *self._policies.fallbacks), self._policies.timeouts
+        )
         # A shared flag, not self: the finalizer must not keep the client alive. It warns
         # when an open client is garbage-collected (a leak), not at interpreter exit, where
         # a module-level client that lives as long as the process is fine.
@@ -341,10 +345,12 @@ class Client(_BaseClient):
             extra=extra,
         )
         steps = flow.run()
+        hooked = self._on_event is not None
         try:
             action = next(steps)
             while True:
-                self._dispatch(flow.take_events())
+                if hooked:
+                    self._dispatch(flow.take_events())
                 if isinstance(action, Sleep):
                     self._sleep(action.seconds)
                     action = steps.send(None)
@@ -363,7 +369,7 @@ class Client(_BaseClient):
         start = self._clock.monotonic()
         response = None
         try:
-            response = self._http.send(build_request(self._http, send), stream=True)
+            response = self._http.send(self._endpoints.request(self._http, send), stream=True)
             if send.stream and response.is_success:
                 opened = OpenStream(response, response.iter_bytes())
                 while not opened.feed(next(opened.raw)):
@@ -502,10 +508,12 @@ class AsyncClient(_BaseClient):
             extra=extra,
         )
         steps = flow.run()
+        hooked = self._on_event is not None
         try:
             action = next(steps)
             while True:
-                await self._dispatch(flow.take_events())
+                if hooked:
+                    await self._dispatch(flow.take_events())
                 if isinstance(action, Sleep):
                     await self._sleep(action.seconds)
                     action = steps.send(None)
@@ -524,7 +532,7 @@ class AsyncClient(_BaseClient):
         start = self._clock.monotonic()
         response = None
         try:
-            response = await self._http.send(build_request(self._http, send), stream=True)
+            response = await self._http.send(self._endpoints.request(self._http, send), stream=True)
             if send.stream and response.is_success:
                 opened = OpenStream(response, response.aiter_bytes())
                 while not opened.feed(await anext(opened.raw)):

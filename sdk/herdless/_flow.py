@@ -225,7 +225,7 @@ class CallFlow:
 
     def model_for(self, backend: Backend) -> str | None:
         policies = self.policies
-        if backend in policies.fallbacks:
+        if backend.name in policies.fallback_names:
             # A fallback serves another model than the primary: its own name comes first.
             return backend.model or self.spec.model or policies.model
         return self.spec.model or backend.model or policies.model
@@ -237,11 +237,14 @@ class CallFlow:
     def _elapsed(self) -> float:
         return self.policies.clock.monotonic() - self._start
 
-    def emit(self, event_type: type[Event], /, **fields: Any) -> None:
-        fields.setdefault("call_id", self.spec.request_id)
-        event = event_type(at=self.policies.clock.monotonic(), **fields)
-        self._events.append(event)
-        self.policies.observe(event)
+    def emit(self, event_type: type[Event], /, now: float | None = None, **fields: Any) -> None:
+        """Emit one event of this call, at ``now`` when the caller just read the clock."""
+        policies = self.policies
+        at = policies.clock.monotonic() if now is None else now
+        event = event_type(call_id=self.spec.request_id, at=at, **fields)
+        if policies.keep_events:  # the outbox is for the hook; stats see every event below
+            self._events.append(event)
+        policies.observe(event)
 
     def transition(self, backend: Backend, transition: Transition | None) -> None:
         if transition is not None:
@@ -261,13 +264,15 @@ class CallFlow:
         )
 
     def _finish(self, backend: Backend, reason: str | None) -> None:
+        now = self.policies.clock.monotonic()
         self.emit(
             CallFinished,
+            now,
             backend=backend.name,
             attempts=self._attempt,
-            latency=self._elapsed(),
+            latency=now - self._start,
             fallback_reason=reason,
         )
-        degraded = self.policies.served(backend, reason)
+        degraded = self.policies.served(backend, reason, now=now)
         if degraded is not None:
-            self.emit(PrimaryDegraded, **degraded)
+            self.emit(PrimaryDegraded, now, **degraded)

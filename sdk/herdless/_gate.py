@@ -44,11 +44,14 @@ class BackpressureGate:
             still_draining = old_draining and old_until > self._clock.monotonic()
             self._until[backend] = (max(until, old_until), draining or still_draining)
 
-    def blocked(self, backend: str) -> tuple[float, bool]:
-        """``(seconds left, draining)`` for ``backend``; ``(0.0, False)`` when open."""
+    def blocked(self, backend: str, now: float | None = None) -> tuple[float, bool]:
+        """``(seconds left, draining)`` for ``backend`` at ``now`` (the clock's when not
+        given); ``(0.0, False)`` when open."""
+        if not self._until:  # never blocked: the common case, asked once per attempt
+            return (0.0, False)
         with self._lock:
             until, draining = self._until.get(backend, (0.0, False))
-            left = until - self._clock.monotonic()
+            left = until - (self._clock.monotonic() if now is None else now)
             return (left, draining) if left > 0 else (0.0, False)
 
     def __repr__(self) -> str:

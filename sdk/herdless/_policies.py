@@ -101,6 +101,12 @@ class Policies:
     ) -> None:
         self.primaries = _as_list(primary)
         self.fallbacks = _as_list(fallback)
+        # Names, not Backends: a dataclass's == builds tuples, and this is asked per call.
+        self.primary_names = frozenset(b.name for b in self.primaries)
+        self.fallback_names = frozenset(b.name for b in self.fallbacks)
+        self.keep_events = True
+        """Whether calls keep their events for the driver's hook (``CallFlow.take_events``);
+        a client without ``on_event`` turns it off. Stats see every event either way."""
         if not self.primaries:
             raise ValueError("at least one primary backend is required")
         names = [backend.name for backend in (*self.primaries, *self.fallbacks)]
@@ -211,13 +217,13 @@ class Policies:
         with self._lock:
             self._in_flight[backend.name] -= 1
 
-    def served(self, backend: Backend, reason: str | None) -> dict[str, Any] | None:
-        """A call was served; ``PrimaryDegraded`` fields when one is due."""
+    def served(self, backend: Backend, reason: str | None, *, now: float) -> dict[str, Any] | None:
+        """A call was served at ``now``; ``PrimaryDegraded`` fields when one is due."""
         return self._degraded.served(
             primary=self.primaries[0].name,
-            by_fallback=backend not in self.primaries,
+            by_fallback=backend.name not in self.primary_names,
             reason=reason,
-            now=self.clock.monotonic(),
+            now=now,
         )
 
     def observe(self, event: Event) -> None:

@@ -72,8 +72,10 @@ class RetryPolicy:
     max_retry_after: float = 60.0
     retry_after_jitter: float = 0.25
     min_jitter: float = 0.1
-    budget_ratio: float = 0.1
-    budget_floor: int = 3
+    # Attempts per call under a lasting overload tend to 1 + ratio + floor / calls per
+    # window: at or below 1.1 from 40 calls per window (4 a second) up.
+    budget_ratio: float = 0.05
+    budget_floor: int = 2
     budget_window: float = 10.0
 
     def __post_init__(self) -> None:

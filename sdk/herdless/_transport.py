@@ -13,40 +13,66 @@ left the queue and prefilled, so "time to first token" is what a hung primary sh
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 import httpx
 
 from herdless._actions import Response, Send, TransportFailure, TransportFailureKind
+from herdless._backend import Backend, Timeouts
 from herdless._wire import SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
 
-__all__ = ["ERROR_BODY_CAP", "OpenStream", "accept", "build_request", "failure", "is_success"]
+__all__ = ["ERROR_BODY_CAP", "Endpoints", "OpenStream", "accept", "failure", "is_success"]
 
 # An error body is read for its message only; a proxy's HTML page can be large.
 ERROR_BODY_CAP: Final = 64 * 1024
 
-_JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
+# No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
+_JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
-def build_request(http: httpx.Client | httpx.AsyncClient, send: Send) -> httpx.Request:
-    """The attempt's ``POST {base_url}/chat/completions`` with its body, headers and timeouts."""
-    headers = dict(_SSE_HEADERS if send.stream else _JSON_HEADERS)
-    headers.update(send.headers)
-    if send.backend.api_key:
-        headers["Authorization"] = f"Bearer {send.backend.api_key}"
-    limits = send.timeouts
-    return http.build_request(
-        "POST",
-        send.backend.chat_url,
-        content=encode_body(with_model(send.body, send.model)),
-        headers=headers,
-        timeout=httpx.Timeout(
-            connect=limits.connect,
-            read=limits.first_byte,
-            write=limits.connect,
-            pool=limits.connect,
-        ),
+class Endpoints:
+    """What every attempt at a backend sends, computed once per client: the URL, the
+    headers (content type, accept, ``Authorization``) and the httpx form of the backend's
+    unclipped timeouts. Per call, only the attempt's own headers and a clipped timeout
+    (near the deadline) are new."""
+
+    __slots__ = ("_fixed", "_limits")
+
+    def __init__(self, backends: Iterable[Backend], default: Timeouts) -> None:
+        self._fixed: dict[tuple[str, bool], tuple[str, dict[str, str]]] = {}
+        self._limits: dict[str, tuple[Timeouts, httpx.Timeout]] = {}
+        for backend in backends:
+            for stream in (False, True):
+                headers = dict(_SSE_HEADERS if stream else _JSON_HEADERS)
+                if backend.api_key:
+                    headers["Authorization"] = f"Bearer {backend.api_key}"
+                self._fixed[backend.name, stream] = (backend.chat_url, headers)
+            limits = backend.timeouts or default
+            self._limits[backend.name] = (limits, _httpx_timeout(limits))
+
+    def request(self, http: httpx.Client | httpx.AsyncClient, send: Send) -> httpx.Request:
+        """The attempt's ``POST {base_url}/chat/completions`` with its body, headers and
+        timeouts."""
+        name = send.backend.name
+        url, fixed = self._fixed[name, send.stream]
+        limits, timeout = self._limits[name]
+        return http.build_request(
+            "POST",
+            url,
+            content=encode_body(with_model(send.body, send.model)),
+            headers={**fixed, **send.headers},
+            timeout=timeout if send.timeouts is limits else _httpx_timeout(send.timeouts),
+        )
+
+
+def _httpx_timeout(limits: Timeouts) -> httpx.Timeout:
+    return httpx.Timeout(
+        connect=limits.connect,
+        read=limits.first_byte,
+        write=limits.connect,
+        pool=limits.connect,
     )
 
 

@@ -84,7 +84,7 @@ def serve(
     try:
         while True:
             now = clock.monotonic()
-            blocked, draining = gate.blocked(name)
+            blocked, draining = gate.blocked(name, now)
             if blocked > 0:
                 if not last and (draining or fallback_policy.on_backpressure == "fallback"):
                     return Move(
@@ -145,7 +145,7 @@ def serve(
 
             # -- send ------------------------------------------------------------
             if not reserved:
-                budget.record_call()
+                budget.record_call(now)
             sent += 1
             outcome = yield from _send(call, backend, permit, now=now, end=end)
             verdict = classify(outcome, retry, now=policies.wall())
@@ -255,7 +255,7 @@ def _send(
             first_byte=min(limits.first_byte, left),
             read=min(limits.read, read_left),
         )
-    call.emit(AttemptStarted, backend=backend.name, attempt=attempt, model=model)
+    call.emit(AttemptStarted, now, backend=backend.name, attempt=attempt, model=model)
     action = Send(
         backend=backend,
         attempt=attempt,

@@ -193,10 +193,28 @@ class SSEDecoder:
         buffer = self._partial + chunk
         # A trailing \r may be the first half of \r\n: wait for the next chunk to tell.
         held = b"\r" if buffer.endswith(b"\r") else b""
-        lines = _LINE_END.split(buffer[: len(buffer) - len(held)])
-        self._partial = lines.pop() + held
-        events = (self._line(line.decode("utf-8", "replace")) for line in lines)
-        return [event for event in events if event is not None]
+        if held:
+            buffer = buffer[:-1]
+        cut = max(buffer.rfind(b"\n"), buffer.rfind(b"\r")) + 1
+        self._partial = buffer[cut:] + held
+        if not cut:
+            return []
+        # Decoded once for all the complete lines: a line end is one ASCII byte, never
+        # inside a UTF-8 sequence, so cutting at the last one splits no character.
+        lines = _LINE_END.split(buffer[:cut].decode("utf-8", "replace"))
+        lines.pop()  # the empty text after the last line end
+        events = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append(self._dispatch())
+                continue
+            name, _, value = line.partition(":")
+            if name == "data":
+                # One optional space after the colon belongs to the framing, not the value.
+                data.append(value[1:] if value.startswith(" ") else value)
+        return events
 
     def flush(self) -> list[str]:
         """At the end of the body: the events a server left unterminated."""
@@ -205,19 +223,10 @@ class SSEDecoder:
             events.append(self._dispatch())
         return events
 
-    def _line(self, line: str) -> str | None:
-        if not line:
-            return self._dispatch() if self._data else None
-        name, _, value = line.partition(":")
-        if name == "data":
-            # One optional space after the colon belongs to the framing, not the value.
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None
-
     def _dispatch(self) -> str:
         data = "\n".join(self._data)
         self._data.clear()
         return data
 
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
+_LINE_END = re.compile("\r\n|\r|\n")

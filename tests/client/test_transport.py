@@ -7,7 +7,7 @@ import pytest
 
 from herdless._actions import Send
 from herdless._backend import Backend, Timeouts
-from herdless._transport import build_request, failure
+from herdless._transport import Endpoints, failure
 
 _REQUEST = httpx.Request("POST", "http://gpu.test/v1/chat/completions")
 
@@ -38,18 +38,23 @@ def test_exceptions_map_to_failure_kinds(exc: BaseException, kind: str) -> None:
     assert result.message
 
 
-def test_request_has_body_headers_and_clipped_timeouts() -> None:
-    send = Send(
-        backend=Backend(name="p", base_url="http://gpu.test/v1/", api_key="sk-k"),
+def _send(backend: Backend, timeouts: Timeouts) -> Send:
+    return Send(
+        backend=backend,
         attempt=2,
         model="gemma",
         body={"messages": []},
         headers={"X-Request-ID": "rid", "X-Herdless-Attempt": "2"},
-        timeouts=Timeouts(connect=1.0, first_byte=4.0, read=9.0),
+        timeouts=timeouts,
         stream=True,
     )
+
+
+def test_request_has_body_headers_and_clipped_timeouts() -> None:
+    backend = Backend(name="p", base_url="http://gpu.test/v1/", api_key="sk-k")
+    endpoints = Endpoints([backend], Timeouts())
     with httpx.Client() as http:
-        request = build_request(http, send)
+        request = endpoints.request(http, _send(backend, Timeouts(connect=1.0, first_byte=4.0)))
     assert str(request.url) == "http://gpu.test/v1/chat/completions"
     assert request.content == b'{"model":"gemma","messages":[]}'
     assert request.headers["authorization"] == "Bearer sk-k"
@@ -61,4 +66,19 @@ def test_request_has_body_headers_and_clipped_timeouts() -> None:
         "read": 4.0,  # first byte: everything before acceptance (head and first event)
         "write": 1.0,
         "pool": 1.0,
+    }
+
+
+def test_request_uses_the_backends_own_timeouts_unless_clipped() -> None:
+    own = Timeouts(connect=2.0, first_byte=8.0)
+    backend = Backend(name="p", base_url="http://gpu.test/v1", timeouts=own)
+    endpoints = Endpoints([backend], Timeouts())
+    with httpx.Client() as http:
+        request = endpoints.request(http, _send(backend, own))
+    assert "authorization" not in request.headers
+    assert request.extensions["timeout"] == {
+        "connect": 2.0,
+        "read": 8.0,
+        "write": 2.0,
+        "pool": 2.0,
     }

@@ -7,8 +7,10 @@ its upper bound, so delays are exact.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
+from typing import Any
 
 import pytest
 from tests.unit.flow_driver import HOSTED, PRIMARY, failure, hang, make, ok, status
@@ -363,6 +365,39 @@ def test_overloaded_primary_sees_about_one_attempt_per_call() -> None:
         driver.clock.advance(0.05)
     primary = driver.sent_to().count("primary")
     assert primary / 200 <= 1.1
+
+
+def test_default_budget_keeps_attempts_near_one_at_five_calls_a_second() -> None:
+    # 50 calls per 10 s window: 1 + 0.05 + 2 / 50 attempts per call at most.
+    driver = make([status(503)], [ok()])
+    for _ in range(200):
+        driver.run()
+        driver.clock.advance(0.2)
+    assert driver.sent_to().count("primary") / 200 <= 1.1
+
+
+def test_default_budget_serves_every_call_of_a_blip_that_refuses_a_crowd() -> None:
+    # 40 calls in flight at once are all refused (no fallback); the budget lets a few
+    # retry, the others wait for budget, and every served retry gives its unit back.
+    driver = make([status(503, elapsed=0.0)] * 40 + [ok(elapsed=0.0)])
+    steps = [driver.start(request_id=f"c{i}").run() for i in range(40)]
+    # (when, call, action): each call's next action, performed at ``when``.
+    start = driver.clock.monotonic()
+    due: list[tuple[float, int, Any]] = [(start, i, next(step)) for i, step in enumerate(steps)]
+    served = 0
+    while due:  # the calls run as a crowd would, each resuming at its own time
+        at, index, action = heapq.heappop(due)
+        driver.clock.advance(max(0.0, at - driver.clock.monotonic()))
+        if isinstance(action, Sleep):
+            heapq.heappush(due, (at + action.seconds, index, None))
+            continue
+        outcome = None if action is None else driver.perform(action)
+        try:
+            heapq.heappush(due, (at, index, steps[index].send(outcome)))
+        except StopIteration:
+            served += 1
+    assert served == 40
+    assert driver.sent_to().count("primary") == 80
 
 
 # -- streams, events, stats -------------------------------------------------------------

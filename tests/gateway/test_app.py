@@ -19,7 +19,16 @@ from tests.gateway.fakes import (
     until,
 )
 
+from herdless.gateway.proxy import ChatProxy
+
 pytestmark = [pytest.mark.server]
+
+CHAT_SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/chat/completions",
+    "headers": [(b"content-type", b"application/json")],
+}
 
 ADMIN = {"authorization": "Bearer admin-secret"}
 
@@ -410,3 +419,43 @@ async def test_health_timeouts_count_only_several_in_a_row(gateway: GatewayFacto
         transport.slow = False
         assert await _poll_once(runtime, 3) == 0
         assert runtime.gate.admission.upstream_ready
+
+
+# -- bodies that stall, refusals that need no body --------------------------------------
+
+
+async def test_a_stalled_body_gets_a_408_and_a_close(gateway: GatewayFactory) -> None:
+    async with gateway(body_timeout=0.01) as (_, runtime):
+        proxy = ChatProxy(runtime)
+        sent: list[dict[str, object]] = []
+        parts = [{"type": "http.request", "body": b'{"messa', "more_body": True}]
+
+        async def receive() -> dict[str, object]:
+            if parts:
+                return parts.pop()
+            await asyncio.Event().wait()  # the rest of the body never comes
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        await proxy(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]  # type: ignore[operator]
+    assert json.loads(sent[1]["body"])["error"]["code"] == "body_timeout"  # type: ignore[arg-type]
+    assert runtime.metrics.requests[408] == 1
+
+
+async def test_a_refusal_needs_no_body(gateway: GatewayFactory) -> None:
+    async with gateway() as (_, runtime):
+        runtime.gate.drain()
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            raise AssertionError("the body was read for a refusal")
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        await ChatProxy(runtime)(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 503

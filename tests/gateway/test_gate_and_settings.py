@@ -14,7 +14,7 @@ from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import Histogram
 from herdless.gateway.settings import ApiKeys, GatewaySettings
 from herdless.gateway.upstream import UsageSniffer
-from herdless.gateway.wire import parse_chat_request
+from herdless.gateway.wire import BadRequest, parse_chat_request
 from herdless.testing import FakeClock
 
 pytestmark = [pytest.mark.server]
@@ -151,3 +151,27 @@ def test_histogram_is_cumulative() -> None:
     assert 'herdless_gateway_x_seconds_bucket{le="1.0"} 2' in lines
     assert 'herdless_gateway_x_seconds_bucket{le="+Inf"} 3' in lines
     assert histogram.count == 3
+
+
+def test_message_count_and_max_tokens_are_capped() -> None:
+    two = b'{"messages":[{"role":"user"},{"role":"user"}],"max_tokens":8}'
+    assert parse_chat_request(two, max_messages=2, max_tokens_cap=8).max_tokens == 8
+    with pytest.raises(BadRequest, match="at most 1") as many:
+        parse_chat_request(two, max_messages=1)
+    assert (many.value.code, many.value.param) == ("request_too_large", "messages")
+    with pytest.raises(BadRequest, match="at most 7") as big:
+        parse_chat_request(two, max_tokens_cap=7)
+    assert (big.value.code, big.value.param) == ("request_too_large", "max_tokens")
+
+
+def test_default_max_tokens_must_fit_the_cap() -> None:
+    with pytest.raises(ValueError, match="max_tokens_cap"):
+        GatewaySettings(max_tokens_cap=100, default_max_tokens=200)
+
+
+def test_the_running_settings_keep_no_client_secret() -> None:
+    settings = GatewaySettings(api_keys="k1,k2", admin_token="adm", upstream_api_key="up")
+    bare = settings.without_secrets()
+    assert (bare.api_keys, bare.admin_token) == (None, None)
+    assert bare.upstream_api_key is not None  # sent upstream as is: it must stay
+    assert settings.admin_token is not None  # the original is not changed

@@ -24,7 +24,7 @@ from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from herdless.gateway.proxy import ChatProxy
 from herdless.gateway.runtime import Runtime
-from herdless.gateway.settings import GatewaySettings, token_matches
+from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.wire import error_body, refusal_headers
 
@@ -50,7 +50,7 @@ def create_app(
     settings = settings or GatewaySettings()
     admission = Admission(settings.admission_config(), clock=clock)
     runtime = Runtime(
-        settings=settings,
+        settings=settings.without_secrets(),
         gate=Gate(admission),
         upstream=Upstream(
             str(settings.upstream),
@@ -68,6 +68,7 @@ def create_app(
             }
         ),
         keys=settings.api_key_table(),
+        admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
     )
 
     @contextlib.asynccontextmanager
@@ -109,14 +110,14 @@ def create_app(
         return Response(content, response.status_code, media_type=media)
 
     async def drain(request: Request) -> Response:
-        denied = _deny_admin(request, settings)
+        denied = _deny_admin(request, runtime.admin_digest)
         if denied is not None:
             return denied
         runtime.gate.drain()
         return _json(200, _status(runtime))
 
     async def resume(request: Request) -> Response:
-        denied = _deny_admin(request, settings)
+        denied = _deny_admin(request, runtime.admin_digest)
         if denied is not None:
             return denied
         runtime.gate.resume()
@@ -181,15 +182,15 @@ def _status(runtime: Runtime) -> dict[str, object]:
     }
 
 
-def _deny_admin(request: Request, settings: GatewaySettings) -> Response | None:
+def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         response = _json_error(401, "invalid_admin_token", "an admin bearer token is required")
         response.headers["www-authenticate"] = "Bearer"
         return response
-    if settings.admin_token is None:
+    if admin_digest is None:
         return _json_error(403, "admin_disabled", "no admin token is configured on this gateway")
-    if not token_matches(token.strip(), settings.admin_token):
+    if not digest_matches(token.strip(), admin_digest):
         return _json_error(403, "invalid_admin_token", "the admin token is not valid")
     return None
 

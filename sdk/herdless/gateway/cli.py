@@ -40,6 +40,9 @@ _HELP = {
     "max_inflight_tokens": "KV budget: prompt + max_tokens admitted at once (default: none)",
     "key_queue_share": "fraction of the queue one API key may hold (default 0.5)",
     "max_body_bytes": "largest request body, else 413 (default 1 MiB)",
+    "body_timeout": "seconds a client has to send its whole body, else 408 (default 5)",
+    "max_messages": "most messages in one chat request, else 400 (default 2048)",
+    "max_tokens_cap": "largest max_tokens a request may ask for, else 400 (default 32768)",
     "default_max_tokens": "max_tokens assumed for pricing when a request has none (512)",
     "max_retry_after": "cap on Retry-After, seconds (default 60)",
     "drain_retry_after": "Retry-After while draining, seconds (default 30)",
@@ -98,6 +101,7 @@ def main(argv: Sequence[str]) -> int:
 
     _configure_logging(settings.log_level.upper())
     app = create_app(settings)
+    settings = app.state.runtime.settings  # drop the raw secrets (the app keeps digests)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -10,6 +10,7 @@ response. The refusal path returns before any task is created.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -92,13 +93,27 @@ class ChatProxy:
             await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             return 401, "invalid_api_key", None
         log["key_id"] = key_id
+        early = rt.gate.admission.precheck(key_id)
+        if early is not None:
+            # Refuse a flood before reading or parsing its bodies (the server discards them).
+            await _send_refusal(send, early)
+            return early.status, early.code, None
+        settings = rt.settings
         try:
-            raw = await _read_body(scope, receive, headers, rt.settings.max_body_bytes)
-            early = rt.gate.admission.precheck(key_id)
-            if early is not None:  # refuse a flood before spending a JSON parse on it
-                await _send_refusal(send, early)
-                return early.status, early.code, None
-            request = parse_chat_request(raw)
+            async with asyncio.timeout(settings.body_timeout):
+                raw = await _read_body(scope, receive, headers, settings.max_body_bytes)
+            request = parse_chat_request(
+                raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
+            )
+        except TimeoutError:
+            # A stalled body would hold its connection and task forever; close it too.
+            body = error_body(
+                f"the body did not arrive within {settings.body_timeout:g}s",
+                code="body_timeout",
+                type="invalid_request_error",
+            )
+            await send_json(send, 408, body, [(b"connection", b"close")])
+            return 408, "body_timeout", None
         except _ClientGone:
             return _CLIENT_CLOSED, "client_closed", None
         except _BodyTooLarge:
@@ -112,10 +127,10 @@ class ChatProxy:
             return 413, "body_too_large", None
         except BadRequest as exc:
             body = error_body(
-                str(exc), code="invalid_request", type="invalid_request_error", param=exc.param
+                str(exc), code=exc.code, type="invalid_request_error", param=exc.param
             )
             await send_json(send, 400, body)
-            return 400, "invalid_request", None
+            return 400, exc.code, None
         decision = rt.gate.offer(key_id, request.price(rt.settings.default_max_tokens))
         if isinstance(decision, Refuse):
             await _send_refusal(send, decision)

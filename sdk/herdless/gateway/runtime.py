@@ -20,13 +20,19 @@ ACCESS_LOG = logging.getLogger("herdless.gateway.access")
 
 @dataclass(slots=True, kw_only=True)
 class Runtime:
-    """The gateway's parts, built once by ``create_app`` (one per app, never global)."""
+    """The gateway's parts, built once by ``create_app`` (one per app, never global).
+
+    ``settings`` holds no client key nor admin token (see
+    :meth:`GatewaySettings.without_secrets`): ``keys`` and ``admin_digest`` hold
+    their digests.
+    """
 
     settings: GatewaySettings
     gate: Gate
     upstream: Upstream
     metrics: GatewayMetrics
     keys: ApiKeys | None
+    admin_digest: bytes | None
 
     def identify(self, headers: dict[str, str]) -> str | None:
         """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused."""

@@ -10,12 +10,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.admission import AdmissionConfig
 
-__all__ = ["ANONYMOUS", "ApiKeys", "GatewaySettings", "token_matches"]
+__all__ = [
+    "ANONYMOUS",
+    "ApiKeys",
+    "GatewaySettings",
+    "digest_matches",
+    "secret_digest",
+    "token_matches",
+]
 
 ANONYMOUS = "anonymous"
 """The key id of every request when no API keys are configured."""
@@ -39,6 +46,9 @@ class GatewaySettings(BaseSettings):
     max_inflight_tokens: int | None = Field(default=None, gt=0)
     key_queue_share: float = Field(default=0.5, gt=0, le=1)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
+    body_timeout: float = Field(default=5.0, gt=0)
+    max_messages: int = Field(default=2048, gt=0)
+    max_tokens_cap: int = Field(default=32_768, gt=0)
     default_max_tokens: int = Field(default=512, gt=0)
     max_retry_after: float = Field(default=60.0, gt=0)
     drain_retry_after: float = Field(default=30.0, gt=0)
@@ -66,6 +76,24 @@ class GatewaySettings(BaseSettings):
         if value is not None and not _split(value.get_secret_value()):
             raise ValueError("must hold at least one key (comma-separated)")
         return value
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> GatewaySettings:
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) must not exceed "
+                f"max_tokens_cap ({self.max_tokens_cap})"
+            )
+        return self
+
+    def without_secrets(self) -> GatewaySettings:
+        """A copy without the client keys and the admin token, for the running gateway.
+
+        The gateway keeps only their digests (:class:`ApiKeys`, :func:`secret_digest`)
+        once started, so a heap dump or a stray ``repr`` cannot reveal them. The
+        upstream key stays: it must be sent as is.
+        """
+        return self.model_copy(update={"api_keys": None, "admin_token": None})
 
     def admission_config(self) -> AdmissionConfig:
         """The admission limits. ``key_queue_share`` applies only when keys are set."""
@@ -128,6 +156,16 @@ class ApiKeys:
         return f"ApiKeys([secure] x{len(self._table)})"
 
 
+def secret_digest(secret: SecretStr) -> bytes:
+    """The SHA-256 digest of a secret: what the running gateway keeps instead of it."""
+    return _digest(secret.get_secret_value())
+
+
+def digest_matches(presented: str, digest: bytes) -> bool:
+    """Whether a bearer token's digest equals ``digest``, compared in constant time."""
+    return hmac.compare_digest(_digest(presented), digest)
+
+
 def token_matches(presented: str, expected: SecretStr) -> bool:
     """Whether a bearer token equals ``expected``, compared in constant time."""
-    return hmac.compare_digest(_digest(presented), _digest(expected.get_secret_value()))
+    return digest_matches(presented, secret_digest(expected))

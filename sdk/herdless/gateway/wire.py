@@ -25,11 +25,18 @@ _TOKENS_PER_MESSAGE = 4  # role markers and separators of a chat template
 
 
 class BadRequest(ValueError):
-    """The request cannot go upstream; ``param`` names the offending field."""
+    """The request cannot go upstream; ``param`` names the offending field.
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    ``code`` is ``invalid_request``, or ``request_too_large`` for a well-formed
+    request over a size limit (the same code as one over the KV budget).
+    """
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_request"
+    ) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,11 +58,16 @@ class ChatRequest:
         return self.prompt_tokens + (self.max_tokens or default_max_tokens)
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
+def parse_chat_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> ChatRequest:
     """Validate a ``/v1/chat/completions`` body just enough to price it.
 
     vLLM validates the rest and answers with its own 400; the gateway only
-    keeps out what it cannot price or what is not JSON at all.
+    keeps out what it cannot price, what is not JSON at all, and what would
+    cost vLLM without bound: more than ``max_messages`` messages (each one a
+    pass of the chat template) or a ``max_tokens`` over ``max_tokens_cap``
+    (it would be priced, and reserved in the KV budget, as asked).
 
     Raises:
         BadRequest: malformed JSON or a missing or mistyped field.
@@ -70,6 +82,13 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", param="messages")
+    if len(messages) > max_messages:
+        raise BadRequest(
+            f"'messages' holds {len(messages)} messages; the gateway accepts at most "
+            f"{max_messages}",
+            param="messages",
+            code="request_too_large",
+        )
     chars = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -91,6 +110,12 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
     ):
         raise BadRequest(f"'{param}' must be a positive integer", param=param)
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        raise BadRequest(
+            f"'{param}' is {max_tokens}; the gateway accepts at most {max_tokens_cap}",
+            param=param,
+            code="request_too_large",
+        )
     prompt = math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
     return ChatRequest(stream=stream, max_tokens=max_tokens, prompt_tokens=prompt)
 

@@ -17,7 +17,13 @@ class Timeouts:
             accepts the connection and then says nothing is a failure, not a wait forever.
             For a non-streaming call the server sends nothing until the whole answer is
             generated, so this bounds the whole generation.
-        read: idle time allowed between two chunks of a stream.
+        read: idle time allowed between two chunks of a stream, after the first one.
+
+    Sync streams: httpcore reads a response body under one socket timeout, fixed when the
+    body starts, so ``Client`` bounds every read of a stream's body (the first event and
+    each gap after it) by ``first_byte``; ``read`` applies only to ``AsyncClient``, which
+    bounds the first event by ``first_byte`` and each later gap by ``read`` on its own.
+    Give both the same value (the default) for the same behaviour in both clients.
     """
 
     connect: float = 3.0

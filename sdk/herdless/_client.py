@@ -34,7 +34,14 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._settings import client_options
 from herdless._stream import AsyncStream, Stream, _StreamState
-from herdless._transport import ERROR_BODY_CAP, Endpoints, OpenStream, accept, failure
+from herdless._transport import (
+    ERROR_BODY_CAP,
+    Endpoints,
+    OpenStream,
+    accept,
+    failure,
+    stream_waits,
+)
 from herdless._types import ChatResult
 from herdless._wire import Completion, build_body
 
@@ -534,9 +541,14 @@ class AsyncClient(_BaseClient):
         try:
             response = await self._http.send(self._endpoints.request(self._http, send), stream=True)
             if send.stream and response.is_success:
-                opened = OpenStream(response, response.aiter_bytes())
-                while not opened.feed(await anext(opened.raw)):
-                    pass
+                first, idle = stream_waits(response, send.timeouts)
+                opened = OpenStream(response, response.aiter_bytes(), idle=idle)
+                try:
+                    async with asyncio.timeout(first):
+                        while not opened.feed(await anext(opened.raw)):
+                            pass
+                except TimeoutError:
+                    raise httpx.ReadTimeout(f"no first event within {first:g} s") from None
                 return opened.outcome(elapsed=self._elapsed(start))
             if response.is_success:
                 body = await response.aread()  # the whole answer; aread() closes the response

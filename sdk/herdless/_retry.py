@@ -195,6 +195,9 @@ def _error_code(body: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
+_OK = Verdict(ok=True, kind="ok", status=200)  # frozen: one for every 200, as it is most calls
+
+
 def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
     """Judge one attempt's outcome. ``now`` is wall-clock Unix seconds (HTTP-date only)."""
     if not isinstance(outcome, Response):
@@ -209,7 +212,7 @@ def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
         )
     status = outcome.status
     if 200 <= status < 300:
-        return Verdict(ok=True, kind="ok", status=status)
+        return _OK if status == 200 else Verdict(ok=True, kind="ok", status=status)
     retry_after = parse_retry_after(outcome.headers, now=now)
     if retry_after is not None:
         retry_after = min(retry_after, policy.max_retry_after)

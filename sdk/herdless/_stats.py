@@ -111,13 +111,13 @@ class StatsRecorder:
             backend = event.backend or "-"
             if isinstance(event, AttemptStarted):
                 self._by_backend[backend]["attempts"] += 1
-            elif isinstance(event, AttemptFailed):
-                outcome = f"status_{event.status}" if event.status is not None else event.kind
-                self._by_backend[backend][outcome] += 1
-            elif isinstance(event, CallFinished):
+            elif isinstance(event, CallFinished):  # the two events of every call come first
                 self._by_backend[backend]["ok"] += 1
                 self._succeeded += 1
                 self._latencies.append(event.latency)
+            elif isinstance(event, AttemptFailed):
+                outcome = f"status_{event.status}" if event.status is not None else event.kind
+                self._by_backend[backend][outcome] += 1
             elif isinstance(event, CallFailed):
                 self._failed += 1
             elif isinstance(event, FallbackUsed):

@@ -10,6 +10,7 @@ stats hear about it through ``CallFlow.stream_ended``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Final
 
@@ -258,11 +259,17 @@ class AsyncStream(_StreamBase):
         try:
             for chunk in state.first():
                 yield chunk
-            async for raw in state.opened.raw:
-                for chunk in state.feed(raw):
-                    yield chunk
-                if state.done:
+            raw, idle = state.opened.raw, state.opened.idle
+            while not state.done:
+                try:
+                    async with asyncio.timeout(idle):  # Timeouts.read; None: the socket's
+                        data = await anext(raw)
+                except StopAsyncIteration:
                     break
+                except TimeoutError:
+                    raise httpx.ReadTimeout(f"no chunk within {idle:g} s") from None
+                for chunk in state.feed(data):
+                    yield chunk
             for chunk in state.tail():
                 yield chunk
             state.complete()

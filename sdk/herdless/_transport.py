@@ -9,6 +9,14 @@ the pool wait, and writing the small request body); ``first_byte`` bounds every 
 until the attempt is accepted, that is the response head and, for a stream, its first
 event: a vLLM stream sends its head at once and its first event only when the request
 left the queue and prefilled, so "time to first token" is what a hung primary shows.
+``read`` bounds each idle gap between a stream's later chunks.
+
+httpcore reads a body with one socket timeout, taken from the request's ``timeout``
+extension when the body starts (``_receive_response_body``), so the first event and
+the gaps after it share it. ``stream_waits`` sets it to the larger of ``first_byte`` and
+``read``, and the async driver bounds the smaller one itself with ``asyncio.timeout``.
+The sync driver has no such tool: its stream body keeps ``first_byte`` for every read
+(see ``Timeouts``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,15 @@ from herdless._actions import Response, Send, TransportFailure, TransportFailure
 from herdless._backend import Backend, Timeouts
 from herdless._wire import SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
 
-__all__ = ["ERROR_BODY_CAP", "Endpoints", "OpenStream", "accept", "failure", "is_success"]
+__all__ = [
+    "ERROR_BODY_CAP",
+    "Endpoints",
+    "OpenStream",
+    "accept",
+    "failure",
+    "is_success",
+    "stream_waits",
+]
 
 # An error body is read for its message only; a proxy's HTML page can be large.
 ERROR_BODY_CAP: Final = 64 * 1024
@@ -134,6 +150,18 @@ def accept(response: httpx.Response, body: bytes, *, stream: bool, elapsed: floa
     )
 
 
+def stream_waits(response: httpx.Response, limits: Timeouts) -> tuple[float | None, float | None]:
+    """For the async driver, before a stream's body is read: set the body's socket read
+    timeout to ``max(first_byte, read)`` and return the waits to bound on top of it,
+    ``(first event, each later chunk)``; ``None`` where the socket's timeout is the one."""
+    ceiling = max(limits.first_byte, limits.read)
+    response.request.extensions["timeout"]["read"] = ceiling
+    return (
+        limits.first_byte if limits.first_byte < ceiling else None,
+        limits.read if limits.read < ceiling else None,
+    )
+
+
 class OpenStream:
     """An accepted stream: the httpx response, its byte iterator and what was decoded.
 
@@ -141,11 +169,12 @@ class OpenStream:
     validated: an error event before any chunk is a failed attempt, not a cut stream).
     """
 
-    __slots__ = ("decoder", "events", "raw", "response")
+    __slots__ = ("decoder", "events", "idle", "raw", "response")
 
-    def __init__(self, response: httpx.Response, raw: Any) -> None:
+    def __init__(self, response: httpx.Response, raw: Any, *, idle: float | None = None) -> None:
         self.response = response
         self.raw = raw  # the Iterator / AsyncIterator of body bytes, resumed by the Stream
+        self.idle = idle  # seconds the async Stream allows between chunks (None: the socket's)
         self.decoder = SSEDecoder()
         self.events: list[str] = []
 

@@ -198,9 +198,6 @@ class _BaseClient:
             raw=completion.raw,
         )
 
-    def _elapsed(self, start: float) -> float:
-        return self._clock.monotonic() - start
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._policies!r})"
 
@@ -367,7 +364,8 @@ class Client(_BaseClient):
             accepted: Accepted = stop.value
         finally:
             steps.close()  # the driver stopped early (KeyboardInterrupt): free what the flow holds
-            self._dispatch(flow.take_events())
+            if hooked:
+                self._dispatch(flow.take_events())
         if stream:
             return Stream(_StreamState(flow, accepted, request_id), self._dispatch)
         return self._result(accepted, request_id)
@@ -381,7 +379,7 @@ class Client(_BaseClient):
                 opened = OpenStream(response, response.iter_bytes())
                 while not opened.feed(next(opened.raw)):
                     pass
-                return opened.outcome(elapsed=self._elapsed(start))
+                return opened.outcome(elapsed=self._clock.monotonic() - start)
             if response.is_success:
                 body = response.read()  # the whole answer; read() closes the response
             else:
@@ -391,11 +389,13 @@ class Client(_BaseClient):
                     if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
                         break
                 response.close()
-            return accept(response, body, stream=send.stream, elapsed=self._elapsed(start))
+            return accept(
+                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+            )
         except (httpx.RequestError, ValueError, StopIteration) as exc:
             if response is not None:
                 response.close()
-            return failure(exc, elapsed=self._elapsed(start))
+            return failure(exc, elapsed=self._clock.monotonic() - start)
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
@@ -530,7 +530,8 @@ class AsyncClient(_BaseClient):
             accepted: Accepted = stop.value
         finally:
             steps.close()  # cancelled mid-call: free what the flow holds
-            await self._dispatch(flow.take_events())
+            if hooked:
+                await self._dispatch(flow.take_events())
         if stream:
             return AsyncStream(_StreamState(flow, accepted, request_id), self._dispatch)
         return self._result(accepted, request_id)
@@ -549,7 +550,7 @@ class AsyncClient(_BaseClient):
                             pass
                 except TimeoutError:
                     raise httpx.ReadTimeout(f"no first event within {first:g} s") from None
-                return opened.outcome(elapsed=self._elapsed(start))
+                return opened.outcome(elapsed=self._clock.monotonic() - start)
             if response.is_success:
                 body = await response.aread()  # the whole answer; aread() closes the response
             else:
@@ -559,11 +560,13 @@ class AsyncClient(_BaseClient):
                     if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
                         break
                 await response.aclose()
-            return accept(response, body, stream=send.stream, elapsed=self._elapsed(start))
+            return accept(
+                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+            )
         except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
             if response is not None:
                 await response.aclose()
-            return failure(exc, elapsed=self._elapsed(start))
+            return failure(exc, elapsed=self._clock.monotonic() - start)
 
     async def _dispatch(self, events: list[Event]) -> None:
         for event in events:

@@ -141,6 +141,9 @@ class Policies:
             {name: Pacer(pacing, clock=clock) for name in names} if pacing is not None else {}
         )
         self._in_flight = dict.fromkeys(names, 0)
+        self.counts_in_flight = len(self.primaries) > 1
+        """Whether attempts are counted in flight (``enter`` / ``leave``): only the choice
+        among several primaries reads the count."""
         self._lock = threading.Lock()
         self._stats = StatsRecorder()
         self._degraded = DegradedTracker(self.fallback_policy.degraded_interval)

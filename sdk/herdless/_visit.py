@@ -268,7 +268,9 @@ def _send(
         timeouts=timeouts,
         stream=call.spec.stream,
     )
-    policies.enter(backend)
+    counted = policies.counts_in_flight  # only a choice among primaries reads the count
+    if counted:
+        policies.enter(backend)
     answered = False
     try:
         outcome = yield action
@@ -277,7 +279,8 @@ def _send(
         answered = True
         return outcome
     finally:
-        policies.leave(backend)
+        if counted:
+            policies.leave(backend)
         if not answered:  # the driver closed the flow mid-attempt: free a probe
             policies.breaker(backend).release(permit)
 

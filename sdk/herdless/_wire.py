@@ -160,9 +160,9 @@ def parse_chunk(data: str) -> Chunk:
     delta = choice.get("delta")
     content = delta.get("content") if type(delta) is dict else None
     return Chunk(
-        content=content if isinstance(content, str) else "",
+        content=content if type(content) is str else "",
         finish_reason=choice.get("finish_reason"),
-        usage=_usage(obj),
+        usage=_usage(obj) if obj.get("usage") is not None else None,  # the last chunk only
         raw=obj,
     )
 

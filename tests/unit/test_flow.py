@@ -235,6 +235,7 @@ def test_only_one_call_probes_a_half_open_primary() -> None:
 
 def test_a_closed_flow_frees_its_probe_and_in_flight_slot() -> None:
     driver = make([status(502)], [ok()], breaker=BreakerPolicy(consecutive_failures=1))
+    driver.policies.counts_in_flight = True  # as with several primaries to choose from
     driver.run()
     driver.clock.advance(60)
     steps = driver.start().run()

@@ -173,6 +173,9 @@ def test_tally_counts_calls_that_end_after_the_deadline() -> None:
         CallFailed(call_id="c", backend="gpu", at=START + 3, attempts=2, latency=2.1, error="X")
     )
     assert tally.late == 2
+    assert tally.late_by == pytest.approx(0.5)
+    line = accounting(tally, started=3, primary="gpu", fallback=None).plain
+    assert line.endswith("2 ended after the 2 s deadline, by 0.50 s at most)")
 
 
 def test_accounting_adds_up_and_names_what_is_missing() -> None:

@@ -46,6 +46,8 @@ class Tally:
         breakers: the latest state of each backend's breakers, by state.
         latencies: seconds per served call.
         late: calls that ended (served or failed) after ``deadline``: the SDK promises none.
+        late_by: the most seconds a late call overran ``deadline`` (a timer that fires a
+            few milliseconds late on a busy machine shows here, not as a lost call).
         attempts: attempts per finished call (served or failed).
         gauges: the latest value of external gauges (the gateway's queue depth).
     """
@@ -65,6 +67,7 @@ class Tally:
     breakers: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     late: int = 0
+    late_by: float = 0.0
     attempts: list[int] = field(default_factory=list)
     gauges: dict[str, float] = field(default_factory=dict)
     _breaker_of: dict[tuple[int, str], str] = field(default_factory=dict)
@@ -79,9 +82,9 @@ class Tally:
                 self.served_total[name] += 1
                 self.latencies.append(latency)
                 self.attempts.append(attempts)
-                self.late += latency > self.deadline
+                self._ended(latency)
             case CallFailed(error=error, attempts=attempts, latency=latency):
-                self.late += latency > self.deadline
+                self._ended(latency)
                 self.failed[second] += 1
                 self.failed_by[error] += 1
                 self.attempts.append(attempts)
@@ -105,6 +108,11 @@ class Tally:
                 self.breakers[new] += 1
             case _:
                 pass
+
+    def _ended(self, latency: float) -> None:
+        if latency > self.deadline:
+            self.late += 1
+            self.late_by = max(self.late_by, latency - self.deadline)
 
     def second(self, at: float) -> int:
         """The whole second of the day that monotonic time ``at`` falls in."""

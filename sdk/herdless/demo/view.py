@@ -78,7 +78,8 @@ def summary_table(
             f"latency {'max' if q == 100 else f'p{q}'} (served)", _seconds(tally.latency(q))
         )
     if math.isfinite(tally.deadline):
-        table.add_row(f"ended after the {tally.deadline:g} s deadline", str(tally.late))
+        late = f"{tally.late} (by {tally.late_by:.2f} s at most)" if tally.late else "0"
+        table.add_row(f"ended after the {tally.deadline:g} s deadline", late)
     table.add_row("attempts per request (mean)", _number(tally.mean_attempts()))
     table.add_row("attempts per request (max)", str(max(tally.attempts, default=0)))
     return table
@@ -114,4 +115,6 @@ def accounting(tally: Tally, *, started: int, primary: str, fallback: str | None
     if math.isfinite(tally.deadline):
         late = "none" if tally.late == 0 else str(tally.late)
         line += f"; {late} ended after the {tally.deadline:g} s deadline"
+        if tally.late:
+            line += f", by {tally.late_by:.2f} s at most"
     return Text(line + ")", style="bold green" if lost == 0 and tally.late == 0 else "bold red")

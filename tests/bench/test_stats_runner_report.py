@@ -145,3 +145,13 @@ def test_table_bars_draws_the_numbers_and_skips_an_empty_table(tmp_path: Path) -
     empty = ScenarioResult(name="e", title="t", params={}, columns=[], rows=[])
     assert table_bars(empty, tmp_path / "e.png") is None
     assert not (tmp_path / "e.png").exists()
+
+
+def test_overload_table_does_not_claim_local_sizes_for_a_target() -> None:
+    from herdless.bench.overload import OverloadParams, _params
+
+    remote = _params(OverloadParams(target="https://gpu.example.com/v1"), 30.94)
+    assert remote["target"] == "https://gpu.example.com/v1"
+    assert remote["capacity_rps"] == 30.9
+    assert not {"slots", "queue", "speed"} & remote.keys()
+    assert _params(OverloadParams(), 3.0)["slots"] == 16

@@ -173,6 +173,19 @@ async def _level(
     }
 
 
+def _params(p: OverloadParams, capacity: float) -> dict[str, object]:
+    """What the table states it ran with; a ``--target`` has its own slots, queue and speed."""
+    local = {"slots": p.slots, "queue": p.queue, "speed": p.speed} if p.target is None else {}
+    return {
+        **local,
+        "max_tokens": p.max_tokens,
+        "seconds": p.seconds,
+        "repeats": p.repeats,
+        "capacity_rps": round(capacity, 1),
+        "target": p.target or "local emulator + gateway",
+    }
+
+
 def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioResult]:
     """Measure the capacity, then every level interleaved; returns the result table."""
     with _deployment(p) as url:
@@ -195,16 +208,7 @@ def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioRes
         ScenarioResult(
             name="overload",
             title="steady offered load against the gateway in front of one GPU",
-            params={
-                "slots": p.slots,
-                "queue": p.queue,
-                "max_tokens": p.max_tokens,
-                "speed": p.speed,
-                "seconds": p.seconds,
-                "repeats": p.repeats,
-                "capacity_rps": round(capacity, 1),
-                "target": p.target or "local emulator + gateway",
-            },
+            params=_params(p, capacity),
             columns=[
                 Column(key="goodput_x", label="goodput / capacity"),
                 Column(key="p50", label="p50 served (s)"),

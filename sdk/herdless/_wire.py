@@ -206,9 +206,10 @@ class SSEDecoder:
         events = []
         data = self._data
         for line in lines:
-            if not line:
+            if not line:  # an event ends; vLLM's have one data line each: no join
                 if data:
-                    events.append(self._dispatch())
+                    events.append(data[0] if len(data) == 1 else "\n".join(data))
+                    data.clear()
                 continue
             name, _, value = line.partition(":")
             if name == "data":
@@ -219,14 +220,7 @@ class SSEDecoder:
     def flush(self) -> list[str]:
         """At the end of the body: the events a server left unterminated."""
         events = self.feed(b"\n") if self._partial else []
-        if self._data:
-            events.append(self._dispatch())
-        return events
-
-    def _dispatch(self) -> str:
-        data = "\n".join(self._data)
-        self._data.clear()
-        return data
+        return (events + self.feed(b"\n")) if self._data else events  # end the open event
 
 
 _LINE_END = re.compile("\r\n|\r|\n")

@@ -94,3 +94,14 @@ def test_threads_never_overdraw() -> None:
     for thread in threads:
         thread.join()
     assert granted.count(True) == 5
+
+
+def test_a_backend_that_never_fails_keeps_only_a_window_of_calls() -> None:
+    # No retry ever asks try_acquire: record_call itself drops what left the window.
+    clock = FakeClock()
+    budget = _budget(clock)
+    for _ in range(800):  # 100 s of calls, 8 a second
+        budget.record_call()
+        clock.advance(0.125)
+    # The last 10 s: 80 intervals, 81 calls (the one exactly 10 s old still counts).
+    assert repr(budget).startswith("RetryBudget(calls=81,")

@@ -225,7 +225,10 @@ def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
         status=status,
         retryable=status in _RETRY_STATUSES,
         fallback_may_help=status == 429 or status >= 500,
-        breaker_failure=status >= 500,
+        # A draining backend is healthy and says when to come back: the flow opens its
+        # breaker for that Retry-After instead of counting a failure (which, on a probe,
+        # would double the open period and keep clients away after the maintenance).
+        breaker_failure=status >= 500 and not draining,
         retry_after=retry_after,
         draining=draining,
         message=f"status {status}",

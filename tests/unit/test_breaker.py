@@ -9,7 +9,9 @@ import threading
 import pytest
 from tests.unit._policy_stubs import LowerRandom, UpperRandom
 
+from herdless._actions import Response
 from herdless._breaker import BreakerPolicy, CircuitBreaker, Permit, Transition
+from herdless._retry import RetryPolicy, classify
 from herdless.testing import FakeClock
 
 
@@ -214,3 +216,34 @@ async def test_tasks_hammering_get_exactly_one_probe() -> None:
     results = await asyncio.gather(*(contend() for _ in range(20)))
     flat = [permit for permits in results for permit in permits]
     assert flat.count(Permit.PROBE) == 1
+
+
+def test_a_probe_that_meets_a_drain_opens_for_the_drains_time_not_a_doubled_period() -> None:
+    # A draining backend is healthy and says when to come back: its Retry-After, not the
+    # failed-probe backoff (which doubled the open period and kept clients away long
+    # after the maintenance ended).
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        BreakerPolicy(consecutive_failures=1, open_for=5.0, open_jitter=0.0),
+        clock=clock,
+        rng=UpperRandom(),
+    )
+    permit, _ = breaker.acquire()
+    breaker.record_failure(permit)
+    clock.advance(5.0)
+    probe, _ = breaker.acquire()
+    assert probe is Permit.PROBE
+    drained = classify(
+        Response(
+            status=503, headers={"x-herdless-drain": "1", "retry-after": "3"}, body=b"", elapsed=0.1
+        ),
+        RetryPolicy(),
+        now=0.0,
+    )
+    assert drained.draining
+    assert not drained.breaker_failure
+    breaker.record_success(probe)
+    transition = breaker.force_open(3.0, "draining")
+    assert transition is not None
+    assert transition.open_for == 3.0
+    assert breaker.remaining_open() == 3.0

@@ -85,6 +85,10 @@ __all__ = [
 _NEVER = -math.inf
 _DRAINING = "the gateway is draining for maintenance; use your fallback"
 _NOT_READY = "the model server is not ready; try again shortly"
+_BUCKET_MESSAGES = {
+    "rate_limited": "this key is over its requests per second; retry after the given time",
+    "token_budget": "this key is over its tokens per minute; retry after the given time",
+}
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -183,6 +187,14 @@ class Admission:
         self._mean_service = config.initial_service_time
         self._queue_horizon = _NEVER
         self._outage_horizon = _NEVER
+        # The refusal path runs once per refused request of a flood: its constant
+        # parts (policies, messages) are built once here, not per refusal.
+        self._policies = {
+            "rate_limited": _bucket_policy("rate_limited", config.effective_burst, config.rate),
+            "token_budget": _bucket_policy(
+                "token_budget", config.tokens_per_minute, (config.tokens_per_minute or 0) / 60
+            ),
+        }
         self._draining = False
         self._ready = True
         self._not_ready_code = "upstream_loading"
@@ -267,7 +279,7 @@ class Admission:
             now = self._clock.monotonic()
             rate = self._key(key_id, now).rate
             if rate is not None and not rate.allows(now, 1):
-                return self._bucket_refusal(rate, now, 1, "rate_limited", "requests per second")
+                return self._bucket_refusal(rate, now, 1, "rate_limited")
         return None
 
     def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
@@ -289,7 +301,7 @@ class Admission:
             )
         key = self._key(key_id, now)
         if key.tokens is not None and not key.tokens.allows(now, price):
-            return self._bucket_refusal(key.tokens, now, price, "token_budget", "tokens per minute")
+            return self._bucket_refusal(key.tokens, now, price, "token_budget")
         fits_kv = self._fits_kv(price)
         if not self._queued and self._running < cfg.max_concurrency and fits_kv:
             ticket = self._new_ticket(key_id, price, now)
@@ -464,16 +476,20 @@ class Admission:
             remaining=max(0, cfg.max_queue - self._queued),
         )
 
-    def _bucket_refusal(
-        self, bucket: TokenBucket, now: float, cost: float, code: str, what: str
-    ) -> Refuse:
-        wait = self._capped(bucket.reserve(now, cost))
-        window = bucket.capacity / bucket.refill
+    def _bucket_refusal(self, bucket: TokenBucket, now: float, cost: float, code: str) -> Refuse:
+        wait = self._capped(bucket.reserve(now, cost))  # refills the bucket to now
         return Refuse(
             status=429,
             code=code,
-            message=f"this key is over its {what}; retry after the given time",
+            message=_BUCKET_MESSAGES[code],
             retry_after=wait,
-            policy=f'"{code}";q={math.floor(bucket.capacity)};w={math.ceil(window)}',
+            policy=self._policies[code],
             remaining=max(0, math.floor(bucket.level(now))),
         )
+
+
+def _bucket_policy(code: str, capacity: float | None, refill: float | None) -> str | None:
+    """A bucket's IETF ``RateLimit-Policy`` item (``None`` when the limit is off)."""
+    if capacity is None or not refill:
+        return None
+    return f'"{code}";q={math.floor(capacity)};w={math.ceil(capacity / refill)}'

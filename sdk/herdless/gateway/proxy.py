@@ -50,12 +50,9 @@ class ChatProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
         headers = header_map(scope)
-        rid = headers.get("x-request-id", "")
-        if not _REQUEST_ID.fullmatch(rid):
-            # Echoed in a response header, logged and forwarded: only a sane id is kept.
-            rid = os.urandom(16).hex()  # as random as uuid4().hex, at a third of the cost
-        log = {"request_id": rid, "key_id": None, "method": "POST", "path": scope["path"]}
-        status, reason, ticket = await self._handle(scope, receive, send, headers, rid, log)
+        # The request id is made only when used (admitted, or logged): not per refusal.
+        log: dict[str, object] = {"request_id": None, "key_id": None}
+        status, reason, ticket = await self._handle(scope, receive, send, headers, log)
         rt = self._rt
         rt.metrics.requests[status] += 1
         if reason is not None and status in (429, 503):
@@ -65,7 +62,10 @@ class ChatProxy:
         if rt.access_log:
             wait = ticket.queue_wait if ticket is not None else 0.0
             rt.log_access(
-                **log,
+                request_id=log["request_id"] or _request_id(headers),
+                key_id=log["key_id"],
+                method="POST",
+                path=scope["path"],
                 status=status,
                 reason=reason,
                 queue_wait_ms=round(wait * 1000, 3),
@@ -78,7 +78,6 @@ class ChatProxy:
         receive: Receive,
         send: Send,
         headers: dict[str, str],
-        rid: str,
         log: dict[str, object],
     ) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
@@ -136,6 +135,7 @@ class ChatProxy:
             await _send_refusal(send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
+        rid = log["request_id"] = _request_id(headers)
         outcome: list[tuple[int, str | None]] = []
         try:
             async with anyio.create_task_group() as tg:
@@ -223,6 +223,18 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
+
+
+def _request_id(headers: dict[str, str]) -> str:
+    """The client's ``X-Request-ID`` when sane, else a new one.
+
+    Echoed in a response header, logged and forwarded: only visible ASCII up to
+    128 characters is kept.
+    """
+    rid = headers.get("x-request-id", "")
+    if _REQUEST_ID.fullmatch(rid):
+        return rid
+    return os.urandom(16).hex()  # as random as uuid4().hex, at a third of the cost
 
 
 async def _send_refusal(send: Send, refuse: Refuse) -> None:

@@ -16,6 +16,7 @@ from herdless.gateway.upstream import Upstream
 __all__ = ["ACCESS_LOG", "Runtime", "header_map", "send_json"]
 
 ACCESS_LOG = logging.getLogger("herdless.gateway.access")
+_JSON_TYPE = (b"content-type", b"application/json")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -62,10 +63,8 @@ async def send_json(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     """Send a complete JSON response."""
-    raw = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *(headers or []),
-    ]
+    raw = [_JSON_TYPE, (b"content-length", b"%d" % len(body))]
+    if headers:
+        raw += headers
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})

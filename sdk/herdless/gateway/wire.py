@@ -149,15 +149,24 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     """
     if refuse.status not in (429, 503):
         return []
+    seconds = str(math.ceil(refuse.retry_after)).encode()
     headers = [
-        (b"retry-after", str(math.ceil(refuse.retry_after)).encode()),
+        (b"retry-after", seconds),
         (b"retry-after-ms", str(round(refuse.retry_after * 1000)).encode()),
     ]
     if refuse.drain:
-        headers.append((b"x-herdless-drain", b"1"))
+        headers.append(_DRAIN_HEADER)
     if refuse.policy is not None:
-        name = refuse.policy.split(";", 1)[0]
-        reset = math.ceil(refuse.retry_after)
-        headers.append((b"ratelimit-policy", refuse.policy.encode()))
-        headers.append((b"ratelimit", f"{name};r={refuse.remaining};t={reset}".encode()))
+        policy, name = _policy_parts(refuse.policy)
+        headers.append((b"ratelimit-policy", policy))
+        headers.append((b"ratelimit", b"%s;r=%d;t=%s" % (name, refuse.remaining, seconds)))
     return headers
+
+
+_DRAIN_HEADER = (b"x-herdless-drain", b"1")
+
+
+@functools.lru_cache(maxsize=16)  # a handful of policies per gateway, one per limit
+def _policy_parts(policy: str) -> tuple[bytes, bytes]:
+    """A ``RateLimit-Policy`` item encoded, and its name (the part before ``;``)."""
+    return policy.encode(), policy.split(";", 1)[0].encode()

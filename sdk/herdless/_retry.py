@@ -12,7 +12,11 @@ unless the server said when to come back (``retry-after-ms`` or ``Retry-After``,
 capped at ``max_retry_after``); then that is a floor, with a little jitter above it
 so that clients told the same number do not all come back in the same instant::
 
-    delay = ra + uniform(0, max(min_jitter, retry_after_jitter * ra))
+    delay = ra + uniform(0, clamp(retry_after_jitter * ra, min_jitter, max_jitter))
+
+The spread is capped (``max_jitter``) because a gateway that staggers its answers
+(herdless's does) already told each client its own time: a proportional spread on
+top of a 10 s reservation would only stretch the tail of the queue.
 
 .. keep in sync with docs/resilience.md
 """
@@ -56,6 +60,7 @@ class RetryPolicy:
         max_retry_after: seconds; a server's Retry-After is honoured up to this.
         retry_after_jitter: fraction of the server's Retry-After added at most above it.
         min_jitter: seconds; the least spread added above a server's Retry-After.
+        max_jitter: seconds; the most spread added above a server's Retry-After.
         budget_ratio: retries toward one backend stay below ``budget_ratio`` times its
             recent calls, plus ``budget_floor`` (the retry budget).
         budget_floor: retries always allowed per ``budget_window``, however few the calls.
@@ -72,6 +77,7 @@ class RetryPolicy:
     max_retry_after: float = 60.0
     retry_after_jitter: float = 0.25
     min_jitter: float = 0.1
+    max_jitter: float = 1.0
     # Attempts per call under a lasting overload tend to 1 + ratio + floor / calls per
     # window: at or below 1.1 from 40 calls per window (4 a second) up.
     budget_ratio: float = 0.05
@@ -84,9 +90,20 @@ class RetryPolicy:
         for name in ("base", "cap", "max_retry_after", "budget_window"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RetryPolicy.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("retry_after_jitter", "min_jitter", "budget_ratio", "budget_floor"):
+        for name in (
+            "retry_after_jitter",
+            "min_jitter",
+            "max_jitter",
+            "budget_ratio",
+            "budget_floor",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"RetryPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.min_jitter > self.max_jitter:
+            raise ValueError(
+                f"RetryPolicy.min_jitter ({self.min_jitter!r}) must be <= max_jitter "
+                f"({self.max_jitter!r})"
+            )
 
     def ceiling(self, n: int) -> float:
         """The full-jitter upper bound before retry ``n`` (0-based): ``min(cap, base * 2**n)``."""
@@ -102,7 +119,8 @@ class RetryPolicy:
     def after_server(self, retry_after: float, rng: random.Random) -> float:
         """Seconds to wait when the server asked for ``retry_after``: that, capped, plus jitter."""
         floor = min(max(retry_after, 0.0), self.max_retry_after)
-        return floor + rng.uniform(0.0, max(self.min_jitter, self.retry_after_jitter * floor))
+        spread = min(self.max_jitter, max(self.min_jitter, self.retry_after_jitter * floor))
+        return floor + rng.uniform(0.0, spread)
 
     def delay(self, n: int, retry_after: float | None, rng: random.Random) -> float:
         """The wait before retry ``n``: the server's time as a floor if given, else full jitter."""

@@ -40,13 +40,19 @@ def test_backoff_is_full_jitter_between_zero_and_the_ceiling() -> None:
         (2.0, 2.5),  # floor + 25 %
         (0.0, 0.1),  # at least min_jitter of spread above
         (0.2, 0.3),
-        (1000.0, 75.0),  # capped at max_retry_after (60) + its jitter
+        (10.0, 11.0),  # the spread is capped at max_jitter (1 s), not 25 % of 10 s
+        (1000.0, 61.0),  # capped at max_retry_after (60) + at most max_jitter
     ],
 )
 def test_server_time_is_a_floor_with_jitter_above(retry_after: float, expected: float) -> None:
     policy = RetryPolicy()
     assert policy.after_server(retry_after, UpperRandom()) == pytest.approx(expected)
     assert policy.after_server(retry_after, LowerRandom()) == min(retry_after, 60.0)
+
+
+def test_jitter_bounds_are_validated() -> None:
+    with pytest.raises(ValueError, match="min_jitter"):
+        RetryPolicy(min_jitter=2.0, max_jitter=1.0)
 
 
 def test_delay_prefers_the_server_time() -> None:

@@ -1,0 +1,73 @@
+"""What :class:`~herdless.gateway.admission.Admission` hands out: tickets and decisions.
+
+Plain data, no logic; re-exported by :mod:`herdless.gateway.admission`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Admit", "Enqueued", "Refuse", "Ticket"]
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Ticket:
+    """One request inside the gateway, from offer to release (identity-compared).
+
+    Attributes:
+        id: sequence number, unique per :class:`Admission`.
+        key_id: the caller's key id (never the key).
+        price: tokens priced before the run (estimated prompt + ``max_tokens``).
+        offered_at: clock time of the offer.
+        started_at: clock time it started running upstream, or ``None``.
+    """
+
+    id: int
+    key_id: str
+    price: int
+    offered_at: float
+    started_at: float | None = None
+    state: Literal["queued", "running", "done"] = "queued"
+
+    @property
+    def queue_wait(self) -> float:
+        """Seconds spent waiting before the start (0 until started)."""
+        return 0.0 if self.started_at is None else self.started_at - self.offered_at
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Run now: the ticket holds a concurrency slot and its price of the KV budget."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Wait: the driver waits until :meth:`Admission.dispatch` starts the ticket."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refuse:
+    """Refused, with when to come back.
+
+    Attributes:
+        status: HTTP status: 429 (come back later), 503 (not serving now), 400.
+        code: machine-readable reason (``queue_full``, ``rate_limited``, ...).
+        message: human-readable reason.
+        retry_after: seconds until the caller may come back (precise).
+        drain: the gateway is draining; herdless clients fall back at once.
+        policy: the limit as an IETF ``RateLimit-Policy`` item, or ``None``.
+        remaining: quota left in that policy.
+    """
+
+    status: int
+    code: str
+    message: str
+    retry_after: float
+    drain: bool = False
+    policy: str | None = None
+    remaining: int = 0

@@ -3,6 +3,7 @@
 No arguments needed: it starts its own servers on free loopback ports, shows a
 live view while the day plays, prints the summary table and the path of the
 timeline PNG, and stops every process it started (also on Ctrl-C).
+``--backend vllm`` makes the company GPU a real vLLM on CPU (docs/real-vllm.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -25,10 +27,12 @@ from herdless.demo.settings import DemoSettings, parse_settings
 from herdless.demo.stack import running_stack
 from herdless.demo.tally import Tally
 from herdless.demo.view import accounting, live_panel, summary_table
+from herdless.testing.vllm import VllmHome, VllmUnavailable, prepare
 
 __all__ = ["main"]
 
 _INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
+_UNAVAILABLE = 2  # --backend vllm where vLLM cannot be installed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     add("speed", _positive(float))
     add("gpu_seqs", _positive(int), "N")
     add("deadline", _positive(float), "SECONDS")
+    add("max_tokens", _positive(int), "N")
+    parser.add_argument(
+        "--backend",
+        choices=["emulator", "vllm"],
+        help="the company GPU: emulated, or a real vLLM on CPU, prepared in "
+        "$HERDLESS_VLLM_CACHE or ./.cache/vllm (emulator); vllm defaults to "
+        "--crowd 8 --gpu-seqs 4 --max-tokens 64",
+    )
     return parser
 
 
@@ -90,7 +102,10 @@ def settings(argv: Sequence[str]) -> DemoSettings:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``herdless demo``; returns the exit status (0, or 130 after Ctrl-C)."""
+    """Run ``herdless demo``; returns the exit status.
+
+    0 after the day; 2 when ``--backend vllm`` finds no vLLM it can prepare; 130 after Ctrl-C.
+    """
     opts = settings(argv)
     # The live view shows every decision; the SDK's own warnings would tear it apart.
     logging.getLogger("herdless").setLevel(logging.ERROR)
@@ -98,7 +113,16 @@ def main(argv: Sequence[str]) -> int:
     console = Console()
     day = Day(length=opts.length, crowd=opts.crowd)
     fallback = FALLBACK if opts.fallback else None
-    console.print("starting the company GPU (emulated), the gateway and the hosted model ...")
+    vllm: VllmHome | None = None
+    gpu = "emulated"
+    if opts.backend == "vllm":
+        try:
+            vllm = prepare()
+        except VllmUnavailable as exc:
+            print(f"herdless demo: vLLM cannot be prepared here: {exc}", file=sys.stderr)
+            return _UNAVAILABLE
+        gpu = "a real vLLM on CPU: it takes minutes to start"
+    console.print(f"starting the company GPU ({gpu}), the gateway and the hosted model ...")
     try:
         with running_stack(
             speed=opts.speed,
@@ -108,6 +132,7 @@ def main(argv: Sequence[str]) -> int:
             # back on it soon after it resumes instead of waiting out a fixed 30 s.
             drain_retry_after=max(1.0, (day.maintenance[1] - day.maintenance[0]) / 4),
             logs=out / "logs",
+            vllm=vllm,
         ) as stack:
             tally = Tally(start=time.monotonic(), deadline=opts.deadline)
             crowd = Crowd(
@@ -117,6 +142,7 @@ def main(argv: Sequence[str]) -> int:
                 seed=opts.seed,
                 fallback=opts.fallback,
                 deadline=opts.deadline,
+                max_tokens=opts.max_tokens,
             )
             with Live(console=console, refresh_per_second=4, transient=False) as live:
 

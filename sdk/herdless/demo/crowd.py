@@ -80,6 +80,7 @@ class Crowd:
     """Plays the day against ``stack``; :meth:`run` returns when every call has ended.
 
     Attributes:
+        max_tokens: caps the answer lengths employees ask for.
         started: calls started (each ends served or failed: the accounting checks it).
     """
 
@@ -90,6 +91,7 @@ class Crowd:
     fallback: bool = True
     think: float = 3.0
     deadline: float = 20.0
+    max_tokens: int = 512
     started: int = 0
 
     def _client(self, index: int, http: httpx.AsyncClient) -> herdless.AsyncClient:
@@ -107,7 +109,7 @@ class Crowd:
 
         return herdless.AsyncClient(
             primary=herdless.Backend(
-                name=PRIMARY, base_url=f"{self.stack.gateway}/v1", model="company-llm"
+                name=PRIMARY, base_url=f"{self.stack.gateway}/v1", model=self.stack.gpu_model
             ),
             fallback=fallback,
             deadline=self.deadline,
@@ -130,12 +132,11 @@ class Crowd:
                     break
                 words = " ".join(rng.choices(_WORDS, k=rng.randint(15, 300)))
                 self.started += 1
+                max_tokens = min(rng.choice(_MAX_TOKENS), self.max_tokens)
                 # Failures are counted from the client's CallFailed event; the
                 # employee shrugs and asks again later.
                 with contextlib.suppress(herdless.HerdlessError):
-                    await client.chat(
-                        [{"role": "user", "content": words}], max_tokens=rng.choice(_MAX_TOKENS)
-                    )
+                    await client.chat([{"role": "user", "content": words}], max_tokens=max_tokens)
 
     async def _operator(self, stop: asyncio.Event) -> None:
         """Drains the gateway for the model swap and resumes it, on the day's schedule."""

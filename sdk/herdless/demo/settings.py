@@ -9,14 +9,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DemoSettings", "parse_settings"]
+__all__ = ["VLLM_DEFAULTS", "DemoSettings", "parse_settings"]
 
 S = TypeVar("S", bound=BaseSettings)
+
+# A real vLLM on CPU streams ~30 tokens/s: a small crowd asking for short answers
+# through a gateway admitting 4 still saturates it, and a call fits its deadline.
+VLLM_DEFAULTS: dict[str, object] = {"crowd": 8, "gpu_seqs": 4, "max_tokens": 64}
 
 
 class DemoSettings(BaseSettings):
@@ -31,6 +35,11 @@ class DemoSettings(BaseSettings):
         speed: the emulated GPU's time scale.
         gpu_seqs: sequences the GPU runs at once; the gateway admits as many.
         deadline: seconds each employee's client allows a call, waits included.
+        max_tokens: the longest answer an employee asks for (tokens).
+        backend: the company GPU: the emulator, or a real vLLM on CPU
+            (:mod:`herdless.testing.vllm`; the hosted model stays an emulator).
+            With ``vllm``, ``crowd``, ``gpu_seqs`` and ``max_tokens`` default to
+            :data:`VLLM_DEFAULTS` unless set by flag or variable.
     """
 
     model_config = SettingsConfigDict(env_prefix="HERDLESS_DEMO_", extra="forbid")
@@ -43,6 +52,18 @@ class DemoSettings(BaseSettings):
     speed: PositiveFloat = Field(default=4.0, description="the emulated GPU's time scale")
     gpu_seqs: PositiveInt = Field(default=8, description="sequences the GPU runs at once")
     deadline: PositiveFloat = Field(default=20.0, description="seconds per call, waits included")
+    max_tokens: PositiveInt = Field(default=512, description="longest answer asked for (tokens)")
+    backend: Literal["emulator", "vllm"] = Field(
+        default="emulator", description="the company GPU: emulated, or a real vLLM on CPU"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_defaults(cls, data: Any) -> Any:
+        """Smaller defaults for a real vLLM; what flags or variables set is kept."""
+        if isinstance(data, dict) and data.get("backend") == "vllm":
+            data = VLLM_DEFAULTS | data
+        return data
 
 
 def parse_settings(

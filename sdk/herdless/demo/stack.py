@@ -1,9 +1,11 @@
-"""The demo's servers: emulated GPU, gateway and hosted model, as child processes.
+"""The demo's servers: the company GPU, gateway and hosted model, as child processes.
 
 Started with the project's real-process harness (:mod:`herdless.testing.servers`):
 each is ``python -m herdless ...`` on a free 127.0.0.1 port with its log in the
 output folder, and is always stopped on exit (SIGTERM, then SIGKILL after a
 grace period), also on Ctrl-C or an error, so the demo leaves no process behind.
+The GPU is an emulator, or a real vLLM on CPU (:class:`herdless.testing.vllm.VllmServer`,
+stopped by its process group the same way).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from herdless.testing.servers import ServerProcess, emulator_process, flags
+from herdless.testing.vllm import MODEL_NAME, VllmHome, VllmServer
+
+_GPU_MODEL = "company-llm"
 
 __all__ = ["Stack", "running_stack"]
 
@@ -27,11 +32,18 @@ class Stack:
     gateway: str
     hosted: str
     admin_token: str
+    gpu_model: str = _GPU_MODEL
 
 
 @contextlib.contextmanager
 def running_stack(
-    *, speed: float, gpu_seqs: int, seed: int, drain_retry_after: float, logs: Path
+    *,
+    speed: float,
+    gpu_seqs: int,
+    seed: int,
+    drain_retry_after: float,
+    logs: Path,
+    vllm: VllmHome | None = None,
 ) -> Iterator[Stack]:
     """Start the three servers, yield their URLs, stop them on exit.
 
@@ -41,21 +53,30 @@ def running_stack(
         seed: the emulators' text seed.
         drain_retry_after: the gateway's Retry-After while draining (seconds).
         logs: folder for the servers' logs.
+        vllm: a prepared vLLM (:func:`herdless.testing.vllm.prepare`) to serve as the
+            GPU instead of an emulator; ``speed`` and ``seed`` then only apply to
+            the hosted model.
     """
     logs.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(16)
     with contextlib.ExitStack() as stack:
-        gpu = stack.enter_context(
-            emulator_process(
-                model="company-llm",
-                max_num_seqs=gpu_seqs,
-                speed=speed,
-                seed=seed,
-                access_log=False,
-                log_level="warning",
-                log_path=logs / "gpu.log",
+        gpu: ServerProcess | VllmServer
+        if vllm is None:
+            gpu = stack.enter_context(
+                emulator_process(
+                    model=_GPU_MODEL,
+                    max_num_seqs=gpu_seqs,
+                    speed=speed,
+                    seed=seed,
+                    access_log=False,
+                    log_level="warning",
+                    log_path=logs / "gpu.log",
+                )
             )
-        )
+        else:
+            gpu = VllmServer(vllm, extra_args=["--max-num-seqs", str(gpu_seqs)])
+            gpu.log_path = logs / "gpu.log"  # with the other servers' logs
+            stack.enter_context(gpu)  # returns once vLLM answers /health (minutes)
         hosted = stack.enter_context(
             emulator_process(
                 model="hosted-llm",
@@ -83,4 +104,10 @@ def running_stack(
             env={"HERDLESS_GATEWAY_ADMIN_TOKEN": token},
         )
         stack.enter_context(gateway)
-        yield Stack(gpu=gpu.url, gateway=gateway.url, hosted=hosted.url, admin_token=token)
+        yield Stack(
+            gpu=gpu.url,
+            gateway=gateway.url,
+            hosted=hosted.url,
+            admin_token=token,
+            gpu_model=_GPU_MODEL if vllm is None else MODEL_NAME,
+        )

@@ -96,7 +96,8 @@ def main(argv: Sequence[str]) -> int:
     except ValidationError as exc:
         for error in exc.errors():
             name = "-".join(str(part) for part in error["loc"]).replace("_", "-")
-            print(f"herdless serve: --{name}: {error['msg']}", file=sys.stderr)
+            where = f"--{name}: " if name else ""  # a check across fields names none
+            print(f"herdless serve: {where}{error['msg']}", file=sys.stderr)
         return 2
 
     _configure_logging(settings.log_level.upper())

@@ -538,6 +538,18 @@ class AsyncClient(_BaseClient):
 
     async def _perform(self, send: Send) -> Outcome:
         start = self._clock.monotonic()
+        limit = send.timeouts.first_byte
+        try:
+            # The whole attempt (pool wait, connect, send, first answer) within the time
+            # the flow gave it: httpx's limits are per operation, and under load their sum
+            # (a crowded pool, then a slow connect, then the read) outlasted the deadline.
+            async with asyncio.timeout(limit):
+                return await self._attempt(send, start)
+        except TimeoutError:
+            timeout = httpx.ReadTimeout(f"no answer within {limit:g} s")
+            return failure(timeout, elapsed=self._clock.monotonic() - start)
+
+    async def _attempt(self, send: Send, start: float) -> Outcome:
         response = None
         try:
             response = await self._http.send(self._endpoints.request(self._http, send), stream=True)
@@ -567,6 +579,10 @@ class AsyncClient(_BaseClient):
             if response is not None:
                 await response.aclose()
             return failure(exc, elapsed=self._clock.monotonic() - start)
+        except asyncio.CancelledError:  # the attempt's time is up (or the caller gave up)
+            if response is not None:
+                await response.aclose()
+            raise
 
     async def _dispatch(self, events: list[Event]) -> None:
         for event in events:

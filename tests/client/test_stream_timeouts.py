@@ -126,6 +126,31 @@ async def test_async_stream_silent_before_its_first_event_falls_back() -> None:
     assert bodies[0].read_timeout == [5.0]  # gaps may last up to read, not first_byte
 
 
+async def test_async_attempt_stalled_before_any_answer_is_bounded_and_falls_back() -> None:
+    # httpx's limits are per operation (a MockTransport applies none at all): a handler
+    # that never answers stands for a crowded pool or a server that takes the connection
+    # and stays silent. The whole attempt must still end within first_byte.
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "gpu.test":
+            await asyncio.Event().wait()
+        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}}]})
+
+    async with herdless.AsyncClient(
+        _PRIMARY,
+        fallback=_HOSTED,
+        timeouts=herdless.Timeouts(first_byte=0.02),
+        transport=httpx.MockTransport(handler),
+        env_file=None,
+    ) as client:
+        # wait_for only turns a hang into a failure; the assertion is on the attempts.
+        result = await asyncio.wait_for(client.chat(_MESSAGES), timeout=10)
+    assert result.content == "hi"
+    assert [(a.backend, a.kind) for a in result.attempts] == [
+        ("primary", "first_byte_timeout"),
+        ("hosted", "ok"),
+    ]
+
+
 def test_sync_stream_body_reads_keep_first_byte() -> None:
     bodies: list[_Body] = []
     with (

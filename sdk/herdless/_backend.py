@@ -16,7 +16,9 @@ class Timeouts:
         first_byte: from sending the request to the first byte of the answer. A backend that
             accepts the connection and then says nothing is a failure, not a wait forever.
             For a non-streaming call the server sends nothing until the whole answer is
-            generated, so this bounds the whole generation.
+            generated, so this bounds the whole generation. ``AsyncClient`` also bounds the
+            whole attempt (waiting for a pooled connection and connecting included) by it,
+            so a crowded pool cannot outlast the call's deadline.
         read: idle time allowed between two chunks of a stream, after the first one.
 
     Sync streams: httpcore reads a response body under one socket timeout, fixed when the

@@ -16,14 +16,15 @@ pytestmark = [pytest.mark.server]
 
 def test_emulator_is_the_default_with_the_full_crowd() -> None:
     opts = settings([])
-    assert (opts.backend, opts.crowd, opts.gpu_seqs, opts.max_tokens) == ("emulator", 150, 8, 512)
+    assert (opts.backend, opts.crowd, opts.gpu_seqs) == ("emulator", 150, 8)
+    assert (opts.max_words, opts.max_tokens) == (300, 512)
 
 
 def test_vllm_defaults_to_a_smaller_day() -> None:
     opts = settings(["--backend", "vllm"])
     assert opts.backend == "vllm"
     assert {k: getattr(opts, k) for k in VLLM_DEFAULTS} == VLLM_DEFAULTS
-    assert (opts.crowd, opts.gpu_seqs, opts.max_tokens) == (8, 4, 64)
+    assert (opts.crowd, opts.gpu_seqs, opts.max_words, opts.max_tokens) == (8, 4, 40, 16)
 
 
 def test_what_the_user_sets_wins_over_the_vllm_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

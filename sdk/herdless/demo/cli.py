@@ -70,13 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     add("speed", _positive(float))
     add("gpu_seqs", _positive(int), "N")
     add("deadline", _positive(float), "SECONDS")
+    add("max_words", _positive(int), "N")
     add("max_tokens", _positive(int), "N")
     parser.add_argument(
         "--backend",
         choices=["emulator", "vllm"],
         help="the company GPU: emulated, or a real vLLM on CPU, prepared in "
         "$HERDLESS_VLLM_CACHE or ./.cache/vllm (emulator); vllm defaults to "
-        "--crowd 8 --gpu-seqs 4 --max-tokens 64",
+        "--crowd 8 --gpu-seqs 4 --max-words 40 --max-tokens 16",
     )
     return parser
 
@@ -142,6 +143,7 @@ def main(argv: Sequence[str]) -> int:
                 seed=opts.seed,
                 fallback=opts.fallback,
                 deadline=opts.deadline,
+                max_words=opts.max_words,
                 max_tokens=opts.max_tokens,
             )
             with Live(console=console, refresh_per_second=4, transient=False) as live:

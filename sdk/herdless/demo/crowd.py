@@ -80,6 +80,7 @@ class Crowd:
     """Plays the day against ``stack``; :meth:`run` returns when every call has ended.
 
     Attributes:
+        max_words: caps the question lengths (15 to 300 words).
         max_tokens: caps the answer lengths employees ask for.
         started: calls started (each ends served or failed: the accounting checks it).
     """
@@ -91,6 +92,7 @@ class Crowd:
     fallback: bool = True
     think: float = 3.0
     deadline: float = 20.0
+    max_words: int = 300
     max_tokens: int = 512
     started: int = 0
 
@@ -130,7 +132,8 @@ class Crowd:
                 await _pause(stop, rng.expovariate(1 / self.think))
                 if stop.is_set():
                     break
-                words = " ".join(rng.choices(_WORDS, k=rng.randint(15, 300)))
+                length = rng.randint(min(15, self.max_words), self.max_words)
+                words = " ".join(rng.choices(_WORDS, k=length))
                 self.started += 1
                 max_tokens = min(rng.choice(_MAX_TOKENS), self.max_tokens)
                 # Failures are counted from the client's CallFailed event; the

@@ -18,9 +18,11 @@ __all__ = ["VLLM_DEFAULTS", "DemoSettings", "parse_settings"]
 
 S = TypeVar("S", bound=BaseSettings)
 
-# A real vLLM on CPU streams ~30 tokens/s: a small crowd asking for short answers
-# through a gateway admitting 4 still saturates it, and a call fits its deadline.
-VLLM_DEFAULTS: dict[str, object] = {"crowd": 8, "gpu_seqs": 4, "max_tokens": 64}
+# A real vLLM on CPU is slow: on the busy 2-core box it read a 210-token question in
+# about 4 s and four 64-token answers at once took 22 s, past the 20 s deadline. A
+# small crowd asking short questions for short answers through a gateway admitting
+# 4 still saturates it, and a call fits its deadline.
+VLLM_DEFAULTS: dict[str, object] = {"crowd": 8, "gpu_seqs": 4, "max_words": 40, "max_tokens": 16}
 
 
 class DemoSettings(BaseSettings):
@@ -35,10 +37,11 @@ class DemoSettings(BaseSettings):
         speed: the emulated GPU's time scale.
         gpu_seqs: sequences the GPU runs at once; the gateway admits as many.
         deadline: seconds each employee's client allows a call, waits included.
+        max_words: the longest question an employee asks (words).
         max_tokens: the longest answer an employee asks for (tokens).
         backend: the company GPU: the emulator, or a real vLLM on CPU
             (:mod:`herdless.testing.vllm`; the hosted model stays an emulator).
-            With ``vllm``, ``crowd``, ``gpu_seqs`` and ``max_tokens`` default to
+            With ``vllm``, ``crowd``, ``gpu_seqs``, ``max_words`` and ``max_tokens`` default to
             :data:`VLLM_DEFAULTS` unless set by flag or variable.
     """
 
@@ -52,6 +55,7 @@ class DemoSettings(BaseSettings):
     speed: PositiveFloat = Field(default=4.0, description="the emulated GPU's time scale")
     gpu_seqs: PositiveInt = Field(default=8, description="sequences the GPU runs at once")
     deadline: PositiveFloat = Field(default=20.0, description="seconds per call, waits included")
+    max_words: PositiveInt = Field(default=300, description="longest question asked (words)")
     max_tokens: PositiveInt = Field(default=512, description="longest answer asked for (tokens)")
     backend: Literal["emulator", "vllm"] = Field(
         default="emulator", description="the company GPU: emulated, or a real vLLM on CPU"

@@ -19,9 +19,9 @@ from pathlib import Path
 from herdless.testing.servers import ServerProcess, emulator_process, flags
 from herdless.testing.vllm import MODEL_NAME, VllmHome, VllmServer
 
-_GPU_MODEL = "company-llm"
-
 __all__ = ["Stack", "running_stack"]
+
+_GPU_MODEL = "company-llm"  # the emulated GPU's; a real vLLM serves MODEL_NAME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

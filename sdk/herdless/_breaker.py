@@ -90,6 +90,9 @@ class Transition:
     open_for: float | None = None
 
 
+_CALL: tuple[Permit, Transition | None] = (Permit.CALL, None)
+
+
 class CircuitBreaker:
     """One backend's breaker. Thread- and task-safe; pure apart from its lock.
 
@@ -149,9 +152,11 @@ class CircuitBreaker:
     def acquire(self) -> tuple[Permit, Transition | None]:
         """Ask to send one attempt. A ``PROBE`` or ``CALL`` must be answered with exactly
         one of ``record_success``, ``record_failure`` or ``release``."""
+        if self._state == "closed":  # one read, as under the lock: the common case
+            return _CALL
         with self._lock:
             if self._state == "closed":
-                return Permit.CALL, None
+                return _CALL
             transition = None
             if self._state == "open":
                 if self._clock.monotonic() < self._open_until:

@@ -49,6 +49,7 @@ from herdless._visit import Fail, serve
 from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.events import (
     AttemptFailed,
+    AttemptStarted,
     BackpressureReceived,
     BreakerStateChanged,
     CallFailed,
@@ -242,9 +243,34 @@ class CallFlow:
         policies = self.policies
         at = policies.clock.monotonic() if now is None else now
         event = event_type(call_id=self.spec.request_id, at=at, **fields)
-        if policies.keep_events:  # the outbox is for the hook; stats see every event below
+        policies.counts.record(event)
+        self._publish(event)
+
+    def _publish(self, event: Event) -> None:
+        """Hand a counted event to the hook's outbox (when there is a hook) and the log."""
+        if self.policies.keep_events:
             self._events.append(event)
-        policies.observe(event)
+        self.policies.log(event)
+
+    # The two events of every call are counted without being built when nobody would
+    # see them (no hook, their log level off): building them showed in per-call CPU.
+
+    def attempt_started(
+        self, backend: Backend, attempt: int, model: str | None, now: float
+    ) -> None:
+        """An attempt is about to be sent: ``AttemptStarted``."""
+        policies = self.policies
+        policies.counts.attempt(backend.name)
+        if policies.publishes(AttemptStarted):
+            self._publish(
+                AttemptStarted(
+                    call_id=self.spec.request_id,
+                    backend=backend.name,
+                    at=now,
+                    attempt=attempt,
+                    model=model,
+                )
+            )
 
     def transition(self, backend: Backend, transition: Transition | None) -> None:
         if transition is not None:
@@ -264,15 +290,21 @@ class CallFlow:
         )
 
     def _finish(self, backend: Backend, reason: str | None) -> None:
-        now = self.policies.clock.monotonic()
-        self.emit(
-            CallFinished,
-            now,
-            backend=backend.name,
-            attempts=self._attempt,
-            latency=now - self._start,
-            fallback_reason=reason,
-        )
-        degraded = self.policies.served(backend, reason, now=now)
+        policies = self.policies
+        now = policies.clock.monotonic()
+        latency = now - self._start
+        policies.counts.finished(backend.name, latency)
+        if policies.publishes(CallFinished):
+            self._publish(
+                CallFinished(
+                    call_id=self.spec.request_id,
+                    backend=backend.name,
+                    at=now,
+                    attempts=self._attempt,
+                    latency=latency,
+                    fallback_reason=reason,
+                )
+            )
+        degraded = policies.served(backend, reason, now=now)
         if degraded is not None:
             self.emit(PrimaryDegraded, now, **degraded)

@@ -145,7 +145,8 @@ class Policies:
         """Whether attempts are counted in flight (``enter`` / ``leave``): only the choice
         among several primaries reads the count."""
         self._lock = threading.Lock()
-        self._stats = StatsRecorder()
+        self.counts = StatsRecorder()
+        """What ``stats()`` reports; the flow counts every event it emits here."""
         self._degraded = DegradedTracker(self.fallback_policy.degraded_interval)
         self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
 
@@ -173,7 +174,7 @@ class Policies:
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
         states and latency percentiles."""
-        return self._stats.snapshot({name: b.state for name, b in self._breakers.items()})
+        return self.counts.snapshot({name: b.state for name, b in self._breakers.items()})
 
     # -- used by the flow ------------------------------------------------------------
 
@@ -229,9 +230,12 @@ class Policies:
             now=now,
         )
 
-    def observe(self, event: Event) -> None:
-        """Count an event and log it (structured; events never hold secrets)."""
-        self._stats.record(event)
+    def publishes(self, event_type: type[Event]) -> bool:
+        """Whether an event of this type would reach anyone: the hook, or the log."""
+        return self.keep_events or logger.isEnabledFor(_LEVELS.get(event_type, logging.INFO))
+
+    def log(self, event: Event) -> None:
+        """Log an event (structured; events never hold secrets)."""
         level = _LEVELS.get(type(event), logging.INFO)
         if logger.isEnabledFor(level):  # building the fields costs; skip when unused
             data = {f.name: getattr(event, f.name) for f in fields(event)}

@@ -1,7 +1,9 @@
 """``client.stats()``: what the client did, derived from the events it emitted.
 
-Every event the flow emits passes through ``StatsRecorder.record`` (whether or not
-the user gave an ``on_event`` hook), so the numbers and the events never disagree.
+Every event the flow emits is counted by ``StatsRecorder`` (whether or not the user
+gave an ``on_event`` hook), so the numbers and the events never disagree: through
+``record``, or, for the two events of every call, through ``attempt`` and ``finished``,
+which the flow calls without building the event when nobody would see it.
 ``DegradedTracker`` turns "the fallback keeps serving" into a ``PrimaryDegraded``
 event repeated every ``interval`` seconds, so that a primary dead for days cannot
 hide behind a working fallback.
@@ -107,25 +109,39 @@ class StatsRecorder:
 
     def record(self, event: Event) -> None:
         """Count one event."""
+        if isinstance(event, AttemptStarted):
+            self.attempt(event.backend or "-")
+        elif isinstance(event, CallFinished):
+            self.finished(event.backend or "-", event.latency)
+        else:
+            with self._lock:
+                self._record(event)
+
+    def attempt(self, backend: str) -> None:
+        """Count an ``AttemptStarted`` (the flow's fast path: the event may not exist)."""
         with self._lock:
-            backend = event.backend or "-"
-            if isinstance(event, AttemptStarted):
-                self._by_backend[backend]["attempts"] += 1
-            elif isinstance(event, CallFinished):  # the two events of every call come first
-                self._by_backend[backend]["ok"] += 1
-                self._succeeded += 1
-                self._latencies.append(event.latency)
-            elif isinstance(event, AttemptFailed):
-                outcome = f"status_{event.status}" if event.status is not None else event.kind
-                self._by_backend[backend][outcome] += 1
-            elif isinstance(event, CallFailed):
-                self._failed += 1
-            elif isinstance(event, FallbackUsed):
-                self._fallbacks[event.reason] += 1
-            elif isinstance(event, RetryScheduled | WaitScheduled):
-                self._retries += isinstance(event, RetryScheduled)
-                self._waits += 1
-                self._waited += event.delay
+            self._by_backend[backend]["attempts"] += 1
+
+    def finished(self, backend: str, latency: float) -> None:
+        """Count a ``CallFinished`` (the flow's fast path: the event may not exist)."""
+        with self._lock:
+            self._by_backend[backend]["ok"] += 1
+            self._succeeded += 1
+            self._latencies.append(latency)
+
+    def _record(self, event: Event) -> None:
+        backend = event.backend or "-"
+        if isinstance(event, AttemptFailed):
+            outcome = f"status_{event.status}" if event.status is not None else event.kind
+            self._by_backend[backend][outcome] += 1
+        elif isinstance(event, CallFailed):
+            self._failed += 1
+        elif isinstance(event, FallbackUsed):
+            self._fallbacks[event.reason] += 1
+        elif isinstance(event, RetryScheduled | WaitScheduled):
+            self._retries += isinstance(event, RetryScheduled)
+            self._waits += 1
+            self._waited += event.delay
 
     def snapshot(self, breakers: Mapping[str, BreakerState]) -> ClientStats:
         """The counters now, with the breakers' current states."""
@@ -171,6 +187,8 @@ class DegradedTracker:
         self, *, primary: str, by_fallback: bool, reason: str | None, now: float
     ) -> dict[str, Any] | None:
         """Note one served call; return ``PrimaryDegraded`` fields when one is due."""
+        if not by_fallback and self._since is None:
+            return None  # no degraded period: nothing to end (most calls; no lock needed)
         with self._lock:
             if not by_fallback:
                 self._since = None

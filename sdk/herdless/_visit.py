@@ -8,7 +8,7 @@
 3. pacing (when on): wait for the backend's next slot;
 4. spend guard (external backends only) -> wait for a slot, or ``SpendLimitExceeded``;
 5. breaker: open -> the next backend (the last one waits for the probe time if it fits);
-6. send, clipped to the time this backend may use;
+6. send, its timeouts clipped to the time this backend may use;
 7. judge the outcome (``herdless._retry.classify``): 2xx -> done; 4xx other than 429
    -> raise at once (no backend can fix the request); a drain -> the next backend; a
    timeout on a backend with a fallback behind it -> the fallback (a hung backend is
@@ -31,7 +31,7 @@ from herdless._breaker import Permit
 from herdless._retry import Verdict, classify
 from herdless._types import AttemptRecord
 from herdless.errors import HerdlessError
-from herdless.events import AttemptFailed, AttemptStarted, RetryScheduled, WaitScheduled
+from herdless.events import AttemptFailed, RetryScheduled, WaitScheduled
 
 if TYPE_CHECKING:
     from herdless._flow import CallFlow
@@ -76,6 +76,10 @@ def serve(
     admitted = not backend.external  # the spend guard let this call through
     pacer = policies.pacer(backend)
     paced = pacer is None  # the next attempt holds a pacing slot
+    spec = call.spec
+    limits = backend.timeouts or policies.timeouts
+    counted = policies.counts_in_flight  # only a choice among primaries reads the count
+    in_flight: Permit | None = None  # the permit of an attempt sent and not answered yet
 
     def give_up(reason: str, error: HerdlessError | None) -> Move | Fail:
         error = error or call.errors.deadline(name)
@@ -125,7 +129,8 @@ def serve(
                     continue
                 admitted = True
             permit, transition = breaker.acquire()
-            call.transition(backend, transition)
+            if transition is not None:
+                call.transition(backend, transition)
             if permit is Permit.DENIED:
                 if not last:
                     call.records.append(
@@ -147,7 +152,26 @@ def serve(
             if not reserved:
                 budget.record_call(now)
             sent += 1
-            outcome = yield from _send(call, backend, permit, now=now, end=end)
+            attempt = call.next_attempt()
+            model = call.model_for(backend)
+            call.attempt_started(backend, attempt, model, now)
+            if counted:
+                policies.enter(backend)
+            in_flight = permit
+            outcome = yield Send(
+                backend=backend,
+                attempt=attempt,
+                model=model,
+                body=spec.body,
+                headers={"X-Request-ID": spec.request_id, "X-Herdless-Attempt": str(attempt)},
+                timeouts=_clip(limits, left=end - now, read_left=call.deadline_at - now),
+                stream=spec.stream,
+            )
+            if outcome is None:
+                raise TypeError("the driver must send the outcome of a Send action, not None")
+            in_flight = None
+            if counted:
+                policies.leave(backend)
             verdict = classify(outcome, retry, now=policies.wall())
             if reserved:  # a retry: a served one gives its budget back
                 budget.settle(failed=not verdict.ok)
@@ -170,7 +194,9 @@ def serve(
             )
             waited = 0.0
             if verdict.ok and isinstance(outcome, Response):
-                call.transition(backend, breaker.record_success(permit))
+                transition = breaker.record_success(permit)
+                if transition is not None:
+                    call.transition(backend, transition)
                 return Accepted(backend=backend, response=outcome, attempts=call.attempts)
             record = breaker.record_failure if verdict.breaker_failure else breaker.record_success
             call.transition(backend, record(permit))
@@ -226,6 +252,10 @@ def serve(
             yield Sleep(seconds=delay)
             waited += delay
     finally:
+        if in_flight is not None:  # the driver closed the flow mid-attempt: free a probe
+            breaker.release(in_flight)
+            if counted:
+                policies.leave(backend)
         if reserved:  # leaving (fallback, error, or the driver closed us) with a unit held
             budget.cancel()
 
@@ -237,52 +267,18 @@ def _pause(call: CallFlow, name: str, delay: float, reason: str) -> Generator[Ac
     return delay
 
 
-def _send(
-    call: CallFlow, backend: Backend, permit: Permit, *, now: float, end: float
-) -> Generator[Action, Outcome | None, Outcome]:
-    policies = call.policies
-    attempt = call.next_attempt()
-    model = call.model_for(backend)
-    limits = backend.timeouts or policies.timeouts
-    left = max(end - now, 1e-3)
-    # Reading a stream happens after the call is accepted, when no fallback is possible
-    # any more: its idle limit is clipped to the whole call's deadline, not this backend's.
-    read_left = max(call.deadline_at - now, 1e-3)
-    timeouts = limits
-    if max(limits.connect, limits.first_byte) > left or limits.read > read_left:
-        timeouts = Timeouts(
-            connect=min(limits.connect, left),
-            first_byte=min(limits.first_byte, left),
-            read=min(limits.read, read_left),
-        )
-    call.emit(AttemptStarted, now, backend=backend.name, attempt=attempt, model=model)
-    action = Send(
-        backend=backend,
-        attempt=attempt,
-        model=model,
-        body=call.spec.body,
-        headers={
-            "X-Request-ID": call.spec.request_id,
-            "X-Herdless-Attempt": str(attempt),
-        },
-        timeouts=timeouts,
-        stream=call.spec.stream,
+def _clip(limits: Timeouts, *, left: float, read_left: float) -> Timeouts:
+    """``limits``, clipped to the ``left`` seconds this backend may still use; a stream's
+    idle limit to ``read_left``, what is left of the whole call: reading a stream happens
+    after the call is accepted, when no fallback is possible any more."""
+    left, read_left = max(left, 1e-3), max(read_left, 1e-3)
+    if limits.connect <= left and limits.first_byte <= left and limits.read <= read_left:
+        return limits  # the common case: the driver reuses their httpx form
+    return Timeouts(
+        connect=min(limits.connect, left),
+        first_byte=min(limits.first_byte, left),
+        read=min(limits.read, read_left),
     )
-    counted = policies.counts_in_flight  # only a choice among primaries reads the count
-    if counted:
-        policies.enter(backend)
-    answered = False
-    try:
-        outcome = yield action
-        if outcome is None:
-            raise TypeError("the driver must send the outcome of a Send action, not None")
-        answered = True
-        return outcome
-    finally:
-        if counted:
-            policies.leave(backend)
-        if not answered:  # the driver closed the flow mid-attempt: free a probe
-            policies.breaker(backend).release(permit)
 
 
 def _retry_reason(verdict: Verdict) -> str:

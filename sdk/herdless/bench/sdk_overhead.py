@@ -24,10 +24,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -133,18 +132,33 @@ def _raw_body(stream: bool) -> dict[str, Any]:
 _HEADERS = {"authorization": "Bearer sk-bench"}
 
 
-def _cpu(call: Callable[[], object], calls: int) -> float:
-    start = time.process_time()
-    for _ in range(calls):
-        call()
-    return (time.process_time() - start) / calls
+def _pairs(
+    raw: Callable[[], object], sdk: Callable[[], object], calls: int
+) -> tuple[float, float]:
+    """CPU seconds of ``calls`` calls of each arm, run in pairs whose order alternates:
+    a neighbour that slows the machine for a moment slows both arms alike."""
+    clock = time.process_time
+    spent = [0.0, 0.0]
+    for index in range(calls):
+        for arm in (0, 1) if index % 2 == 0 else (1, 0):
+            start = clock()
+            (raw if arm == 0 else sdk)()
+            spent[arm] += clock() - start
+    return spent[0], spent[1]
 
 
-async def _acpu(call: Callable[[], Any], calls: int) -> float:
-    start = time.process_time()
-    for _ in range(calls):
-        await call()
-    return (time.process_time() - start) / calls
+async def _apairs(
+    raw: Callable[[], Awaitable[object]], sdk: Callable[[], Awaitable[object]], calls: int
+) -> tuple[float, float]:
+    """``_pairs`` for coroutines."""
+    clock = time.process_time
+    spent = [0.0, 0.0]
+    for index in range(calls):
+        for arm in (0, 1) if index % 2 == 0 else (1, 0):
+            start = clock()
+            await (raw if arm == 0 else sdk)()
+            spent[arm] += clock() - start
+    return spent[0], spent[1]
 
 
 def _sync_arms(
@@ -179,63 +193,46 @@ def _sync_arms(
     return raw_call, herdless_call
 
 
-def _rounds(
-    name: str, arms: tuple[Callable[[], float], Callable[[], float]], rounds: int, calls: int
-) -> ArmResult:
-    raw_cpu: list[float] = []
-    sdk_cpu: list[float] = []
-    arms[0]()  # warm both: connections, imports, caches
-    arms[1]()
-    for index in range(rounds):
-        order = (0, 1) if index % 2 == 0 else (1, 0)
-        for arm in order:
-            (raw_cpu if arm == 0 else sdk_cpu).append(arms[arm]())
-    ratios = [ratio(s, r) for s, r in zip(sdk_cpu, raw_cpu, strict=True)]
+def _result(name: str, rounds: list[tuple[float, float]], calls: int) -> ArmResult:
     return ArmResult(
         name=name,
-        httpx_us=median(raw_cpu) * 1e6,
-        herdless_us=median(sdk_cpu) * 1e6,
-        ratio=median(ratios),
-        rounds=rounds,
+        httpx_us=median([raw for raw, _ in rounds]) / calls * 1e6,
+        herdless_us=median([sdk for _, sdk in rounds]) / calls * 1e6,
+        ratio=median([ratio(sdk, raw) for raw, sdk in rounds]),
+        rounds=len(rounds),
         calls=calls,
     )
 
 
+def _sync_result(url: str, *, stream: bool, rounds: int, calls: int) -> ArmResult:
+    with ExitStack() as stack:
+        raw, sdk = _sync_arms(url, stream=stream, stack=stack)
+        _pairs(raw, sdk, 20)  # warm both: connections, imports, caches
+        spent = [_pairs(raw, sdk, calls) for _ in range(rounds)]
+    return _result("sync stream" if stream else "sync", spent, calls)
+
+
 async def _async_result(url: str, rounds: int, calls: int) -> ArmResult:
-    raw = httpx.AsyncClient()
+    raw_http = httpx.AsyncClient()
     body = _raw_body(False)
     async with (
         herdless.AsyncClient(
             primary=herdless.Backend(name="primary", base_url=url, api_key="sk-bench"),
             model="bench",
         ) as client,
-        raw,
+        raw_http,
     ):
 
-        async def raw_call() -> object:
-            answer = await raw.post(f"{url}/chat/completions", json=body, headers=_HEADERS)
+        async def raw() -> object:
+            answer = await raw_http.post(f"{url}/chat/completions", json=body, headers=_HEADERS)
             return answer.json()["choices"][0]["message"]["content"]
 
-        async def herdless_call() -> object:
+        async def sdk() -> object:
             return (await client.chat(_MESSAGES)).content
 
-        raw_cpu: list[float] = []
-        sdk_cpu: list[float] = []
-        await raw_call()
-        await herdless_call()
-        for index in range(rounds):
-            order = (raw_call, herdless_call) if index % 2 == 0 else (herdless_call, raw_call)
-            for call in order:
-                (raw_cpu if call is raw_call else sdk_cpu).append(await _acpu(call, calls))
-    ratios = [ratio(s, r) for s, r in zip(sdk_cpu, raw_cpu, strict=True)]
-    return ArmResult(
-        name="async",
-        httpx_us=median(raw_cpu) * 1e6,
-        herdless_us=median(sdk_cpu) * 1e6,
-        ratio=median(ratios),
-        rounds=rounds,
-        calls=calls,
-    )
+        await _apairs(raw, sdk, 20)
+        spent = [await _apairs(raw, sdk, calls) for _ in range(rounds)]
+    return _result("async", spent, calls)
 
 
 def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
@@ -255,14 +252,11 @@ def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
     url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_ready(url, server)
-        results = []
-        for stream in (False, True):
-            with ExitStack() as stack:
-                raw_call, sdk_call = _sync_arms(url, stream=stream, stack=stack)
-                arms = (partial(_cpu, raw_call, calls), partial(_cpu, sdk_call, calls))
-                results.append(_rounds("sync stream" if stream else "sync", arms, rounds, calls))
-        results.append(asyncio.run(_async_result(url, rounds, calls)))
-        return results
+        return [
+            _sync_result(url, stream=False, rounds=rounds, calls=calls),
+            _sync_result(url, stream=True, rounds=rounds, calls=calls),
+            asyncio.run(_async_result(url, rounds, calls)),
+        ]
     finally:
         server.terminate()
         server.wait(10)

@@ -152,7 +152,8 @@ class CircuitBreaker:
     def acquire(self) -> tuple[Permit, Transition | None]:
         """Ask to send one attempt. A ``PROBE`` or ``CALL`` must be answered with exactly
         one of ``record_success``, ``record_failure`` or ``release``."""
-        if self._state == "closed":  # one read, as under the lock: the common case
+        state = self._state  # one read, as good as under the lock: the common case
+        if state == "closed":
             return _CALL
         with self._lock:
             if self._state == "closed":

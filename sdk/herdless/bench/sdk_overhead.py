@@ -132,9 +132,7 @@ def _raw_body(stream: bool) -> dict[str, Any]:
 _HEADERS = {"authorization": "Bearer sk-bench"}
 
 
-def _pairs(
-    raw: Callable[[], object], sdk: Callable[[], object], calls: int
-) -> tuple[float, float]:
+def _pairs(raw: Callable[[], object], sdk: Callable[[], object], calls: int) -> tuple[float, float]:
     """CPU seconds of ``calls`` calls of each arm, run in pairs whose order alternates:
     a neighbour that slows the machine for a moment slows both arms alike."""
     clock = time.process_time

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Send:
     """Perform one HTTP attempt: ``POST backend.chat_url`` with ``body`` and ``headers``.
 
@@ -57,7 +57,7 @@ class Send:
     model: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Sleep:
     """Wait ``seconds`` before the next action. The flow never sleeps itself."""
 
@@ -67,7 +67,7 @@ class Sleep:
 Action: TypeAlias = Send | Sleep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Response:
     """The backend answered with a status.
 
@@ -96,7 +96,7 @@ TransportFailureKind: TypeAlias = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TransportFailure:
     """The attempt ended without an HTTP status. ``message`` never contains a secret."""
 
@@ -108,7 +108,7 @@ class TransportFailure:
 Outcome: TypeAlias = Response | TransportFailure
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Accepted:
     """The flow's result: ``response`` (2xx) from ``backend`` is the call's answer."""
 

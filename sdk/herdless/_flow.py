@@ -67,7 +67,7 @@ __all__ = ["CallFlow", "CallSpec"]
 Steps: TypeAlias = Generator[Action, Outcome | None, Accepted]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CallSpec:
     """What the driver knows about one call.
 
@@ -96,11 +96,11 @@ class CallFlow:
     __slots__ = (
         "_attempt",
         "_deadline",
+        "_errors",
         "_events",
         "_served",
         "_start",
         "deadline_at",
-        "errors",
         "policies",
         "records",
         "spec",
@@ -118,12 +118,20 @@ class CallFlow:
         self._start = 0.0
         self.deadline_at = math.inf
         self._served: tuple[Backend, str | None] | None = None  # an accepted stream
-        self.errors = CallErrors(
-            request_id=spec.request_id,
-            deadline=self._deadline,
-            allow_fallback=spec.allow_fallback,
-            attempts=self.records,
-        )
+        self._errors: CallErrors | None = None
+
+    @property
+    def errors(self) -> CallErrors:
+        """The call's error builders (made at the first error: most calls have none)."""
+        if self._errors is None:
+            spec = self.spec
+            self._errors = CallErrors(
+                request_id=spec.request_id,
+                deadline=self._deadline,
+                allow_fallback=spec.allow_fallback,
+                attempts=self.records,
+            )
+        return self._errors
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:

@@ -135,7 +135,7 @@ class SpendGuard:
     ``admit()`` is asked before a call's first attempt at an external backend.
     """
 
-    __slots__ = ("_calls", "_clock", "_external", "_lock", "_per_minute", "_share")
+    __slots__ = ("_calls", "_clock", "_external", "_lock", "_per_minute", "_share", "active")
 
     def __init__(self, policy: FallbackPolicy, *, clock: Clock) -> None:
         self._share = policy.max_external_share
@@ -144,11 +144,8 @@ class SpendGuard:
         self._lock = threading.Lock()
         self._calls: deque[float] = deque()
         self._external: deque[float] = deque()
-
-    @property
-    def active(self) -> bool:
+        self.active = self._share is not None or self._per_minute is not None
         """Whether any cap is set."""
-        return self._share is not None or self._per_minute is not None
 
     def record_call(self) -> None:
         """One logical call started (the share's denominator)."""

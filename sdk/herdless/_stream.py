@@ -65,18 +65,19 @@ class _StreamState:
         self.done = False  # [DONE] seen
         self.reported = False  # the flow heard how the stream ended
 
-    def chunks(self, events: list[str]) -> list[Chunk]:
-        """Decode events into chunks, counting what goes to the caller.
+    def chunks(self, events: list[str], first: Chunk | None = None) -> list[Chunk]:
+        """Decode events into chunks, counting what goes to the caller; ``first`` is
+        ``events[0]`` already decoded.
 
         Raises:
             ValueError: an event is not a chunk (vLLM's in-stream ``{"error": ...}``).
         """
         chunks = []
-        for data in events:
+        for index, data in enumerate(events):
             if data == DONE:
                 self.done = True
                 break
-            chunk = parse_chunk(data)
+            chunk = first if index == 0 and first is not None else parse_chunk(data)
             if chunk.content:
                 self.delivered_chunks += 1
                 self.delivered_chars += len(chunk.content)
@@ -89,8 +90,9 @@ class _StreamState:
 
     def first(self) -> list[Chunk]:
         """The chunks of the events read before the call was accepted."""
-        events, self.opened.events = self.opened.events, []
-        return self.chunks(events)
+        opened = self.opened
+        events, opened.events = opened.events, []
+        return self.chunks(events, opened.first)
 
     def feed(self, raw: bytes) -> list[Chunk]:
         """Decode one piece of the body (nothing after ``[DONE]``)."""

@@ -28,7 +28,8 @@ import httpx
 
 from herdless._actions import Response, Send, TransportFailure, TransportFailureKind
 from herdless._backend import Backend, Timeouts
-from herdless._wire import SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
+from herdless._types import Chunk
+from herdless._wire import DONE, SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
 
 __all__ = [
     "ERROR_BODY_CAP",
@@ -177,7 +178,7 @@ class OpenStream:
     validated: an error event before any chunk is a failed attempt, not a cut stream).
     """
 
-    __slots__ = ("decoder", "events", "idle", "raw", "response")
+    __slots__ = ("decoder", "events", "first", "idle", "raw", "response")
 
     def __init__(self, response: httpx.Response, raw: Any, *, idle: float | None = None) -> None:
         self.response = response
@@ -185,6 +186,7 @@ class OpenStream:
         self.idle = idle  # seconds the async Stream allows between chunks (None: the socket's)
         self.decoder = SSEDecoder()
         self.events: list[str] = []
+        self.first: Chunk | None = None  # events[0] decoded (None for [DONE])
 
     def feed(self, chunk: bytes) -> bool:
         """Decode ``chunk``; return whether the first event is in.
@@ -193,8 +195,8 @@ class OpenStream:
             ValueError: the first event is not a chunk (e.g. ``{"error": ...}``).
         """
         self.events += self.decoder.feed(chunk)
-        if self.events and self.events[0] != "[DONE]":
-            parse_chunk(self.events[0])
+        if self.events and self.events[0] != DONE:
+            self.first = parse_chunk(self.events[0])
         return bool(self.events)
 
     def outcome(self, *, elapsed: float) -> Response:

@@ -264,8 +264,11 @@ class AsyncStream(_StreamBase):
             raw, idle = state.opened.raw, state.opened.idle
             while not state.done:
                 try:
-                    async with asyncio.timeout(idle):  # Timeouts.read; None: the socket's
+                    if idle is None:  # the socket's read timeout is the limit
                         data = await anext(raw)
+                    else:  # Timeouts.read, shorter than the socket's
+                        async with asyncio.timeout(idle):
+                            data = await anext(raw)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:

@@ -81,10 +81,6 @@ def serve(
     counted = policies.counts_in_flight  # only a choice among primaries reads the count
     in_flight: Permit | None = None  # the permit of an attempt sent and not answered yet
 
-    def give_up(reason: str, error: HerdlessError | None) -> Move | Fail:
-        error = error or call.errors.deadline(name)
-        return Fail(error) if last else Move(reason, error)
-
     try:
         while True:
             now = clock.monotonic()
@@ -96,7 +92,7 @@ def serve(
                     )
                 delay = retry.after_server(blocked, rng)
                 if not call.fits(now + delay, end):
-                    return give_up("retry_after_exceeds_deadline", last_error)
+                    return _give_up(call, backend, last, "retry_after_exceeds_deadline", last_error)
                 why = "draining" if draining else "backpressure"
                 waited += yield from _pause(call, name, delay, why)
                 continue
@@ -109,7 +105,7 @@ def serve(
                     delay = max(retry.backoff(waits, rng), _MIN_WAIT)
                     waits += 1
                     if not call.fits(now + delay, end):
-                        return give_up("deadline", last_error)
+                        return _give_up(call, backend, last, "deadline", last_error)
                     waited += yield from _pause(call, name, delay, "budget")
                     continue
             if not paced and pacer is not None:
@@ -117,7 +113,7 @@ def serve(
                 paced = True
                 if delay > 0:
                     if not call.fits(now + delay, end):
-                        return give_up("deadline", last_error)
+                        return _give_up(call, backend, last, "deadline", last_error)
                     waited += yield from _pause(call, name, delay, "pacing")
                     continue
             if not admitted:
@@ -223,17 +219,21 @@ def serve(
             if not verdict.fallback_may_help:
                 raise last_error  # a request no backend can serve: 400, 401, 403, ...
             if not verdict.retryable:
-                return give_up("failed", last_error)
+                return _give_up(call, backend, last, "failed", last_error)
             if verdict.timeout and not last:
                 return Move("timeout", last_error)
             if sent >= retry.max_attempts:
-                return give_up("retries_exhausted", last_error)
+                return _give_up(call, backend, last, "retries_exhausted", last_error)
             now = clock.monotonic()
             delay = retry.delay(sent - 1, verdict.retry_after, rng)
             if not call.fits(now + delay, end):
                 too_long = verdict.retry_after is not None
-                return give_up(
-                    "retry_after_exceeds_deadline" if too_long else "deadline", last_error
+                return _give_up(
+                    call,
+                    backend,
+                    last,
+                    "retry_after_exceeds_deadline" if too_long else "deadline",
+                    last_error,
                 )
             reserved = budget.try_acquire()
             if not reserved:
@@ -258,6 +258,14 @@ def serve(
                 policies.leave(backend)
         if reserved:  # leaving (fallback, error, or the driver closed us) with a unit held
             budget.cancel()
+
+
+def _give_up(
+    call: CallFlow, backend: Backend, last: bool, reason: str, error: HerdlessError | None
+) -> Move | Fail:
+    """Leave ``backend`` for ``reason``: the call ends there when it is the last one."""
+    error = error or call.errors.deadline(backend.name)
+    return Fail(error) if last else Move(reason, error)
 
 
 def _pause(call: CallFlow, name: str, delay: float, reason: str) -> Generator[Action, Any, float]:

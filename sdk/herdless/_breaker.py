@@ -178,15 +178,16 @@ class CircuitBreaker:
     def record_success(self, permit: Permit) -> Transition | None:
         """The backend answered (2xx, or a 4xx/429: alive, even if it said no)."""
         with self._lock:
+            if permit is Permit.CALL:
+                if self._state == "closed":
+                    self._consecutive = 0
+                    self._remember(False)
+                return None
             if permit is Permit.PROBE:
                 self._probing = False
                 if self._state == "half_open":
                     self._reset()
                     return Transition("half_open", "closed", "probe_ok")
-                return None
-            if permit is Permit.CALL and self._state == "closed":
-                self._consecutive = 0
-                self._remember(failed=False)
             return None
 
     def record_failure(self, permit: Permit) -> Transition | None:
@@ -201,7 +202,7 @@ class CircuitBreaker:
             if permit is not Permit.CALL or self._state != "closed":
                 return None  # an attempt started before another call opened the breaker
             self._consecutive += 1
-            failures, total = self._remember(failed=True)
+            failures, total = self._remember(True)
             policy = self._policy
             if self._consecutive >= policy.consecutive_failures:
                 return self._open("closed", "consecutive_failures", self._period())
@@ -240,7 +241,7 @@ class CircuitBreaker:
         self._outcomes.clear()
         self._failures = 0
 
-    def _remember(self, *, failed: bool) -> tuple[int, int]:
+    def _remember(self, failed: bool) -> tuple[int, int]:
         """Add an outcome, drop those older than the window; return (failures, total)."""
         now = self._clock.monotonic()
         outcomes = self._outcomes

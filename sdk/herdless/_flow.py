@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Action, Outcome
@@ -62,16 +62,16 @@ from herdless.events import (
 if TYPE_CHECKING:
     from herdless._policies import Policies
 
-__all__ = ["CallFlow", "CallSpec"]
+__all__ = ["CallFlow"]
 
 Steps: TypeAlias = Generator[Action, Outcome | None, Accepted]
 
 
-@dataclass(slots=True, kw_only=True)
-class CallSpec:
-    """What the driver knows about one call.
+class CallFlow:
+    """One logical call's decisions. Create with ``Policies.start_call``; run once.
 
     Args:
+        policies: the client's policies and their shared state.
         request_id: sent as ``X-Request-ID`` on every attempt.
         body: the JSON body without ``model`` (messages, max_tokens, ..., extra fields).
         model: the call's model override; ``None`` uses the backend's, then the client's.
@@ -80,55 +80,63 @@ class CallSpec:
         allow_fallback: ``False`` keeps the call on the primaries (data guard).
     """
 
-    request_id: str
-    body: Mapping[str, Any]
-    model: str | None = None
-    stream: bool = False
-    deadline: float | None = None
-    allow_fallback: bool = True
-
-
-class CallFlow:
-    """One logical call's decisions. Create with ``Policies.start_call``; run once."""
-
-    # policies, spec, errors, records and deadline_at, and the methods without a leading
-    # underscore below ``stream_ended``, are for ``herdless._visit`` (the per-backend loop).
+    # The public attributes, errors, and the methods without a leading underscore below
+    # ``stream_ended``, are for ``herdless._visit`` (the per-backend loop).
     __slots__ = (
         "_attempt",
         "_deadline",
         "_errors",
         "_events",
+        "_public",
         "_served",
         "_start",
+        "allow_fallback",
+        "body",
         "deadline_at",
+        "model",
         "policies",
         "records",
-        "spec",
+        "request_id",
+        "stream",
     )
 
-    def __init__(self, policies: Policies, spec: CallSpec) -> None:
+    def __init__(
+        self,
+        policies: Policies,
+        *,
+        request_id: str,
+        body: Mapping[str, Any],
+        model: str | None = None,
+        stream: bool = False,
+        deadline: float | None = None,
+        allow_fallback: bool = True,
+    ) -> None:
         self.policies = policies
-        self.spec = spec
+        self.request_id = request_id
+        self.body = body
+        self.model = model
+        self.stream = stream
+        self.allow_fallback = allow_fallback
         self._events: list[Event] = []
         self.records: list[AttemptRecord] = []
         self._attempt = 0  # HTTP attempts sent so far, across backends
-        self._deadline = policies.deadline if spec.deadline is None else spec.deadline
+        self._deadline = policies.deadline if deadline is None else deadline
         if not self._deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {self._deadline!r}")
         self._start = 0.0
         self.deadline_at = math.inf
         self._served: tuple[Backend, str | None] | None = None  # an accepted stream
         self._errors: CallErrors | None = None
+        self._public = False
 
     @property
     def errors(self) -> CallErrors:
         """The call's error builders (made at the first error: most calls have none)."""
         if self._errors is None:
-            spec = self.spec
             self._errors = CallErrors(
-                request_id=spec.request_id,
+                request_id=self.request_id,
                 deadline=self._deadline,
-                allow_fallback=spec.allow_fallback,
+                allow_fallback=self.allow_fallback,
                 attempts=self.records,
             )
         return self._errors
@@ -145,11 +153,14 @@ class CallFlow:
 
     def run(self) -> Steps:
         """The call, as a generator of actions (see the module docstring)."""
-        policies, spec = self.policies, self.spec
+        policies = self.policies
         self._start = policies.clock.monotonic()
+        # Whether the two events of every call (both logged at DEBUG) are built: for the
+        # hook, or for the log. Asked once a call: it showed in per-call CPU.
+        self._public = policies.publishes(CallFinished)
         self.deadline_at = self._start + self._deadline
         policies.spend.record_call()
-        route = policies.route(allow_fallback=spec.allow_fallback)
+        route = policies.route(allow_fallback=self.allow_fallback)
         errors: dict[str, HerdlessError] = {}
         previous: tuple[Backend, str] | None = None
         try:
@@ -169,7 +180,7 @@ class CallFlow:
                 if isinstance(result, Accepted):
                     reason = previous[1] if previous is not None else None
                     accepted = result if reason is None else replace(result, fallback_reason=reason)
-                    if spec.stream:
+                    if self.stream:
                         self._served = (backend, reason)
                     else:
                         self._finish(backend, reason)
@@ -236,8 +247,8 @@ class CallFlow:
         policies = self.policies
         if backend.name in policies.fallback_names:
             # A fallback serves another model than the primary: its own name comes first.
-            return backend.model or self.spec.model or policies.model
-        return self.spec.model or backend.model or policies.model
+            return backend.model or self.model or policies.model
+        return self.model or backend.model or policies.model
 
     def fits(self, resume_at: float, end: float) -> bool:
         """Whether a wait until ``resume_at`` still leaves an attempt its minimum time."""
@@ -250,7 +261,7 @@ class CallFlow:
         """Emit one event of this call, at ``now`` when the caller just read the clock."""
         policies = self.policies
         at = policies.clock.monotonic() if now is None else now
-        event = event_type(call_id=self.spec.request_id, at=at, **fields)
+        event = event_type(call_id=self.request_id, at=at, **fields)
         policies.counts.record(event)
         self._publish(event)
 
@@ -269,10 +280,10 @@ class CallFlow:
         """An attempt is about to be sent: ``AttemptStarted``."""
         policies = self.policies
         policies.counts.attempt(backend.name)
-        if policies.publishes(AttemptStarted):
+        if self._public:
             self._publish(
                 AttemptStarted(
-                    call_id=self.spec.request_id,
+                    call_id=self.request_id,
                     backend=backend.name,
                     at=now,
                     attempt=attempt,
@@ -302,10 +313,10 @@ class CallFlow:
         now = policies.clock.monotonic()
         latency = now - self._start
         policies.counts.finished(backend.name, latency)
-        if policies.publishes(CallFinished):
+        if self._public:
             self._publish(
                 CallFinished(
-                    call_id=self.spec.request_id,
+                    call_id=self.request_id,
                     backend=backend.name,
                     at=now,
                     attempts=self._attempt,

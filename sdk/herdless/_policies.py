@@ -19,7 +19,7 @@ from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy, CircuitBreaker
 from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
-from herdless._flow import CallFlow, CallSpec
+from herdless._flow import CallFlow
 from herdless._gate import BackpressureGate
 from herdless._pacing import Pacer, PacingPolicy
 from herdless._retry import RetryPolicy
@@ -160,8 +160,9 @@ class Policies:
         deadline: float | None = None,
         allow_fallback: bool = True,
     ) -> CallFlow:
-        """A new call's flow (see ``CallSpec`` for the arguments)."""
-        spec = CallSpec(
+        """A new call's flow (see ``CallFlow`` for the arguments)."""
+        return CallFlow(
+            self,
             request_id=request_id,
             body=body,
             model=model,
@@ -169,7 +170,6 @@ class Policies:
             deadline=deadline,
             allow_fallback=allow_fallback,
         )
-        return CallFlow(self, spec)
 
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker

@@ -76,7 +76,6 @@ def serve(
     admitted = not backend.external  # the spend guard let this call through
     pacer = policies.pacer(backend)
     paced = pacer is None  # the next attempt holds a pacing slot
-    spec = call.spec
     limits = backend.timeouts or policies.timeouts
     counted = policies.counts_in_flight  # only a choice among primaries reads the count
     in_flight: Permit | None = None  # the permit of an attempt sent and not answered yet
@@ -158,10 +157,10 @@ def serve(
                 backend=backend,
                 attempt=attempt,
                 model=model,
-                body=spec.body,
-                headers={"X-Request-ID": spec.request_id, "X-Herdless-Attempt": str(attempt)},
+                body=call.body,
+                headers={"X-Request-ID": call.request_id, "X-Herdless-Attempt": str(attempt)},
                 timeouts=_clip(limits, left=end - now, read_left=call.deadline_at - now),
-                stream=spec.stream,
+                stream=call.stream,
             )
             if outcome is None:
                 raise TypeError("the driver must send the outcome of a Send action, not None")

@@ -374,7 +374,8 @@ class Client(_BaseClient):
         start = self._clock.monotonic()
         response = None
         try:
-            response = self._http.send(self._endpoints.request(self._http, send), stream=True)
+            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            response = self._http.send(request, stream=True)
             if send.stream and response.is_success:
                 opened = OpenStream(response, response.iter_bytes())
                 while not opened.feed(next(opened.raw)):
@@ -552,7 +553,8 @@ class AsyncClient(_BaseClient):
     async def _attempt(self, send: Send, start: float) -> Outcome:
         response = None
         try:
-            response = await self._http.send(self._endpoints.request(self._http, send), stream=True)
+            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            response = await self._http.send(request, stream=True)
             if send.stream and response.is_success:
                 first, idle = stream_waits(response, send.timeouts)
                 opened = OpenStream(response, response.aiter_bytes(), idle=idle)

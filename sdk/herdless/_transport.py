@@ -22,7 +22,7 @@ The sync driver has no such tool: its stream body keeps ``first_byte`` for every
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import httpx
 
@@ -47,6 +47,11 @@ ERROR_BODY_CAP: Final = 64 * 1024
 # No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+# The attempt's own headers (``Send.headers``), set by the flow.
+_ATTEMPT_HEADERS: Final = ("X-Request-ID", "X-Herdless-Attempt")
+
+
+_Fixed: TypeAlias = tuple[httpx.URL, dict[str, str], list[tuple[bytes, bytes]], frozenset[bytes]]
 
 
 class Endpoints:
@@ -54,12 +59,21 @@ class Endpoints:
     once: httpx parses a string URL on every request, a third of building it), the
     headers (content type, accept, ``Authorization``) and httpx's form of the backend's
     unclipped timeouts. Per call, only the attempt's own headers and a clipped timeout
-    (near the deadline) are new."""
+    (near the deadline) are new.
+
+    The request is built as ``httpx.Client.build_request`` builds it: the client's
+    headers, less those the attempt sets, then the attempt's. For the client herdless
+    made itself (``own=True``: no params, no base URL, ``build_request`` not overridden),
+    that merge is done here on the header lists, without httpx's per-header lookups,
+    which cost as much as the rest of building the request; a client given by the user,
+    or one that picked up cookies, goes through ``build_request`` itself.
+    """
 
     __slots__ = ("_fixed", "_limits")
 
     def __init__(self, backends: Iterable[Backend], default: Timeouts) -> None:
-        self._fixed: dict[tuple[str, bool], tuple[httpx.URL, dict[str, str]]] = {}
+        # (url, headers, the same as httpx's raw pairs, the lowercase names an attempt sets)
+        self._fixed: dict[tuple[str, bool], _Fixed] = {}
         self._limits: dict[str, tuple[Timeouts, dict[str, float]]] = {}
         for backend in backends:
             url = httpx.URL(backend.chat_url)
@@ -67,28 +81,39 @@ class Endpoints:
                 headers = dict(_SSE_HEADERS if stream else _JSON_HEADERS)
                 if backend.api_key:
                     headers["Authorization"] = f"Bearer {backend.api_key}"
-                self._fixed[backend.name, stream] = (url, headers)
+                raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+                names = frozenset(n.lower().encode() for n in (*headers, *_ATTEMPT_HEADERS))
+                self._fixed[backend.name, stream] = (url, headers, raw, names)
             limits = backend.timeouts or default
             self._limits[backend.name] = (limits, _timeout_extension(limits))
 
-    def request(self, http: httpx.Client | httpx.AsyncClient, send: Send) -> httpx.Request:
+    def request(
+        self, http: httpx.Client | httpx.AsyncClient, send: Send, *, own: bool = False
+    ) -> httpx.Request:
         """The attempt's ``POST {base_url}/chat/completions`` with its body, headers and
-        timeouts."""
+        timeouts; ``own``: ``http`` is the client herdless made (see the class)."""
         name = send.backend.name
-        url, fixed = self._fixed[name, send.stream]
+        url, fixed, fixed_raw, names = self._fixed[name, send.stream]
         limits, timeout = self._limits[name]
-        return http.build_request(
-            "POST",
-            url,
-            content=encode_body(with_model(send.body, send.model)),
-            headers={**fixed, **send.headers},
-            # A fresh dict each time: a stream's body timeout is set on it later.
-            extensions={
-                "timeout": dict(timeout)
-                if send.timeouts is limits
-                else _timeout_extension(send.timeouts)
-            },
-        )
+        content = encode_body(with_model(send.body, send.model))
+        # A fresh dict each time: a stream's body timeout is set on it later.
+        extensions = {
+            "timeout": dict(timeout)
+            if send.timeouts is limits
+            else _timeout_extension(send.timeouts)
+        }
+        if not own or http.cookies:
+            return http.build_request(
+                "POST",
+                url,
+                content=content,
+                headers={**fixed, **send.headers},
+                extensions=extensions,
+            )
+        headers = [item for item in http.headers.raw if item[0].lower() not in names]
+        headers += fixed_raw
+        headers += [(k.encode(), v.encode()) for k, v in send.headers.items()]
+        return httpx.Request("POST", url, content=content, headers=headers, extensions=extensions)
 
 
 def _timeout_extension(limits: Timeouts) -> dict[str, float]:

@@ -82,3 +82,52 @@ def test_request_uses_the_backends_own_timeouts_unless_clipped() -> None:
         "write": 2.0,
         "pool": 2.0,
     }
+
+
+def _sent(request: httpx.Request) -> tuple[str, list[tuple[bytes, bytes]], bytes, object]:
+    return str(request.url), request.headers.raw, request.content, request.extensions
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "client_headers",
+    [
+        {},  # httpx's defaults only
+        {"User-Agent": "mine", "X-Team": "search"},
+        # An attempt's own headers replace the client's, whatever their case.
+        {"authorization": "Bearer other", "ACCEPT": "text/html", "x-request-id": "old"},
+    ],
+)
+def test_own_clients_requests_are_built_as_httpx_builds_them(
+    stream: bool, client_headers: dict[str, str]
+) -> None:
+    backend = Backend(name="p", base_url="http://gpu.test/v1", api_key="sk-k")
+    endpoints = Endpoints([backend], Timeouts())
+    send = _send(backend, Timeouts())
+    send.stream = stream
+    with httpx.Client(headers=client_headers) as http:
+        fast = endpoints.request(http, send, own=True)
+        general = endpoints.request(http, send, own=False)  # httpx's build_request
+    assert _sent(fast) == _sent(general)
+    assert fast.headers["authorization"] == "Bearer sk-k"
+    assert fast.headers["x-request-id"] == "rid"
+
+
+def test_an_own_client_with_cookies_builds_with_httpx() -> None:
+    backend = Backend(name="p", base_url="http://gpu.test/v1")
+    endpoints = Endpoints([backend], Timeouts())
+    with httpx.Client(cookies={"lb": "node-2"}) as http:
+        request = endpoints.request(http, _send(backend, Timeouts()), own=True)
+    assert request.headers["cookie"] == "lb=node-2"
+
+
+def test_each_request_gets_its_own_timeout_extension() -> None:
+    # The async driver sets a stream's body timeout on the request: it must not leak
+    # into the next request of the same backend.
+    backend = Backend(name="p", base_url="http://gpu.test/v1")
+    endpoints = Endpoints([backend], Timeouts())
+    with httpx.Client() as http:
+        first = endpoints.request(http, _send(backend, Timeouts()), own=True)
+        first.extensions["timeout"]["read"] = 99.0
+        second = endpoints.request(http, _send(backend, Timeouts()), own=True)
+    assert second.extensions["timeout"]["read"] == Timeouts().first_byte

@@ -164,3 +164,28 @@ def test_sync_stream_body_reads_keep_first_byte() -> None:
     ):
         assert [chunk.content for chunk in stream] == ["hi", ""]
     assert bodies[0].read_timeout == [4.0]  # one socket timeout for the whole body
+
+
+async def test_async_attempt_cancelled_by_the_caller_is_not_a_timeout() -> None:
+    # The attempt's own timer turns its expiry into a failed attempt; a cancellation from
+    # outside (the caller gave up) must propagate, not move the call to the fallback.
+    started = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "gpu.test":
+            started.set()
+            await asyncio.Event().wait()
+        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}}]})
+
+    async with herdless.AsyncClient(
+        _PRIMARY,
+        fallback=_HOSTED,
+        timeouts=herdless.Timeouts(first_byte=30.0),
+        transport=httpx.MockTransport(handler),
+        env_file=None,
+    ) as client:
+        task = asyncio.create_task(client.chat(_MESSAGES))
+        await asyncio.wait_for(started.wait(), timeout=10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task  # a timeout would have been answered by the hosted fallback

@@ -81,10 +81,13 @@ class _StreamState:
             if chunk.content:
                 self.delivered_chunks += 1
                 self.delivered_chars += len(chunk.content)
-            self.usage = chunk.usage or self.usage
-            self.finish_reason = chunk.finish_reason or self.finish_reason
-            model = chunk.raw.get("model")
-            self.model = model if isinstance(model, str) else self.model
+            if chunk.usage is not None:
+                self.usage = chunk.usage
+            if chunk.finish_reason:
+                self.finish_reason = chunk.finish_reason
+            if self.model is None:
+                model = chunk.raw.get("model")
+                self.model = model if isinstance(model, str) else None
             chunks.append(chunk)
         return chunks
 

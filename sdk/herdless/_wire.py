@@ -151,17 +151,25 @@ def parse_chunk(data: str) -> Chunk:
         ValueError: the payload is not a JSON object, or it is an error object
             (vLLM reports failures inside a started stream as ``{"error": {...}}``).
     """
-    obj = _object(data)
+    # Once per chunk of every stream: the helpers above, inlined.
+    obj = json.loads(data)
+    if type(obj) is not dict:
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     if "error" in obj:
         error = obj["error"]
         message = error.get("message") if isinstance(error, Mapping) else error
         raise ValueError(f"the server reported an error in the stream: {message}")
-    choice = _first_choice(obj)
-    delta = choice.get("delta")
-    content = delta.get("content") if type(delta) is dict else None
+    choices = obj.get("choices")
+    if type(choices) is list and choices and type(choices[0]) is dict:
+        choice = choices[0]
+        delta = choice.get("delta")
+        content = delta.get("content") if type(delta) is dict else None
+        finish_reason = choice.get("finish_reason")
+    else:
+        content = finish_reason = None
     return Chunk(
         content=content if type(content) is str else "",
-        finish_reason=choice.get("finish_reason"),
+        finish_reason=finish_reason,
         usage=_usage(obj) if obj.get("usage") is not None else None,  # the last chunk only
         raw=obj,
     )
@@ -201,10 +209,23 @@ class SSEDecoder:
             return []
         # Decoded once for all the complete lines: a line end is one ASCII byte, never
         # inside a UTF-8 sequence, so cutting at the last one splits no character.
-        lines = _LINE_END.split(buffer[:cut].decode("utf-8", "replace"))
+        text = buffer[:cut].decode("utf-8", "replace")
+        data = self._data
+        if not data and text.endswith("\n\n") and "\r" not in text:
+            # vLLM's framing, whole events of one "data: " line each: split on the blank
+            # lines at once (a stream's chunks are small: this loop ran per line).
+            # Every line end is in a blank-line pair, and every event starts "data: ".
+            blocks = text[:-2].split("\n\n")
+            n = len(blocks)
+            if (
+                text.count("\n") == 2 * n
+                and text.startswith("data: ")
+                and text.count("\n\ndata: ") == n - 1
+            ):
+                return [block[6:] for block in blocks]
+        lines = _LINE_END.split(text)
         lines.pop()  # the empty text after the last line end
         events = []
-        data = self._data
         for line in lines:
             if not line:  # an event ends; vLLM's have one data line each: no join
                 if data:

@@ -167,6 +167,24 @@ def test_any_data_survives_the_framing(payloads: list[str], size: int) -> None:
     assert _events(text, size) == payloads
 
 
+_LINES = st.sampled_from(
+    ["data: a", "data:b", "data: ", "data: data: c", ": note", "id: 1", "event: x", "", "d"]
+)
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.tuples(_LINES, st.sampled_from(["\n", "\r\n", "\r"])), max_size=12),
+    st.integers(min_value=1, max_value=7),
+)
+def test_whole_body_and_pieces_decode_the_same(lines: list[tuple[str, str]], size: int) -> None:
+    # A body fed whole may take the decoder's shortcut for vLLM's framing; fed in small
+    # pieces it goes line by line. Any body must give the same events either way.
+    text = "".join(line + end for line, end in lines)
+    assert _events(text, max(len(text.encode()), 1)) == _events(text, size)
+    assert _events(text + "\n\n", max(len(text.encode()) + 2, 1)) == _events(text + "\n\n", 1)
+
+
 def test_chunk_raw_is_the_json() -> None:
     data = json.dumps({"choices": [{"delta": {"content": "x"}}], "id": "k"})
     assert parse_chunk(data).raw["id"] == "k"

@@ -10,10 +10,16 @@ process, runs each arm ``calls`` times per round:
 * ``herdless``: ``herdless.Client.chat()`` against the same server, default policies;
 
 and the same two with streaming (raw: ``iter_lines`` + ``json.loads`` per event), and
-with ``httpx.AsyncClient`` / ``herdless.AsyncClient``. Arms alternate their order each
-round; the figure is the median over rounds of ``cpu(herdless) / cpu(httpx)`` per call,
-where ``cpu`` is this process's CPU time (``time.process_time``): the server's work is
-in another process and does not count. Target: at most 1.10x.
+with ``httpx.AsyncClient`` / ``herdless.AsyncClient``. The arms run in pairs, one call
+each, in an order that alternates from pair to pair, so that a neighbour that slows the
+machine for a moment slows both alike; the figure is the median over rounds of
+``cpu(herdless) / cpu(httpx)``, where ``cpu`` is this process's CPU time
+(``time.process_time``) summed over the round's calls: the server's work is in another
+process and does not count. Target: at most 1.10x.
+
+Both arms share the process, so each call runs with the caches the other arm's call
+left: the per-call cost of herdless here is several times what a loop of herdless calls
+alone would show.
 """
 
 from __future__ import annotations

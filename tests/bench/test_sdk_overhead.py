@@ -3,9 +3,12 @@ never asserted: the machine is noisy)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from herdless.bench import sdk_overhead
+from herdless.bench.overhead import OverheadSizes, _sdk
 
 pytestmark = [pytest.mark.integration]
 
@@ -24,3 +27,29 @@ def test_every_arm_is_measured_against_raw_httpx() -> None:
 def test_a_benchmark_of_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="calls and rounds"):
         sdk_overhead.run(calls=0, rounds=1)
+
+
+def test_bytecodes_are_counted_and_the_tracer_is_put_back() -> None:
+    before = sys.gettrace()
+    [result, *_] = sdk_overhead.run(calls=1, rounds=1)
+    assert sys.gettrace() is before  # a coverage tracer keeps running
+    # One warm call of raw httpx runs thousands of bytecodes; herdless runs httpx too.
+    assert result.httpx_bytecodes > 1000
+    assert result.herdless_bytecodes > 1000
+    assert result.bytecode_ratio == result.herdless_bytecodes / result.httpx_bytecodes
+
+
+def test_the_report_shows_cpu_and_bytecodes() -> None:
+    arm = sdk_overhead.ArmResult(
+        name="sync",
+        httpx_us=900.0,
+        herdless_us=945.0,
+        ratio=1.05,
+        rounds=3,
+        calls=10,
+        httpx_bytecodes=20_000,
+        herdless_bytecodes=21_000,
+    )
+    table = _sdk([arm], OverheadSizes()).to_markdown()
+    assert "21,000 / 20,000" in table
+    assert "1.050" in table  # the bytecode ratio

@@ -137,7 +137,16 @@ def _sdk(results: list[ArmResult], sizes: OverheadSizes) -> ScenarioResult:
     rows: list[dict[str, object]] = []
     targets = []
     for r in results:
-        rows.append({"arm": r.name, "httpx": r.httpx_us, "herdless": r.herdless_us, "x": r.ratio})
+        rows.append(
+            {
+                "arm": r.name,
+                "httpx": r.httpx_us,
+                "herdless": r.herdless_us,
+                "x": r.ratio,
+                "bytecodes": f"{r.herdless_bytecodes:,} / {r.httpx_bytecodes:,}",
+                "bx": r.bytecode_ratio,
+            }
+        )
         targets.append(Target(label=f"herdless / httpx CPU, {r.name}", value=r.ratio, limit=1.10))
     return ScenarioResult(
         name="overhead-sdk",
@@ -147,10 +156,15 @@ def _sdk(results: list[ArmResult], sizes: OverheadSizes) -> ScenarioResult:
             Column(key="httpx", label="httpx (µs CPU / call)", fmt="{:.0f}"),
             Column(key="herdless", label="herdless (µs CPU / call)", fmt="{:.0f}"),
             Column(key="x", label="ratio"),
+            Column(key="bytecodes", label="bytecodes herdless / httpx", fmt="{}"),
+            Column(key="bx", label="bytecode ratio", fmt="{:.3f}"),
         ],
         rows=rows,
         targets=targets,
-        notes=["Median over interleaved rounds (herdless.bench.sdk_overhead)."],
+        notes=[
+            "CPU: median over rounds of calls paired in alternating order; bytecodes: one "
+            "warm call of each arm, every Python frame (herdless.bench.sdk_overhead)."
+        ],
     )
 
 

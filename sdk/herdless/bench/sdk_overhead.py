@@ -20,6 +20,10 @@ process and does not count. Target: at most 1.10x.
 Both arms share the process, so each call runs with the caches the other arm's call
 left: the per-call cost of herdless here is several times what a loop of herdless calls
 alone would show.
+
+A second figure does not depend on the machine at all: the Python bytecodes one warm
+call of each arm executes (``sys.settrace`` opcode events, every frame: httpx,
+httpcore, h11, asyncio and herdless), and their ratio.
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import Self
 
 import httpx
 
@@ -125,6 +133,15 @@ class ArmResult:
     ratio: float
     rounds: int
     calls: int
+    httpx_bytecodes: int = 0
+    """Python bytecodes one warm raw httpx call executes."""
+    herdless_bytecodes: int = 0
+    """Python bytecodes one warm herdless call executes."""
+
+    @property
+    def bytecode_ratio(self) -> float:
+        """``herdless_bytecodes / httpx_bytecodes`` (0 when not counted)."""
+        return self.herdless_bytecodes / self.httpx_bytecodes if self.httpx_bytecodes else 0.0
 
 
 def _raw_body(stream: bool) -> dict[str, Any]:
@@ -165,6 +182,39 @@ async def _apairs(
     return spent[0], spent[1]
 
 
+class _Bytecodes:
+    """Counts the bytecodes this thread executes while active (``sys.settrace``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _trace(self, frame: FrameType, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            self.count += 1
+        return self._trace
+
+    def __enter__(self) -> Self:
+        self._previous = sys.gettrace()  # a coverage tracer, say: put back after
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.settrace(self._previous)
+
+
+def _bytecodes(call: Callable[[], object]) -> int:
+    with _Bytecodes() as counter:
+        call()
+    return counter.count
+
+
+async def _abytecodes(call: Callable[[], Awaitable[object]]) -> int:
+    with _Bytecodes() as counter:
+        await call()
+    return counter.count
+
+
 def _sync_arms(
     url: str, *, stream: bool, stack: ExitStack
 ) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -197,7 +247,9 @@ def _sync_arms(
     return raw_call, herdless_call
 
 
-def _result(name: str, rounds: list[tuple[float, float]], calls: int) -> ArmResult:
+def _result(
+    name: str, rounds: list[tuple[float, float]], calls: int, bytecodes: tuple[int, int]
+) -> ArmResult:
     return ArmResult(
         name=name,
         httpx_us=median([raw for raw, _ in rounds]) / calls * 1e6,
@@ -205,6 +257,8 @@ def _result(name: str, rounds: list[tuple[float, float]], calls: int) -> ArmResu
         ratio=median([ratio(sdk, raw) for raw, sdk in rounds]),
         rounds=len(rounds),
         calls=calls,
+        httpx_bytecodes=bytecodes[0],
+        herdless_bytecodes=bytecodes[1],
     )
 
 
@@ -213,7 +267,8 @@ def _sync_result(url: str, *, stream: bool, rounds: int, calls: int) -> ArmResul
         raw, sdk = _sync_arms(url, stream=stream, stack=stack)
         _pairs(raw, sdk, 20)  # warm both: connections, imports, caches
         spent = [_pairs(raw, sdk, calls) for _ in range(rounds)]
-    return _result("sync stream" if stream else "sync", spent, calls)
+        bytecodes = (_bytecodes(raw), _bytecodes(sdk))
+    return _result("sync stream" if stream else "sync", spent, calls, bytecodes)
 
 
 async def _async_result(url: str, rounds: int, calls: int) -> ArmResult:
@@ -236,7 +291,8 @@ async def _async_result(url: str, rounds: int, calls: int) -> ArmResult:
 
         await _apairs(raw, sdk, 20)
         spent = [await _apairs(raw, sdk, calls) for _ in range(rounds)]
-    return _result("async", spent, calls)
+        bytecodes = (await _abytecodes(raw), await _abytecodes(sdk))
+    return _result("async", spent, calls, bytecodes)
 
 
 def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
@@ -294,9 +350,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
         return 0
-    print(f"{'arm':<12} {'httpx us/call':>14} {'herdless us/call':>17} {'ratio':>7}")
+    print(
+        f"{'arm':<12} {'httpx us/call':>14} {'herdless us/call':>17} {'ratio':>7}"
+        f" {'httpx bytecodes':>16} {'herdless bytecodes':>19} {'ratio':>7}"
+    )
     for r in results:
-        print(f"{r.name:<12} {r.httpx_us:>14.1f} {r.herdless_us:>17.1f} {r.ratio:>6.2f}x")
+        print(
+            f"{r.name:<12} {r.httpx_us:>14.1f} {r.herdless_us:>17.1f} {r.ratio:>6.2f}x"
+            f" {r.httpx_bytecodes:>16,} {r.herdless_bytecodes:>19,} {r.bytecode_ratio:>6.3f}x"
+        )
     print(
         f"({results[0].rounds} rounds x {results[0].calls} calls per arm; CPU time of this "
         "process; target <= 1.10x)"

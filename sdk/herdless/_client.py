@@ -28,6 +28,7 @@ from herdless._actions import Accepted, Outcome, Send, Sleep
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless._flow import CallFlow
 from herdless._pacing import PacingPolicy
 from herdless._policies import DEFAULT_DEADLINE, Policies
 from herdless._retry import RetryPolicy
@@ -48,7 +49,6 @@ from herdless._wire import Completion, build_body
 if TYPE_CHECKING:
     from typing import Self
 
-    from herdless._flow import CallFlow
     from herdless._stats import ClientStats
     from herdless.events import Event
 
@@ -172,7 +172,8 @@ class _BaseClient:
         )
         # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
         request_id = os.urandom(16).hex()
-        return self._policies.start_call(
+        return CallFlow(
+            self._policies,
             request_id=request_id,
             body=body,
             model=model,

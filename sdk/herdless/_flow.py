@@ -6,7 +6,7 @@ outcome, and returns ``Accepted`` or raises a ``HerdlessError``. Events go to an
 outbox the driver drains with ``take_events()`` after every step, so each event is
 delivered *before* the wait it announces::
 
-    flow = policies.start_call(request_id=rid, body=body, stream=False, ...)
+    flow = CallFlow(policies, request_id=rid, body=body, stream=False, ...)
     steps = flow.run()
     try:
         action = next(steps)
@@ -68,7 +68,7 @@ Steps: TypeAlias = Generator[Action, Outcome | None, Accepted]
 
 
 class CallFlow:
-    """One logical call's decisions. Create with ``Policies.start_call``; run once.
+    """One logical call's decisions, against the client's ``Policies``; run once.
 
     Args:
         policies: the client's policies and their shared state.

@@ -1,8 +1,8 @@
 """The per-client bundle of policy objects that both drivers hold: one per client, never
 global. Two clients in one process share no breaker, budget, gate or counter.
 
-``Client`` / ``AsyncClient`` build one ``Policies`` from their keywords and call
-``start_call`` once per ``chat()``; everything the flow decides runs against it.
+``Client`` / ``AsyncClient`` build one ``Policies`` from their keywords and make one
+``CallFlow(policies, ...)`` per ``chat()``; everything the flow decides runs against it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -19,7 +19,6 @@ from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy, CircuitBreaker
 from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
-from herdless._flow import CallFlow
 from herdless._gate import BackpressureGate
 from herdless._pacing import Pacer, PacingPolicy
 from herdless._retry import RetryPolicy
@@ -149,27 +148,6 @@ class Policies:
         """What ``stats()`` reports; the flow counts every event it emits here."""
         self._degraded = DegradedTracker(self.fallback_policy.degraded_interval)
         self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
-
-    def start_call(
-        self,
-        *,
-        request_id: str,
-        body: Mapping[str, Any],
-        model: str | None = None,
-        stream: bool = False,
-        deadline: float | None = None,
-        allow_fallback: bool = True,
-    ) -> CallFlow:
-        """A new call's flow (see ``CallFlow`` for the arguments)."""
-        return CallFlow(
-            self,
-            request_id=request_id,
-            body=body,
-            model=model,
-            stream=stream,
-            deadline=deadline,
-            allow_fallback=allow_fallback,
-        )
 
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker

@@ -30,6 +30,7 @@ import httpx
 
 from herdless import Backend, BreakerPolicy, Client, RetryPolicy, Timeouts
 from herdless._actions import Response
+from herdless._flow import CallFlow
 from herdless._policies import Policies
 from herdless.events import CallFinished, Event
 from herdless.testing import FakeClock
@@ -170,7 +171,7 @@ def _skip_cpu() -> float:
     rounds = 20_000
     start = time.process_time()
     for n in range(rounds):
-        flow = policies.start_call(request_id=str(n), body={"messages": HI})
+        flow = CallFlow(policies, request_id=str(n), body={"messages": HI})
         steps = flow.run()
         next(steps)  # the Send to the fallback
         with contextlib.suppress(StopIteration):

@@ -74,7 +74,7 @@ class Driver:
     def start(self, **call: Any) -> CallFlow:
         call.setdefault("request_id", f"req-{len(self.sends)}")
         call.setdefault("body", {"messages": [{"role": "user", "content": "hi"}]})
-        return self.policies.start_call(**call)
+        return CallFlow(self.policies, **call)
 
     def run(self, **call: Any) -> Accepted:
         return self.drive(self.start(**call))

@@ -587,3 +587,31 @@ def test_decisions_are_logged_structured_and_without_secrets(
     assert records[1].herdless["status"] == 401  # type: ignore[attr-defined]  # set by extra=
     assert all(r.herdless["call_id"] == "req-log" for r in records)  # type: ignore[attr-defined]
     assert "sk-primary-secret" not in caplog.text
+
+
+def test_without_a_hook_a_calls_events_are_counted_the_same() -> None:
+    # With no hook and DEBUG logging off, the two events of every call are counted
+    # without being built; the numbers must be those a hooked client reports.
+    hooked, quiet = make([status(503), ok()]), make([status(503), ok()])
+    quiet.policies.keep_events = False
+    hooked.run(request_id="r")
+    quiet.run(request_id="r")
+    assert quiet.events == []  # nothing went to an outbox
+    assert quiet.policies.stats() == hooked.policies.stats()
+    assert quiet.policies.stats().by_backend["primary"] == {
+        "attempts": 2,
+        "status_503": 1,
+        "ok": 1,
+    }
+
+
+def test_without_a_hook_debug_logging_still_sees_every_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = make([ok()])
+    driver.policies.keep_events = False
+    with caplog.at_level(logging.DEBUG, logger="herdless"):
+        driver.run(request_id="req-quiet")
+    records = [r for r in caplog.records if r.name == "herdless"]
+    assert [r.getMessage().split()[0] for r in records] == ["AttemptStarted", "CallFinished"]
+    assert driver.events == []

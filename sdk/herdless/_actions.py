@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from herdless._backend import Backend, Timeouts
 
 __all__ = [
+    "ATTEMPT_HEADER",
+    "REQUEST_ID_HEADER",
     "Accepted",
     "Action",
     "Outcome",
@@ -36,14 +38,20 @@ __all__ = [
 ]
 
 
+REQUEST_ID_HEADER: Final = "X-Request-ID"
+"""The header that carries the call's request id, on every attempt."""
+ATTEMPT_HEADER: Final = "X-Herdless-Attempt"
+"""The header that carries the attempt's number (1 for the call's first)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class Send:
     """Perform one HTTP attempt: ``POST backend.chat_url`` with ``body`` and ``headers``.
 
     The driver adds ``Authorization`` from ``backend.api_key`` and sends
     ``{"model": model, **body}`` when ``model`` is set (``body`` never holds ``model``:
-    the flow chose it for this backend); ``headers`` already hold ``X-Request-ID`` and
-    ``X-Herdless-Attempt``. ``timeouts`` are already clipped to the
+    the flow chose it for this backend); ``headers`` are the attempt's own,
+    ``REQUEST_ID_HEADER`` and ``ATTEMPT_HEADER``. ``timeouts`` are already clipped to the
     call's remaining deadline. With ``stream=True`` the driver returns once the status
     and the first body chunk arrived (or failed), keeping the stream open.
     """

@@ -26,7 +26,14 @@ from typing import Any, Final, TypeAlias
 
 import httpx
 
-from herdless._actions import Response, Send, TransportFailure, TransportFailureKind
+from herdless._actions import (
+    ATTEMPT_HEADER,
+    REQUEST_ID_HEADER,
+    Response,
+    Send,
+    TransportFailure,
+    TransportFailureKind,
+)
 from herdless._backend import Backend, Timeouts
 from herdless._types import Chunk
 from herdless._wire import DONE, SSEDecoder, encode_body, parse_chunk, parse_completion, with_model
@@ -47,8 +54,6 @@ ERROR_BODY_CAP: Final = 64 * 1024
 # No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
 _SSE_HEADERS: Final = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-# The attempt's own headers (``Send.headers``), set by the flow.
-_ATTEMPT_HEADERS: Final = ("X-Request-ID", "X-Herdless-Attempt")
 
 
 _Fixed: TypeAlias = tuple[httpx.URL, dict[str, str], list[tuple[bytes, bytes]], frozenset[bytes]]
@@ -82,7 +87,9 @@ class Endpoints:
                 if backend.api_key:
                     headers["Authorization"] = f"Bearer {backend.api_key}"
                 raw = [(k.encode(), v.encode()) for k, v in headers.items()]
-                names = frozenset(n.lower().encode() for n in (*headers, *_ATTEMPT_HEADERS))
+                names = frozenset(
+                    n.lower().encode() for n in (*headers, REQUEST_ID_HEADER, ATTEMPT_HEADER)
+                )
                 self._fixed[backend.name, stream] = (url, headers, raw, names)
             limits = backend.timeouts or default
             self._limits[backend.name] = (limits, _timeout_extension(limits))

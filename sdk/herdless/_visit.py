@@ -25,7 +25,16 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from herdless._actions import Accepted, Action, Outcome, Response, Send, Sleep
+from herdless._actions import (
+    ATTEMPT_HEADER,
+    REQUEST_ID_HEADER,
+    Accepted,
+    Action,
+    Outcome,
+    Response,
+    Send,
+    Sleep,
+)
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import Permit
 from herdless._retry import Verdict, classify
@@ -158,7 +167,7 @@ def serve(
                 attempt=attempt,
                 model=model,
                 body=call.body,
-                headers={"X-Request-ID": call.request_id, "X-Herdless-Attempt": str(attempt)},
+                headers={REQUEST_ID_HEADER: call.request_id, ATTEMPT_HEADER: str(attempt)},
                 timeouts=_clip(limits, left=end - now, read_left=call.deadline_at - now),
                 stream=call.stream,
             )

@@ -13,7 +13,7 @@ from tests.vllm.conftest import CONCURRENCY, QUEUE
 
 import herdless
 from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
-from herdless.testing.vllm import MODEL_NAME, VllmServer, read_metric
+from herdless.testing.vllm import MODEL_NAME, VllmServer, read_metric, wait_for_metric
 
 pytestmark = [pytest.mark.vllm]
 
@@ -85,11 +85,11 @@ async def test_a_client_that_disconnects_frees_vllms_sequence(
                 events.append(round(time.monotonic() - started, 2))
             if len(events) >= 3:  # the role and two tokens: the sequence runs
                 break
-        running = _wait_for(lambda: read_metric(vllm_url, RUNNING) == 1, timeout=10.0)
-        assert running, f"vLLM does not run it; its events arrived at {events} s"
+        running = wait_for_metric(vllm_url, RUNNING, 1)
+        assert running == 1, f"vLLM runs {running:g}; the events arrived at {events} s"
     # Leaving the block closed the connection; the gateway closes its upstream request
     # and vLLM aborts the sequence (within ~2 s).
-    assert _wait_for(lambda: read_metric(vllm_url, RUNNING) == 0, timeout=10.0)
+    assert wait_for_metric(vllm_url, RUNNING, 0) == 0
 
 
 def _ready(gateway: ServerProcess) -> int:

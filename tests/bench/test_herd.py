@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,27 @@ def test_virtual_loop_jumps_to_timers_in_order() -> None:
         return seen
 
     assert run_virtual(scenario()) == [("early", 0.25), ("mid", 90.25 - 0.25), ("late", 3600.0)]
+
+
+def test_virtual_clock_stands_still_while_a_thread_works() -> None:
+    # The openai client looks up the platform in a thread on its first request; a clock
+    # that jumped to the next timer meanwhile would fire deadlines before the answer.
+    async def scenario() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, float]] = []
+
+        async def timer() -> None:
+            await asyncio.sleep(1.0)
+            seen.append(("timer", loop.time()))
+
+        async def thread() -> None:
+            await asyncio.to_thread(time.sleep, 0.05)  # real work in a thread: real time
+            seen.append(("thread", loop.time()))
+
+        await asyncio.gather(timer(), thread())
+        return seen
+
+    assert run_virtual(scenario()) == [("thread", 0.0), ("timer", 1.0)]
 
 
 def test_naive_arm_retries_every_second() -> None:

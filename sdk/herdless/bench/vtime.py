@@ -11,15 +11,19 @@ reproducible from its seed.
 How: the loop's ``time()`` returns a virtual clock, and its selector, asked to
 block for ``timeout`` seconds, advances that clock by ``timeout`` and returns no
 events. Only in-process work may run on it (no sockets): real I/O would never
-be waited for. A loop that would block forever with nothing scheduled is a
-deadlock and raises instead of hanging.
+be waited for. Work handed to a thread (``run_in_executor``, ``asyncio.to_thread``:
+the openai client looks up the platform that way on its first request) is
+waited for in real time with the clock stopped, as if it took no time; jumping
+ahead meanwhile would fire every timer, deadlines included, before the thread's
+answer. A loop that would block forever with nothing scheduled is a deadlock and
+raises instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = ["VirtualClock", "VirtualTimeLoop", "run_virtual"]
@@ -34,17 +38,22 @@ class _Selector(selectors.DefaultSelector):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
+        self.threads = 0  # executor jobs not yet finished
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         events = super().select(0)
         if events or (timeout is not None and timeout <= 0):
             return events
-        if timeout is None:
-            # No timer: only another thread (an executor job, call_soon_threadsafe)
-            # can wake the loop, so wait for it in real time, but not forever.
+        if timeout is None or self.threads:
+            # Only another thread can wake the loop now (an executor job is running,
+            # or no timer is set): wait for it in real time, clock stopped, not forever.
             events = super().select(_REAL_WAIT_LIMIT)
             if not events:
-                raise RuntimeError("virtual-time loop would block forever: nothing is scheduled")
+                raise RuntimeError(
+                    f"virtual-time loop: a thread has not answered in {_REAL_WAIT_LIMIT:g} s"
+                    if self.threads
+                    else "virtual-time loop would block forever: nothing is scheduled"
+                )
             return events
         self.now += timeout
         return []
@@ -59,6 +68,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._vselector.now
+
+    def run_in_executor(
+        self, executor: Any, func: Callable[..., _T], *args: Any
+    ) -> asyncio.Future[_T]:
+        future = super().run_in_executor(executor, func, *args)
+        self._vselector.threads += 1
+        future.add_done_callback(self._thread_done)
+        return future
+
+    def _thread_done(self, _: asyncio.Future[Any]) -> None:
+        self._vselector.threads -= 1
 
 
 class VirtualClock:

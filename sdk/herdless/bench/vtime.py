@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import selectors
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple
 
 __all__ = ["VirtualClock", "VirtualTimeLoop", "run_virtual"]
 
 _T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 _REAL_WAIT_LIMIT = 30.0  # seconds of real time a thread may take before we call it a deadlock
 
 
@@ -70,7 +72,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self._vselector.now
 
     def run_in_executor(
-        self, executor: Any, func: Callable[..., _T], *args: Any
+        self, executor: Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts
     ) -> asyncio.Future[_T]:
         future = super().run_in_executor(executor, func, *args)
         self._vselector.threads += 1

@@ -84,7 +84,7 @@ def _policy_rows() -> dict[str, tuple[str, str]]:
     try:
         from herdless._backend import Timeouts
         from herdless._breaker import BreakerPolicy
-        from herdless._policies import DEFAULT_DEADLINE
+        from herdless._config import DEFAULT_DEADLINE
         from herdless._retry import RetryPolicy
     except ImportError:  # the SDK is not built yet: nothing to add
         return {}

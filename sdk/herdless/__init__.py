@@ -3,6 +3,7 @@
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import AsyncClient, Client
+from herdless._config import ClientOptions
 from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
@@ -10,6 +11,7 @@ from herdless._stats import ClientStats
 from herdless._stream import AsyncStream, Stream
 from herdless._types import AttemptRecord, ChatResult, Chunk, Message, Usage
 from herdless._version import __version__
+from herdless._window import WindowPolicy
 from herdless.errors import (
     AllBackendsFailed,
     APIConnectionError,
@@ -43,6 +45,7 @@ __all__ = [
     "ChatResult",
     "Chunk",
     "Client",
+    "ClientOptions",
     "ClientStats",
     "ConfigurationError",
     "DeadlineExceeded",
@@ -60,5 +63,6 @@ __all__ = [
     "StreamInterrupted",
     "Timeouts",
     "Usage",
+    "WindowPolicy",
     "__version__",
 ]

@@ -18,7 +18,7 @@ performs each and sends back the *outcome*::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
@@ -26,6 +26,7 @@ from herdless._backend import Backend, Timeouts
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "DEADLINE_HEADER",
     "REQUEST_ID_HEADER",
     "Accepted",
     "Action",
@@ -33,6 +34,7 @@ __all__ = [
     "Response",
     "Send",
     "Sleep",
+    "SlotWait",
     "TransportFailure",
     "TransportFailureKind",
 ]
@@ -42,6 +44,10 @@ REQUEST_ID_HEADER: Final = "X-Request-ID"
 """The header that carries the call's request id, on every attempt."""
 ATTEMPT_HEADER: Final = "X-Herdless-Attempt"
 """The header that carries the attempt's number (1 for the call's first)."""
+DEADLINE_HEADER: Final = "X-Herdless-Deadline-Ms"
+"""The header that carries the milliseconds the call still waits for this attempt's
+answer (its deadline, less the reserve kept for a fallback): a herdless gateway refuses
+at once (``deadline_unattainable``) what it predicts it cannot start in that time."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -72,7 +78,20 @@ class Sleep:
     seconds: float
 
 
-Action: TypeAlias = Send | Sleep
+@dataclass(slots=True, kw_only=True)
+class SlotWait:
+    """Wait until ``listen`` reports that the call's place in a backend's window was
+    decided (a slot, or "leave"), at most ``timeout`` seconds; then send ``None`` back.
+
+    The driver passes ``listen`` a callback that wakes it; the callback may run on any
+    thread (the one that freed the slot), at once if the place is already decided.
+    """
+
+    listen: Callable[[Callable[[], None]], None]
+    timeout: float
+
+
+Action: TypeAlias = Send | Sleep | SlotWait
 
 
 @dataclass(slots=True, kw_only=True)

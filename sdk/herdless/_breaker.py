@@ -7,11 +7,12 @@
     any ──(a draining 503: open at once for its Retry-After)──> open
 
 Failures are connection errors, timeouts (first byte included) and 5xx. A 429 or
-another 4xx is *not* a failure: the server is alive. The breaker never sleeps and
-never does I/O; callers ask it (``acquire``) and tell it (``record_*``). One lock
-around the state makes "exactly one half-open probe at a time" hold across threads
-and asyncio tasks alike (no method awaits, so a task never holds the lock across a
-suspension).
+another 4xx is *not* a failure: the server is alive; nor is a 503 that says why (a
+drain, an outage) or when (Retry-After). A bare 503 counts toward the failure rate
+only (``record_refusal``). The breaker never sleeps and never does I/O; callers ask
+it (``acquire``) and tell it (``record_*``). One lock around the state makes
+"exactly one half-open probe at a time" hold across threads and asyncio tasks alike
+(no method awaits, so a task never holds the lock across a suspension).
 
 The open period is jittered so that clients across the company, opened by the same
 outage, do not all probe at the same instant::
@@ -206,6 +207,23 @@ class CircuitBreaker:
             policy = self._policy
             if self._consecutive >= policy.consecutive_failures:
                 return self._open("closed", "consecutive_failures", self._period())
+            if total >= policy.min_calls and failures >= policy.failure_rate * total:
+                return self._open("closed", "failure_rate", self._period())
+            return None
+
+    def record_refusal(self, permit: Permit) -> Transition | None:
+        """The backend refused without saying why or when (a bare 503): a failure for the
+        failure rate, not for the consecutive count, so that a burst of refusals from a
+        busy server does not open the breaker but a backend refusing most calls does. A
+        refused probe proves nothing either way: the next call probes again."""
+        with self._lock:
+            if permit is Permit.PROBE:
+                self._probing = False
+                return None
+            if permit is not Permit.CALL or self._state != "closed":
+                return None
+            failures, total = self._remember(True)
+            policy = self._policy
             if total >= policy.min_calls and failures >= policy.failure_rate * total:
                 return self._open("closed", "failure_rate", self._period())
             return None

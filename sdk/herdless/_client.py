@@ -11,29 +11,25 @@ lives in ``_BaseClient``; what differs is the ``await``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
-import random
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 import httpx
 
-from herdless._actions import Accepted, Outcome, Send, Sleep
-from herdless._backend import Backend, Timeouts
-from herdless._breaker import BreakerPolicy
-from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless._actions import Accepted, Outcome, Send, Sleep, SlotWait
+from herdless._backend import Backend
+from herdless._clock import SYSTEM_CLOCK
+from herdless._config import ClientConfig, ClientOptions
 from herdless._flow import CallFlow
-from herdless._pacing import PacingPolicy
-from herdless._policies import DEFAULT_DEADLINE, Policies
-from herdless._retry import RetryPolicy
-from herdless._routing import FallbackPolicy
-from herdless._settings import client_options
+from herdless._state import ClientState
 from herdless._stream import AsyncStream, Stream, _StreamState
 from herdless._transport import (
     ERROR_BODY_CAP,
@@ -47,6 +43,7 @@ from herdless._types import ChatResult
 from herdless._wire import Completion, build_body
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Self
 
     from herdless._stats import ClientStats
@@ -55,16 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClient", "Client"]
 
 logger = logging.getLogger("herdless")
-
-
-def _primaries(primary: str | Backend | Sequence[str | Backend]) -> list[Backend]:
-    items = [primary] if isinstance(primary, str | Backend) else list(primary)
-    return [
-        item
-        if isinstance(item, Backend)
-        else Backend(name="primary" if index == 0 else f"primary-{index + 1}", base_url=item)
-        for index, item in enumerate(items)
-    ]
 
 
 def _warn_unclosed(closed: list[bool], name: str) -> None:
@@ -82,60 +69,52 @@ def _expire(task: asyncio.Task[Any], fired: list[bool]) -> None:
     task.cancel()
 
 
+async def _slot_wait(action: SlotWait) -> None:
+    """Wait until the window decides the call's place (a slot freed on any thread or
+    task), at most ``action.timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    def wake_soon() -> None:  # from any thread: the one that freed the slot
+        loop.call_soon_threadsafe(wake)
+
+    action.listen(wake_soon)
+    with contextlib.suppress(TimeoutError):  # the flow looks at the place again and decides
+        await asyncio.wait_for(woken, action.timeout)
+
+
 class _BaseClient:
     """Arguments, environment and everything per call that is not I/O."""
 
     def __init__(
         self,
         primary: str | Backend | Sequence[str | Backend] | None,
-        *,
-        fallback: Backend | Sequence[Backend] | None,
-        model: str | None,
-        retry: RetryPolicy | None,
-        breaker: BreakerPolicy | None,
-        deadline: float | None,
         on_event: Callable[[Event], Any] | None,
-        timeouts: Timeouts | None,
-        fallback_policy: FallbackPolicy | None,
-        pacing: PacingPolicy | None,
-        clock: Clock,
-        rng: random.Random | None,
-        env_file: str | Path | None,
+        options: ClientOptions,
     ) -> None:
-        if primary is None:  # no primary given: the environment says everything not given
-            env = client_options(env_file)
-            primary = env.primary
-            fallback = env.fallback if fallback is None else fallback
-            model = env.model if model is None else model
-            deadline = env.deadline if deadline is None else deadline
-            timeouts = timeouts or env.timeouts
-            retry = retry or env.retry
-            breaker = breaker or env.breaker
-        self._policies = Policies(
-            primary=_primaries(primary),
-            fallback=fallback,
-            model=model,
-            retry=retry,
-            breaker=breaker,
-            fallback_policy=fallback_policy,
-            pacing=pacing,
-            timeouts=timeouts,
-            deadline=DEFAULT_DEADLINE if deadline is None else deadline,
-            clock=clock,
-            rng=rng,
+        config = ClientConfig.build(primary, options)
+        self._state = ClientState(
+            config, clock=options.get("clock", SYSTEM_CLOCK), rng=options.get("rng")
         )
-        self._clock = clock
+        self._clock = self._state.clock
         self._on_event = on_event
-        self._policies.keep_events = on_event is not None  # nobody to hand events to
-        self._endpoints = Endpoints(
-            (*self._policies.primaries, *self._policies.fallbacks), self._policies.timeouts
-        )
+        self._state.keep_events = on_event is not None  # nobody to hand events to
+        self._endpoints = Endpoints(config.backends, config.timeouts)
         # A shared flag, not self: the finalizer must not keep the client alive. It warns
         # when an open client is garbage-collected (a leak), not at interpreter exit, where
         # a module-level client that lives as long as the process is fine.
         self._closed = [False]
         finalizer = weakref.finalize(self, _warn_unclosed, self._closed, type(self).__name__)
         finalizer.atexit = False
+
+    @property
+    def config(self) -> ClientConfig:
+        """What the client was configured with (frozen)."""
+        return self._state.config
 
     @classmethod
     def from_env(cls, *, env_file: str | Path | None = ".env", **kwargs: Any) -> Self:
@@ -147,12 +126,13 @@ class _BaseClient:
         """
         if "primary" in kwargs:
             raise TypeError("from_env() reads the primary from HERDLESS_PRIMARY_URL")
-        return cls(env_file=env_file, **kwargs)
+        # Client / AsyncClient take env_file among their options; this base does not.
+        return cls(env_file=env_file, **kwargs)  # type: ignore[call-arg]
 
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
         states and latency percentiles, computed from this client's events."""
-        return self._policies.stats()
+        return self._state.stats()
 
     def _start(
         self,
@@ -173,7 +153,7 @@ class _BaseClient:
         # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
         request_id = os.urandom(16).hex()
         return CallFlow(
-            self._policies,
+            self._state,
             request_id=request_id,
             body=body,
             model=model,
@@ -206,7 +186,7 @@ class _BaseClient:
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._policies!r})"
+        return f"{type(self).__name__}({self._state!r})"
 
 
 class Client(_BaseClient):
@@ -224,6 +204,8 @@ class Client(_BaseClient):
         on_event: called with every event (``herdless.events``); must be a plain callable.
         timeouts: per-attempt limits for backends that set none.
         fallback_policy: when to leave a backend, where a call may not go.
+        window: flow control: how many of this client's calls may be at one backend at
+            once; the others wait in the client (``herdless.WindowPolicy``).
         pacing: a rate the client never exceeds toward each backend (off by default).
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng: random source for jitter (seeded in tests).
@@ -246,21 +228,11 @@ class Client(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        fallback: Backend | Sequence[Backend] | None = None,
-        model: str | None = None,
-        retry: RetryPolicy | None = None,
-        breaker: BreakerPolicy | None = None,
-        deadline: float | None = None,
         on_event: Callable[[Event], None] | None = None,
-        timeouts: Timeouts | None = None,
-        fallback_policy: FallbackPolicy | None = None,
-        pacing: PacingPolicy | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
-        env_file: str | Path | None = ".env",
+        **options: Unpack[ClientOptions],
     ) -> None:
         if on_event is not None and (
             inspect.iscoroutinefunction(on_event)
@@ -269,21 +241,7 @@ class Client(_BaseClient):
             raise TypeError(
                 "Client needs a plain on_event callable; use AsyncClient for async hooks"
             )
-        super().__init__(
-            primary,
-            fallback=fallback,
-            model=model,
-            retry=retry,
-            breaker=breaker,
-            deadline=deadline,
-            on_event=on_event,
-            timeouts=timeouts,
-            fallback_policy=fallback_policy,
-            pacing=pacing,
-            clock=clock,
-            rng=rng,
-            env_file=env_file,
-        )
+        super().__init__(primary, on_event, options)
         self._sleep = sleep
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client(transport=transport)
@@ -365,6 +323,11 @@ class Client(_BaseClient):
                 if isinstance(action, Sleep):
                     self._sleep(action.seconds)
                     action = steps.send(None)
+                elif isinstance(action, SlotWait):
+                    woken = threading.Event()
+                    action.listen(woken.set)
+                    woken.wait(action.timeout)
+                    action = steps.send(None)
                 else:
                     action = steps.send(self._perform(action))
         except StopIteration as stop:
@@ -438,37 +401,13 @@ class AsyncClient(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        fallback: Backend | Sequence[Backend] | None = None,
-        model: str | None = None,
-        retry: RetryPolicy | None = None,
-        breaker: BreakerPolicy | None = None,
-        deadline: float | None = None,
         on_event: Callable[[Event], Awaitable[None] | None] | None = None,
-        timeouts: Timeouts | None = None,
-        fallback_policy: FallbackPolicy | None = None,
-        pacing: PacingPolicy | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-        rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        env_file: str | Path | None = ".env",
+        **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(
-            primary,
-            fallback=fallback,
-            model=model,
-            retry=retry,
-            breaker=breaker,
-            deadline=deadline,
-            on_event=on_event,
-            timeouts=timeouts,
-            fallback_policy=fallback_policy,
-            pacing=pacing,
-            clock=clock,
-            rng=rng,
-            env_file=env_file,
-        )
+        super().__init__(primary, on_event, options)
         self._sleep = sleep
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(transport=transport)
@@ -531,6 +470,9 @@ class AsyncClient(_BaseClient):
                     await self._dispatch(flow.take_events())
                 if isinstance(action, Sleep):
                     await self._sleep(action.seconds)
+                    action = steps.send(None)
+                elif isinstance(action, SlotWait):
+                    await _slot_wait(action)
                     action = steps.send(None)
                 else:
                     action = steps.send(await self._perform(action))

@@ -78,6 +78,17 @@ class CallErrors:
             **self._context(name),
         )
 
+    def busy(self, name: str, expected: float | None) -> DeadlineExceeded:
+        """``name`` is busy and the call's wait for it no longer fits its deadline."""
+        wait = f"about {expected:.1f} s" if expected is not None else "longer than that"
+        return DeadlineExceeded(
+            f"{name} is busy: this call would wait {wait} for its turn, more than its "
+            f"{self._deadline:g} s deadline allows, so it was not sent. Raise the deadline, "
+            "add a fallback, or add capacity.",
+            deadline=self._deadline,
+            **self._context(name),
+        )
+
     def blocked(self, name: str) -> APIConnectionError:
         """``name`` was left alone because of a Retry-After or drain window."""
         return APIConnectionError(

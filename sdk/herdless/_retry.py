@@ -35,7 +35,15 @@ import backoff
 
 from herdless._actions import Outcome, Response
 
-__all__ = ["RetryPolicy", "Verdict", "classify", "parse_retry_after"]
+__all__ = [
+    "CAPACITY_HEADER",
+    "OUTAGE_CODES",
+    "RetryPolicy",
+    "Verdict",
+    "classify",
+    "parse_capacity",
+    "parse_retry_after",
+]
 
 # Statuses that mean "the server is alive but cannot take this now": retried.
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -46,6 +54,10 @@ _RETRY_KINDS = frozenset(
 )
 _TIMEOUT_KINDS = frozenset({"connect_timeout", "first_byte_timeout", "read_timeout"})
 DRAIN_HEADER = "x-herdless-drain"
+CAPACITY_HEADER = "x-herdless-capacity"
+# A herdless gateway's codes for "the whole backend is out": every call keeps off it.
+OUTAGE_CODES = frozenset({"upstream_loading", "upstream_unavailable"})
+UNATTAINABLE = "deadline_unattainable"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,8 +65,10 @@ class RetryPolicy:
     """How a call retries one backend, and how much retrying a backend may take.
 
     Args:
-        max_attempts: attempts per backend per call, the first included (5 = 4 retries).
-            Waiting for budget or behind another call's Retry-After is not an attempt.
+        max_attempts: attempts per backend per call that fail as if the backend were
+            broken (5xx, timeouts, refused connections), the first included (5 = 4 retries).
+            A refusal by a live server (429, a busy 503) does not count: such a call keeps
+            trying until its deadline. Waiting (for budget, a slot, a drain) is no attempt.
         base: seconds; the full-jitter ceiling of the first retry.
         cap: seconds; the full-jitter ceiling never grows past this.
         max_retry_after: seconds; a server's Retry-After is honoured up to this.
@@ -133,6 +147,19 @@ class RetryPolicy:
 class Verdict:
     """What one attempt's outcome means for the call, the breaker and the client.
 
+    Three kinds of "no" are told apart, because each asks for a different answer:
+
+    - **busy**: a live server refuses this call now (429, or a 503 that names no
+      outage, like vLLM's full queue). The call keeps its place and comes back: at the
+      server's time when it gave one (a reservation for this call alone), else after
+      full-jitter backoff, until its deadline. The client's window shrinks.
+    - **down** / **draining**: the server says the whole backend is out (a herdless
+      gateway's ``upstream_loading`` / ``upstream_unavailable``, or a drain). Every call
+      of the client keeps off it for the Retry-After; a call with a fallback goes there
+      at once.
+    - **broken**: 5xx other than those, timeouts, refused or broken connections. Counted
+      against the breaker and against ``RetryPolicy.max_attempts``.
+
     Attributes:
         ok: a 2xx answer.
         kind: the attempt record's kind: ``"ok"``, ``"status"`` or the transport failure kind.
@@ -142,9 +169,16 @@ class Verdict:
             as such: 4xx other than 429).
         breaker_failure: counts against the backend's circuit breaker (connect errors,
             timeouts, 5xx). A 429 does not: the server is alive and asked us to slow down.
+        breaker_refusal: a 503 that says neither why nor when: counted in the breaker's
+            failure *rate* only (a backend that refuses most calls opens), never in its
+            consecutive count (a burst of refusals from a busy vLLM does not).
         timeout: the attempt timed out (a hung backend is not waited on twice).
         retry_after: seconds the server asked to wait, capped, or ``None``.
+        busy: a live server refused this call now (see above).
+        down: the server says the backend is out (see above).
         draining: the backend is draining for maintenance: switch to the fallback now.
+        unattainable: the server predicts this call's deadline cannot be met there
+            (``deadline_unattainable``): move on at once.
         message: a short description for events and errors.
     """
 
@@ -154,10 +188,19 @@ class Verdict:
     retryable: bool = False
     fallback_may_help: bool = False
     breaker_failure: bool = False
+    breaker_refusal: bool = False
     timeout: bool = False
     retry_after: float | None = None
+    busy: bool = False
+    down: bool = False
     draining: bool = False
+    unattainable: bool = False
     message: str = ""
+
+    @property
+    def backend_wide(self) -> bool:
+        """Whether the signal is about the whole backend (held for every call)."""
+        return self.down or self.draining
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -203,6 +246,19 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     return value if math.isfinite(value) and value >= 0 else None
 
 
+def parse_capacity(headers: Mapping[str, str]) -> int | None:
+    """The requests a server holds at once for this client (``X-Herdless-Capacity``), or
+    ``None`` when it did not say (or said nonsense)."""
+    text = headers.get(CAPACITY_HEADER)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 def _error_code(body: bytes) -> str | None:
     try:
         data = json.loads(body)
@@ -234,20 +290,28 @@ def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
     retry_after = parse_retry_after(outcome.headers, now=now)
     if retry_after is not None:
         retry_after = min(retry_after, policy.max_retry_after)
-    draining = status == 503 and (
-        _header(outcome.headers, DRAIN_HEADER) == "1" or _error_code(outcome.body) == "draining"
-    )
+    refusal = status in (429, 503)
+    code = _error_code(outcome.body) if refusal else None
+    drain_header = _header(outcome.headers, DRAIN_HEADER) == "1"
+    draining = status == 503 and (drain_header or code == "draining")
+    down = status == 503 and code in OUTAGE_CODES
+    unattainable = refusal and code == UNATTAINABLE
+    busy = refusal and not (draining or down or unattainable)
     return Verdict(
         ok=False,
         kind="status",
         status=status,
         retryable=status in _RETRY_STATUSES,
         fallback_may_help=status == 429 or status >= 500,
-        # A draining backend is healthy and says when to come back: the flow opens its
-        # breaker for that Retry-After instead of counting a failure (which, on a probe,
-        # would double the open period and keep clients away after the maintenance).
-        breaker_failure=status >= 500 and not draining,
+        # A refusal, a drain or an outage the server announced is not a failure of the
+        # backend: it answered, and said why. Only a bare 503 (no why, no when) counts,
+        # and only toward the failure rate.
+        breaker_failure=status >= 500 and not refusal,
+        breaker_refusal=busy and status == 503 and retry_after is None,
         retry_after=retry_after,
+        busy=busy,
+        down=down,
         draining=draining,
+        unattainable=unattainable,
         message=f"status {status}",
     )

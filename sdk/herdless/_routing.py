@@ -38,9 +38,15 @@ class FallbackPolicy:
     Args:
         reserve: share of the call's deadline kept for the backends after the current one.
             A primary that hangs uses at most ``1 - reserve`` of the deadline.
-        on_backpressure: when a backend's Retry-After window is running and a fallback
-            exists: ``"wait"`` (if the wait fits the deadline; the primary is cheaper) or
-            ``"fallback"`` (go now; latency first). A drain always falls back now.
+        on_backpressure: when a busy backend gives a call a time to come back and a
+            fallback exists: ``"wait"`` (if the wait fits the deadline; the primary is
+            cheaper) or ``"fallback"`` (go now; latency first). A drain or an outage
+            always falls back now.
+        max_busy_wait: seconds; the longest a call waits for a busy backend (in the
+            client's queue, or for the server's reservation) before it spills to the next
+            backend, measured as the wait it expects. ``None`` (the default): as long as the
+            deadline, less ``reserve``, allows. A call with no backend after the busy one
+            waits as long as its deadline allows, whatever this says.
         allow_external: ``False`` keeps every call of the client off ``external`` backends.
         max_external_share: at most this share of the calls of the last minute may be
             served by external backends (``None``: no cap).
@@ -53,6 +59,7 @@ class FallbackPolicy:
 
     reserve: float = 0.4
     on_backpressure: Literal["wait", "fallback"] = "wait"
+    max_busy_wait: float | None = None
     allow_external: bool = True
     max_external_share: float | None = None
     max_external_per_minute: int | None = None
@@ -74,6 +81,10 @@ class FallbackPolicy:
         if per_minute is not None and per_minute < 0:
             raise ValueError(
                 f"FallbackPolicy.max_external_per_minute must be >= 0, got {per_minute!r}"
+            )
+        if self.max_busy_wait is not None and not self.max_busy_wait >= 0:
+            raise ValueError(
+                f"FallbackPolicy.max_busy_wait must be >= 0, got {self.max_busy_wait!r}"
             )
         for name in ("min_attempt", "degraded_interval"):
             if not getattr(self, name) >= 0:

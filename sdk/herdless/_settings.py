@@ -1,7 +1,7 @@
 """Client settings from the environment: the only place herdless reads ``os.environ``.
 
 pydantic-settings reads ``HERDLESS_*`` variables (and a ``.env`` file) into
-``HerdlessSettings``; ``client_options()`` turns them into the frozen objects the
+``HerdlessSettings``; ``env_options()`` turns them into the frozen objects the
 clients take (``Backend``, ``Timeouts``, ``RetryPolicy``, ``BreakerPolicy``). Every
 problem becomes a ``ConfigurationError`` that names the variable to fix.
 
@@ -42,7 +42,7 @@ from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless.errors import ConfigurationError
 
-__all__ = ["ClientOptions", "HerdlessSettings", "client_options"]
+__all__ = ["EnvOptions", "HerdlessSettings", "env_options"]
 
 _PREFIX = "HERDLESS_"
 
@@ -85,7 +85,7 @@ HerdlessSettings = create_model(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClientOptions:
+class EnvOptions:
     """Client constructor arguments read from the environment."""
 
     primary: Backend
@@ -119,7 +119,7 @@ def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
-def client_options(env_file: str | Path | None = ".env") -> ClientOptions:
+def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
     """Read the ``HERDLESS_*`` environment (and ``env_file``, when it exists).
 
     Raises:
@@ -149,7 +149,7 @@ def client_options(env_file: str | Path | None = ".env") -> ClientOptions:
             "api_key": (_var("primary_api_key"), _secret(settings.primary_api_key)),
         },
     )
-    return ClientOptions(
+    return EnvOptions(
         primary=primary,
         fallback=_fallback(settings),
         model=settings.model,

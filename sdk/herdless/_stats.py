@@ -52,7 +52,10 @@ class ClientStats:
         retries: retries scheduled.
         waits: waits of any kind (retry backoff, Retry-After windows, budget, breaker).
         waited: seconds of those waits, summed.
+        queued: times a call waited in the client for a slot of a backend's window.
+        queued_for: seconds of those waits in the client, summed.
         breakers: each backend's breaker state now.
+        windows: each backend's window now: calls let through at once (flow control).
         latency: seconds from call start to result over the recent successful calls:
             ``p50``, ``p90``, ``p99``, ``max`` (empty before the first success).
     """
@@ -65,7 +68,10 @@ class ClientStats:
     retries: int = 0
     waits: int = 0
     waited: float = 0.0
+    queued: int = 0
+    queued_for: float = 0.0
     breakers: Mapping[str, BreakerState] = field(default_factory=dict)
+    windows: Mapping[str, float] = field(default_factory=dict)
     latency: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -79,7 +85,10 @@ class ClientStats:
             "retries": self.retries,
             "waits": self.waits,
             "waited": self.waited,
+            "queued": self.queued,
+            "queued_for": self.queued_for,
             "breakers": dict(self.breakers),
+            "windows": dict(self.windows),
             "latency": dict(self.latency),
         }
 
@@ -93,6 +102,8 @@ class StatsRecorder:
         "_fallbacks",
         "_latencies",
         "_lock",
+        "_queued",
+        "_queued_for",
         "_retries",
         "_succeeded",
         "_waited",
@@ -106,6 +117,8 @@ class StatsRecorder:
         self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
         self._succeeded = self._failed = self._retries = self._waits = 0
         self._waited = 0.0
+        self._queued = 0
+        self._queued_for = 0.0
 
     def record(self, event: Event) -> None:
         """Count one event."""
@@ -129,6 +142,12 @@ class StatsRecorder:
             self._succeeded += 1
             self._latencies.append(latency)
 
+    def slot_waited(self, seconds: float) -> None:
+        """A call got its slot after waiting ``seconds`` in the client (or gave up its place)."""
+        with self._lock:
+            self._queued += 1
+            self._queued_for += seconds
+
     def _record(self, event: Event) -> None:
         backend = event.backend or "-"
         if isinstance(event, AttemptFailed):
@@ -143,8 +162,10 @@ class StatsRecorder:
             self._waits += 1
             self._waited += event.delay
 
-    def snapshot(self, breakers: Mapping[str, BreakerState]) -> ClientStats:
-        """The counters now, with the breakers' current states."""
+    def snapshot(
+        self, breakers: Mapping[str, BreakerState], windows: Mapping[str, float]
+    ) -> ClientStats:
+        """The counters now, with the breakers' states and the windows' sizes."""
         with self._lock:
             ordered = sorted(self._latencies)
             latency: dict[str, float] = {}
@@ -161,7 +182,10 @@ class StatsRecorder:
                 retries=self._retries,
                 waits=self._waits,
                 waited=self._waited,
+                queued=self._queued,
+                queued_for=self._queued_for,
                 breakers=dict(breakers),
+                windows=dict(windows),
                 latency=latency,
             )
 

@@ -14,6 +14,8 @@ name) and ``at`` (the client clock's monotonic time, in seconds).
     ├── AttemptFailed
     ├── RetryScheduled
     ├── WaitScheduled
+    ├── SlotAwaited
+    ├── WindowResized
     ├── BackpressureReceived
     ├── BreakerStateChanged
     ├── FallbackUsed
@@ -41,7 +43,9 @@ __all__ = [
     "FallbackUsed",
     "PrimaryDegraded",
     "RetryScheduled",
+    "SlotAwaited",
     "WaitScheduled",
+    "WindowResized",
 ]
 
 BreakerState: TypeAlias = Literal["closed", "open", "half_open"]
@@ -105,8 +109,31 @@ class WaitScheduled(Event):
     delay: float
     """Seconds the client is about to wait."""
     reason: str
-    """Why: ``"backpressure"``, ``"draining"``, ``"budget"``, ``"breaker_open"``, ``"spend"``,
-    ``"pacing"``."""
+    """Why: ``"backpressure"`` (the backend is out and said when to come back),
+    ``"draining"``, ``"budget"``, ``"breaker_open"``, ``"spend"``, ``"pacing"``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotAwaited(Event):
+    """The call waits in the client for a slot of the backend's window (flow control):
+    the client's calls already fill it. Nothing is sent until a call leaves."""
+
+    position: int
+    """Calls ahead of this one in the client's queue (0: next)."""
+    expected: float | None
+    """Seconds the client expects the wait to last; ``None`` before anything is measured."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowResized(Event):
+    """The client changed how many calls it lets be at ``backend`` at once: it shrank on a
+    refusal, or took the capacity the server advertised. (Growth on success is not an
+    event: it happens on every call; ``client.stats().windows`` shows the size.)"""
+
+    size: float
+    """Calls let through at once from now on."""
+    reason: str
+    """Why: ``"refused"`` (a 429 or a busy 503) or ``"advertised"``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,9 +165,12 @@ class FallbackUsed(Event):
 
     from_backend: str
     reason: str
-    """Why: ``"breaker_open"``, ``"retries_exhausted"``, ``"retry_after_exceeds_deadline"``,
-    ``"draining"``, ``"budget_exhausted"``, ``"deadline"``, ``"backpressure"`` (a Retry-After
-    window with ``on_backpressure="fallback"``), ``"timeout"`` (a hung backend is not
+    """Why: ``"breaker_open"``, ``"unavailable"`` (the backend says it is out: loading, or
+    its upstream down), ``"draining"``, ``"busy"`` (the wait for a busy backend no longer
+    fits the deadline, or ``FallbackPolicy.max_busy_wait``), ``"deadline_unattainable"``
+    (the server predicted the deadline cannot be met there), ``"retry_after_exceeds_deadline"``,
+    ``"retries_exhausted"``, ``"budget_exhausted"``, ``"deadline"``, ``"backpressure"`` (a
+    reservation with ``on_backpressure="fallback"``), ``"timeout"`` (a hung backend is not
     waited on twice), ``"failed"`` (an error retrying the same backend cannot fix)."""
 
 

@@ -31,7 +31,8 @@ import httpx
 from herdless import Backend, BreakerPolicy, Client, RetryPolicy, Timeouts
 from herdless._actions import Response
 from herdless._flow import CallFlow
-from herdless._policies import Policies
+from herdless._config import ClientConfig
+from herdless._state import ClientState
 from herdless.events import CallFinished, Event
 from herdless.testing import FakeClock
 from herdless.testing.servers import ServerProcess, emulator_process
@@ -160,11 +161,13 @@ def _skip_cpu() -> float:
     clock = FakeClock()
     primary = Backend(name="primary", base_url="http://p/v1")
     hosted = Backend(name="hosted", base_url="http://h/v1")
-    policies = Policies(
-        primary=primary,
-        fallback=hosted,
+    policies = ClientState(
+        ClientConfig(
+            primaries=(primary,),
+            fallbacks=(hosted,),
+            breaker=BreakerPolicy(consecutive_failures=1, open_for=1e9, max_open_for=1e9),
+        ),
         clock=clock,
-        breaker=BreakerPolicy(consecutive_failures=1, open_for=1e9, max_open_for=1e9),
     )
     policies.breaker(primary).record_failure(policies.breaker(primary).acquire()[0])
     ok = Response(status=200, headers={}, body=b"{}", elapsed=0.0)

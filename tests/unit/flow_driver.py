@@ -8,10 +8,11 @@ from typing import Any
 
 from tests.unit._policy_stubs import UpperRandom
 
-from herdless._actions import Accepted, Response, Send, Sleep, TransportFailure
+from herdless._actions import Accepted, Response, Send, Sleep, SlotWait, TransportFailure
 from herdless._backend import Backend
 from herdless._flow import CallFlow
-from herdless._policies import Policies
+from herdless._config import ClientConfig, ClientOptions
+from herdless._state import ClientState
 from herdless.events import Event
 from herdless.testing import FakeClock
 
@@ -62,7 +63,7 @@ def hang(send: Send) -> TransportFailure:
 class Driver:
     """Runs flows against scripted backends, recording every Send, Sleep and event."""
 
-    def __init__(self, policies: Policies, clock: FakeClock, **script: list[Scripted]) -> None:
+    def __init__(self, policies: ClientState, clock: FakeClock, **script: list[Scripted]) -> None:
         self.policies = policies
         self.clock = clock
         self.script = script
@@ -89,6 +90,15 @@ class Driver:
                     self.sleeps.append(action.seconds)
                     self.log.append(action)
                     self.clock.advance(action.seconds)
+                    action = steps.send(None)
+                elif isinstance(action, SlotWait):
+                    # One call at a time: nobody frees the slot meanwhile, so unless it is
+                    # decided already the wait lasts its whole timeout.
+                    woken: list[bool] = []
+                    action.listen(lambda: woken.append(True))
+                    self.log.append(action)
+                    if not woken:
+                        self.clock.advance(action.timeout)
                     action = steps.send(None)
                 else:
                     action = steps.send(self.perform(action))
@@ -132,13 +142,8 @@ def make(
         script["hosted"] = hosted
     if fallback is None:
         fallback = [HOSTED] if hosted is not None else []
-    kwargs.setdefault("primary", PRIMARY)
-    policies = Policies(
-        fallback=fallback,
-        model="llama",
-        clock=clock,
-        rng=UpperRandom(),
-        wall=lambda: 0.0,
-        **kwargs,
-    )
+    primary = kwargs.pop("primary", PRIMARY)
+    options: ClientOptions = {"fallback": fallback, "model": "llama", **kwargs}  # type: ignore[typeddict-item]  # tests pass any option
+    config = ClientConfig.build(primary, options)
+    policies = ClientState(config, clock=clock, rng=UpperRandom(), wall=lambda: 0.0)
     return Driver(policies, clock, **script)

@@ -13,7 +13,7 @@ from herdless.events import Event
 def _events() -> list[Event]:
     """One call retried then served by the fallback, and one that fails."""
     driver = make(
-        [status(503), status(503), status(400)],
+        [status(502), status(502), status(400)],
         [ok()],
         retry=RetryPolicy(max_attempts=2),
         breaker=BreakerPolicy(consecutive_failures=2),
@@ -40,7 +40,7 @@ def test_prometheus_hook_counts() -> None:
         return sample
 
     assert value("attempts_total", backend="primary") == 3
-    assert value("attempt_failures_total", backend="primary", kind="status_503") == 2
+    assert value("attempt_failures_total", backend="primary", kind="status_502") == 2
     assert value("calls_total", backend="hosted", outcome="ok") == 1
     assert value("calls_total", backend="primary", outcome="error") == 1
     assert (
@@ -49,7 +49,7 @@ def test_prometheus_hook_counts() -> None:
         )
         == 1
     )
-    assert value("retries_total", backend="primary", reason="status_503") == 1
+    assert value("retries_total", backend="primary", reason="status_502") == 1
     assert value("breaker_state", backend="primary") == 0  # opened, probed, closed again
     assert value("call_duration_seconds_count", backend="hosted") == 1
     assert value("primary_degraded_total", backend="primary") == 1

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from tests.unit.flow_driver import HOSTED, PRIMARY, failure, hang, make, ok, status
 
-from herdless._actions import Send, Sleep
+from herdless._actions import Send, Sleep, SlotWait
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
+from herdless._window import WindowPolicy
 from herdless.errors import (
     AllBackendsFailed,
     APIConnectionError,
@@ -55,7 +56,11 @@ def test_first_attempt_answers() -> None:
     assert accepted.fallback_reason is None
     assert [(a.backend, a.attempt, a.kind) for a in accepted.attempts] == [("primary", 1, "ok")]
     (send,) = driver.sends
-    assert send.headers == {"X-Request-ID": "req-42", "X-Herdless-Attempt": "1"}
+    assert send.headers == {
+        "X-Request-ID": "req-42",
+        "X-Herdless-Attempt": "1",
+        "X-Herdless-Deadline-Ms": "60000",  # the whole deadline: no fallback to keep time for
+    }
     assert send.model == "llama"
     assert "model" not in send.body
     assert send.timeouts == Timeouts(connect=3.0, first_byte=30.0, read=30.0)
@@ -126,20 +131,48 @@ def test_a_429_honours_retry_after_as_a_floor() -> None:
     driver = make([status(429, retry_after=2.0), ok()])
     driver.run()
     assert driver.sleeps == [2.5]  # 2 s + 25 % jitter above it
-    (received,) = driver.of(BackpressureReceived)
-    assert (received.retry_after, received.draining) == (2.0, False)
+    # A reservation for this call alone: the client-wide hold is for outages.
+    assert driver.of(BackpressureReceived) == []
+    assert driver.policies.gate.blocked("primary") == (0.0, False)
 
 
-def test_a_429_is_not_a_breaker_failure() -> None:
+def test_a_reserved_retry_spends_no_budget() -> None:
+    driver = make(
+        [status(429, retry_after=1.0)] * 3 + [ok()], retry=RetryPolicy(budget_floor=0, budget_ratio=0)
+    )
+    accepted = driver.run()
+    assert accepted.backend is PRIMARY
+    assert driver.of(WaitScheduled) == []  # never waited for budget: the server invited it
+    assert [r.delay for r in driver.of(RetryScheduled)] == [1.25] * 3
+
+
+def test_a_429_is_not_a_breaker_failure_and_is_retried_until_the_deadline() -> None:
     driver = make([status(429)], breaker=BreakerPolicy(consecutive_failures=1))
     with pytest.raises(RateLimitError):
         driver.run(deadline=200)
     assert driver.policies.breaker(PRIMARY).state == "closed"
-    assert len(driver.sends) == 5  # max_attempts
+    # A live server that refuses is waited for: not capped by max_attempts (5)...
+    assert len(driver.sends) > 5
+    # ...but never past the deadline.
+    assert driver.clock.monotonic() - 1000 <= 200
+
+
+def test_a_bare_503_counts_toward_the_failure_rate_only() -> None:
+    driver = make(
+        [status(503)],
+        breaker=BreakerPolicy(consecutive_failures=1, min_calls=4),
+        retry=RetryPolicy(budget_floor=100),
+        deadline=10,
+    )
+    with pytest.raises(ServiceUnavailableError):
+        driver.run()
+    # Never one refusal in a row opens it (consecutive_failures=1): the rate did, at 4 calls.
+    (opened,) = driver.of(BreakerStateChanged)
+    assert (opened.new, opened.reason) == ("open", "failure_rate")
 
 
 def test_retries_exhausted_raise_the_last_error_with_every_attempt() -> None:
-    driver = make([status(503)], retry=RetryPolicy(max_attempts=3))
+    driver = make([status(502)], retry=RetryPolicy(max_attempts=3))
     with pytest.raises(ServiceUnavailableError) as caught:
         driver.run()
     assert [a.attempt for a in caught.value.attempts] == [1, 2, 3]
@@ -233,16 +266,15 @@ def test_only_one_call_probes_a_half_open_primary() -> None:
         probe.send(ok())
 
 
-def test_a_closed_flow_frees_its_probe_and_in_flight_slot() -> None:
+def test_a_closed_flow_frees_its_probe_and_window_slot() -> None:
     driver = make([status(502)], [ok()], breaker=BreakerPolicy(consecutive_failures=1))
-    driver.policies.counts_in_flight = True  # as with several primaries to choose from
     driver.run()
     driver.clock.advance(60)
     steps = driver.start().run()
     next(steps)
-    assert driver.policies.in_flight(PRIMARY) == 1
+    assert driver.policies.window(PRIMARY).in_use == 1
     steps.close()  # the driver was cancelled mid-attempt
-    assert driver.policies.in_flight(PRIMARY) == 0
+    assert driver.policies.window(PRIMARY).in_use == 0
     assert driver.policies.breaker(PRIMARY).acquire()[0].value == "probe"
 
 
@@ -260,17 +292,41 @@ def test_a_drain_switches_to_the_fallback_now_for_every_call() -> None:
     assert second.fallback_reason == "draining"
 
 
-def test_another_calls_retry_after_holds_this_call_back() -> None:
-    driver = make([status(429, retry_after=2.0), ok()])
-    first = driver.start()
-    steps = first.run()
+def test_another_calls_reservation_does_not_hold_this_call_back() -> None:
+    # (A window that room for both: what holds calls back there is tested in test_window.)
+    driver = make([status(429, retry_after=2.0), ok()], window=WindowPolicy(minimum=4))
+    steps = driver.start().run()
     next(steps)
     assert isinstance(steps.send(status(429, retry_after=2.0)), Sleep)  # first waits 2.5
     driver.script["primary"] = [ok()]
-    driver.run()  # a second call starts during that window
-    assert driver.sends == [driver.sends[0]]  # it waited before sending anything
-    assert driver.sleeps == [2.5]
-    assert driver.of(WaitScheduled)[0].reason == "backpressure"
+    accepted = driver.run()  # a second call starts during that reservation...
+    assert accepted.backend is PRIMARY
+    assert driver.sleeps == []  # ...and goes at once: the time was given to the first
+
+
+def test_an_outage_the_backend_announced_holds_every_call() -> None:
+    down = status(503, retry_after=2.0, error_code="upstream_unavailable")
+    driver = make([down, ok()])
+    first = driver.start().run()
+    next(first)
+    assert isinstance(first.send(down), Sleep)  # the first call waits out the outage...
+    assert driver.policies.gate.blocked("primary")[0] == pytest.approx(2.0)
+    second = driver.start()
+    assert isinstance(next(second.run()), Sleep)  # ...and so does a second one, unsent
+    waits = [e for e in second.take_events() if isinstance(e, WaitScheduled)]
+    assert [w.reason for w in waits] == ["backpressure"]
+
+
+def test_an_outage_sends_the_call_to_the_fallback_at_once() -> None:
+    down = status(503, retry_after=5.0, error_code="upstream_unavailable")
+    driver = make([down], [ok()])
+    first = driver.run()
+    assert first.fallback_reason == "unavailable"
+    assert driver.sleeps == []  # no Retry-After wait on a dead path
+    second = driver.run()
+    assert driver.sent_to() == ["primary", "hosted", "hosted"]  # the hold skips it at once
+    assert second.fallback_reason == "unavailable"
+    assert driver.policies.breaker(PRIMARY).state == "closed"  # it said so: no failure
 
 
 def test_backpressure_with_fallback_policy_goes_to_the_fallback() -> None:
@@ -292,7 +348,7 @@ def test_a_retry_after_past_the_primarys_share_goes_to_the_fallback() -> None:
 
 
 def test_all_backends_failing_names_each_error() -> None:
-    driver = make([status(503)], [failure("connect")], retry=RetryPolicy(max_attempts=2))
+    driver = make([status(502)], [failure("connect")], retry=RetryPolicy(max_attempts=2))
     with pytest.raises(AllBackendsFailed) as caught:
         driver.run()
     assert set(caught.value.errors) == {"primary", "hosted"}
@@ -301,7 +357,7 @@ def test_all_backends_failing_names_each_error() -> None:
 
 
 def test_data_guard_never_sends_to_an_external_fallback() -> None:
-    driver = make([status(503)], [ok()], retry=RetryPolicy(max_attempts=1))
+    driver = make([status(502)], [ok()], retry=RetryPolicy(max_attempts=1))
     with pytest.raises(FallbackNotAllowed, match="allow_fallback=False"):
         driver.run(allow_fallback=False)
     assert driver.sent_to() == ["primary"]
@@ -334,11 +390,23 @@ def test_several_primaries_before_the_fallback() -> None:
 # -- budget --------------------------------------------------------------------------------
 
 
-def test_spent_budget_sends_the_call_to_the_fallback() -> None:
-    driver = make([status(503)], [ok()], retry=RetryPolicy(budget_floor=0, budget_ratio=0))
+def test_spent_budget_sends_a_broken_call_to_the_fallback() -> None:
+    driver = make([status(502)], [ok()], retry=RetryPolicy(budget_floor=0, budget_ratio=0))
     accepted = driver.run()
     assert accepted.fallback_reason == "budget_exhausted"
     assert driver.sent_to() == ["primary", "hosted"]
+
+
+def test_spent_budget_keeps_a_busy_call_waiting_for_its_turn() -> None:
+    driver = make(
+        [status(503), ok()], [ok()], retry=RetryPolicy(budget_floor=1, budget_window=10)
+    )
+    driver.policies.budget(PRIMARY).try_acquire()  # another call spent the only unit
+    driver.policies.budget(PRIMARY).settle(failed=True)
+    accepted = driver.run()
+    assert accepted.backend is PRIMARY  # busy, not broken: no spill to the paid model
+    assert driver.sent_to() == ["primary", "primary"]
+    assert {w.reason for w in driver.of(WaitScheduled)} == {"budget"}
 
 
 def test_spent_budget_waits_then_serves_without_a_fallback() -> None:
@@ -359,8 +427,8 @@ def test_spent_budget_fails_only_at_the_deadline() -> None:
     assert 8 <= sum(driver.sleeps) <= 10
 
 
-def test_overloaded_primary_sees_about_one_attempt_per_call() -> None:
-    driver = make([status(503)], [ok()])
+def test_broken_primary_sees_about_one_attempt_per_call() -> None:
+    driver = make([status(502)], [ok()])
     for _ in range(200):
         driver.run()
         driver.clock.advance(0.05)
@@ -370,35 +438,66 @@ def test_overloaded_primary_sees_about_one_attempt_per_call() -> None:
 
 def test_default_budget_keeps_attempts_near_one_at_five_calls_a_second() -> None:
     # 50 calls per 10 s window: 1 + 0.05 + 2 / 50 attempts per call at most.
-    driver = make([status(503)], [ok()])
+    driver = make([status(502)], [ok()])
     for _ in range(200):
         driver.run()
         driver.clock.advance(0.2)
     assert driver.sent_to().count("primary") / 200 <= 1.1
 
 
-def test_default_budget_serves_every_call_of_a_blip_that_refuses_a_crowd() -> None:
-    # 40 calls in flight at once are all refused (no fallback); the budget lets a few
-    # retry, the others wait for budget, and every served retry gives its unit back.
-    driver = make([status(503, elapsed=0.0)] * 40 + [ok(elapsed=0.0)])
-    steps = [driver.start(request_id=f"c{i}").run() for i in range(40)]
-    # (when, call, action): each call's next action, performed at ``when``.
-    start = driver.clock.monotonic()
-    due: list[tuple[float, int, Any]] = [(start, i, next(step)) for i, step in enumerate(steps)]
+def _crowd(driver: Any, calls: int) -> int:
+    """Run ``calls`` flows at once as a crowd would, each resuming at its own time on the
+    fake clock; a call waiting for a window slot resumes when a slot is handed to it (or
+    at its timeout). Returns how many were served."""
+    steps = [driver.start(request_id=f"c{i}").run() for i in range(calls)]
+    now = driver.clock.monotonic
+    due: list[tuple[float, int, int, Any]] = []  # (when, tiebreak, call, outcome to send)
+    order = iter(range(10**9))
+    generation = [0] * calls  # a resumption of an older wait is stale
     served = 0
-    while due:  # the calls run as a crowd would, each resuming at its own time
-        at, index, action = heapq.heappop(due)
-        driver.clock.advance(max(0.0, at - driver.clock.monotonic()))
+
+    def resume(index: int, at: float, outcome: Any = None) -> None:
+        generation[index] += 1
+        heapq.heappush(due, (at, next(order), index, (generation[index], outcome)))
+
+    def act(index: int, action: Any) -> None:
         if isinstance(action, Sleep):
-            heapq.heappush(due, (at + action.seconds, index, None))
+            resume(index, now() + action.seconds)
+        elif isinstance(action, SlotWait):
+            resume(index, now() + action.timeout)  # the timeout, unless woken sooner
+            gen = generation[index]
+            action.listen(lambda: generation[index] == gen and resume(index, now()))
+        else:
+            resume(index, now(), driver.perform(action))
+
+    for index, step in enumerate(steps):
+        act(index, next(step))
+    while due:
+        at, _, index, (gen, outcome) = heapq.heappop(due)
+        if gen != generation[index]:
             continue
-        outcome = None if action is None else driver.perform(action)
+        driver.clock.advance(max(0.0, at - now()))
         try:
-            heapq.heappush(due, (at, index, steps[index].send(outcome)))
+            act(index, steps[index].send(outcome))
         except StopIteration:
             served += 1
-    assert served == 40
-    assert driver.sent_to().count("primary") == 80
+    return served
+
+
+def test_a_busy_blip_that_refuses_a_crowd_serves_every_call() -> None:
+    # 40 calls at once against a primary that refuses (503, no time given) for its first
+    # second, then serves: the window lets only its size through, the rest wait in the
+    # client; the budget lets a few refused ones retry at once and the others wait for it.
+    driver = make()
+    blip_ends = driver.clock.monotonic() + 1.0
+
+    def blip(send: Send) -> Any:
+        return status(503, elapsed=0.0) if driver.clock.monotonic() < blip_ends else ok(0.0)
+
+    driver.script["primary"] = [blip]
+    assert _crowd(driver, 40) == 40
+    attempts = driver.sent_to().count("primary")
+    assert attempts <= 40 + 16  # at most the first window's worth was refused
 
 
 # -- streams, events, stats -------------------------------------------------------------

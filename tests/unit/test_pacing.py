@@ -64,4 +64,4 @@ def test_the_flow_waits_for_its_pacing_slot_and_backs_off_on_429() -> None:
 
 def test_no_pacing_by_default() -> None:
     driver = make([ok()])
-    assert driver.policies.pacer(driver.policies.primaries[0]) is None
+    assert driver.policies.pacer(driver.policies.config.primaries[0]) is None

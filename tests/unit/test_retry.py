@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -10,13 +11,19 @@ import pytest
 from tests.unit._policy_stubs import LowerRandom, UpperRandom
 
 from herdless._actions import Response, TransportFailure
-from herdless._retry import RetryPolicy, classify, parse_retry_after
+from herdless._retry import RetryPolicy, classify, parse_capacity, parse_retry_after
 
 NOW = 1_700_000_000.0  # a fixed wall-clock "now" for HTTP dates
 
 
 def _response(status: int, headers: dict[str, str] | None = None, body: bytes = b"") -> Response:
     return Response(status=status, headers=headers or {}, body=body, elapsed=0.1)
+
+
+def _coded(status: int, code: str) -> Response:
+    """A refusal with an OpenAI-style error body naming ``code``, as the gateway writes it."""
+    body = json.dumps({"error": {"message": "no", "type": "x", "code": code}}).encode()
+    return _response(status, body=body)
 
 
 @pytest.mark.parametrize(
@@ -108,15 +115,56 @@ def test_a_429_retries_and_is_not_a_breaker_failure() -> None:
     assert verdict.retry_after == 2.0
 
 
-@pytest.mark.parametrize(
-    ("status", "retryable"), [(500, False), (502, True), (503, True), (504, True)]
-)
+@pytest.mark.parametrize(("status", "retryable"), [(500, False), (502, True), (504, True)])
 def test_5xx_are_breaker_failures(status: int, retryable: bool) -> None:
     verdict = classify(_response(status), RetryPolicy(), now=NOW)
     assert verdict.breaker_failure
     assert verdict.fallback_may_help
     assert verdict.retryable is retryable
-    assert not verdict.draining
+    assert not (verdict.draining or verdict.busy or verdict.down)
+
+
+def test_a_bare_503_is_a_busy_refusal_counted_in_the_failure_rate_only() -> None:
+    verdict = classify(_response(503), RetryPolicy(), now=NOW)
+    assert verdict.busy and verdict.retryable and verdict.fallback_may_help
+    assert not verdict.breaker_failure
+    assert verdict.breaker_refusal
+    assert not verdict.backend_wide
+
+
+def test_a_503_that_gives_a_time_is_a_reservation() -> None:
+    verdict = classify(_response(503, {"Retry-After": "3"}), RetryPolicy(), now=NOW)
+    assert verdict.busy
+    assert not (verdict.breaker_failure or verdict.breaker_refusal)
+    assert verdict.retry_after == 3.0
+
+
+@pytest.mark.parametrize("code", ["upstream_loading", "upstream_unavailable"])
+def test_an_outage_the_gateway_names_is_backend_wide(code: str) -> None:
+    verdict = classify(_coded(503, code), RetryPolicy(), now=NOW)
+    assert verdict.down and verdict.backend_wide
+    assert not (verdict.busy or verdict.breaker_failure or verdict.breaker_refusal)
+
+
+def test_a_429_is_a_busy_refusal_for_this_call_only() -> None:
+    verdict = classify(_coded(429, "queue_full"), RetryPolicy(), now=NOW)
+    assert verdict.busy and not verdict.backend_wide
+    assert not (verdict.breaker_failure or verdict.breaker_refusal)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_deadline_unattainable_is_neither_busy_nor_an_outage(status: int) -> None:
+    verdict = classify(_coded(status, "deadline_unattainable"), RetryPolicy(), now=NOW)
+    assert verdict.unattainable
+    assert not (verdict.busy or verdict.backend_wide or verdict.breaker_failure)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("24", 24), ("0", None), ("-3", None), ("many", None), (None, None)]
+)
+def test_the_advertised_capacity(value: str | None, expected: int | None) -> None:
+    headers = {} if value is None else {"x-herdless-capacity": value}
+    assert parse_capacity(headers) == expected
 
 
 def test_server_retry_after_is_capped() -> None:

@@ -9,7 +9,7 @@ import pytest
 from herdless._backend import Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
-from herdless._settings import client_options
+from herdless._settings import env_options
 from herdless.errors import ConfigurationError
 
 URL = "http://gpu.test:8080/v1"
@@ -22,7 +22,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_the_minimum_is_a_primary_url(env: pytest.MonkeyPatch) -> None:
-    options = client_options(None)
+    options = env_options(None)
     assert options.primary.base_url == URL
     assert options.primary.name == "primary"
     assert options.primary.api_key is None
@@ -53,7 +53,7 @@ def test_everything_set(env: pytest.MonkeyPatch) -> None:
         "BREAKER_CONSECUTIVE_FAILURES": "7",
     }.items():
         env.setenv(f"HERDLESS_{name}", value)
-    options = client_options(None)
+    options = env_options(None)
     assert options.primary.api_key == "sk-p"
     assert options.model == "gemma-4"
     [fallback] = options.fallback
@@ -72,7 +72,7 @@ def test_everything_set(env: pytest.MonkeyPatch) -> None:
 def test_a_fallback_is_external_by_default(env: pytest.MonkeyPatch) -> None:
     env.setenv("HERDLESS_FALLBACK_URL", "https://api.hosted.test/v1")
     env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
-    assert client_options(None).fallback[0].external is True
+    assert env_options(None).fallback[0].external is True
 
 
 def test_a_dotenv_file_is_read(tmp_path: Path) -> None:
@@ -80,14 +80,14 @@ def test_a_dotenv_file_is_read(tmp_path: Path) -> None:
     dotenv.write_text(
         f"HERDLESS_PRIMARY_URL={URL}\nHERDLESS_MODEL=from-file\nHERDLESS_GATEWAY_PORT=9\n"
     )
-    options = client_options(dotenv)
+    options = env_options(dotenv)
     assert options.model == "from-file"  # and the gateway's variable is ignored, not an error
 
 
 def test_the_environment_wins_over_the_dotenv_file(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     dotenv = tmp_path / ".env"
     dotenv.write_text("HERDLESS_PRIMARY_URL=http://file.test/v1\n")
-    assert client_options(dotenv).primary.base_url == URL
+    assert env_options(dotenv).primary.base_url == URL
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_errors_name_the_variable(
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigurationError) as caught:
-        client_options(None)
+        env_options(None)
     assert caught.value.variable == named
     assert named in str(caught.value)
 
@@ -134,7 +134,7 @@ def test_a_malformed_key_setting_never_shows_the_key(env: pytest.MonkeyPatch) ->
     env.setenv("HERDLESS_PRIMARY_API_KEY", "sk-SECRET-1")
     env.setenv("HERDLESS_DEADLINE", "sk-SECRET-2")
     with pytest.raises(ConfigurationError) as caught:
-        client_options(None)
+        env_options(None)
     assert "SECRET" not in str(caught.value)
     env.setenv("HERDLESS_DEADLINE", "5")
-    assert "SECRET" not in repr(client_options(None))
+    assert "SECRET" not in repr(env_options(None))

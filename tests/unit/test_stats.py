@@ -31,7 +31,8 @@ def test_counts_by_backend_and_outcome() -> None:
         CallFailed(call_id="b", backend=None, at=0, attempts=0, latency=1.0, error="X"),
     ):
         stats.record(event)
-    snapshot = stats.snapshot({"primary": "open", "hosted": "closed"})
+    stats.slot_waited(0.25)
+    snapshot = stats.snapshot({"primary": "open", "hosted": "closed"}, {"primary": 16.0})
     assert snapshot == ClientStats(
         calls=2,
         succeeded=1,
@@ -44,7 +45,10 @@ def test_counts_by_backend_and_outcome() -> None:
         retries=1,
         waits=2,
         waited=2.0,
+        queued=1,
+        queued_for=0.25,
         breakers={"primary": "open", "hosted": "closed"},
+        windows={"primary": 16.0},
         latency={"p50": 2.0, "p90": 2.0, "p99": 2.0, "max": 2.0},
     )
 
@@ -53,11 +57,11 @@ def test_latency_percentiles() -> None:
     stats = StatsRecorder()
     for n in range(1, 101):
         stats.record(CallFinished(call_id=None, backend="p", at=0, attempts=1, latency=n / 100))
-    assert stats.snapshot({}).latency == {"p50": 0.51, "p90": 0.91, "p99": 1.0, "max": 1.0}
+    assert stats.snapshot({}, {}).latency == {"p50": 0.51, "p90": 0.91, "p99": 1.0, "max": 1.0}
 
 
 def test_an_empty_snapshot() -> None:
-    snapshot = StatsRecorder().snapshot({})
+    snapshot = StatsRecorder().snapshot({}, {})
     assert snapshot.as_dict() == {
         "calls": 0,
         "succeeded": 0,
@@ -67,7 +71,10 @@ def test_an_empty_snapshot() -> None:
         "retries": 0,
         "waits": 0,
         "waited": 0.0,
+        "queued": 0,
+        "queued_for": 0.0,
         "breakers": {},
+        "windows": {},
         "latency": {},
     }
 
@@ -85,7 +92,7 @@ def test_threads_lose_no_count() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert stats.snapshot({}).by_backend == {"p": {"attempts": 8000}}
+    assert stats.snapshot({}, {}).by_backend == {"p": {"attempts": 8000}}
 
 
 def test_degraded_is_said_at_once_then_every_interval() -> None:

@@ -1,0 +1,286 @@
+"""The records one call's rules read and write: ``Call`` (the whole call) and ``Stay``
+(its stay at one backend).
+
+They sit below both the call flow (``herdless._flow``) and the per-backend checks
+(``herdless._checks``, ``herdless._visit``), so that neither imports the other's
+module. Events are counted for ``stats()`` here and kept for the driver's hook.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from herdless._backend import Backend, Timeouts
+from herdless._breaker import Permit, Transition
+from herdless._flow_errors import CallErrors
+from herdless._log import log_event, logged
+from herdless._types import AttemptRecord
+from herdless.events import AttemptStarted, BreakerStateChanged, CallFinished, Event
+
+if TYPE_CHECKING:
+    from herdless._breaker import CircuitBreaker
+    from herdless._budget import RetryBudget
+    from herdless._pacing import Pacer
+    from herdless._state import ClientState
+    from herdless._window import SlotTicket, Window
+    from herdless.errors import HerdlessError
+
+__all__ = ["Call", "Stay"]
+
+
+class Call:
+    """One logical call: what it asks, its deadline, its attempts and events so far.
+
+    Args:
+        state: the client's shared state (and, through it, its configuration).
+        request_id: sent as ``X-Request-ID`` on every attempt.
+        body: the JSON body without ``model`` (messages, max_tokens, ..., extra fields).
+        model: the call's model override; ``None`` uses the backend's, then the client's.
+        stream: a streaming call (accepted at its first chunk).
+        deadline: seconds for the whole call; ``None`` uses the client's default.
+        allow_fallback: ``False`` keeps the call on the primaries (data guard).
+    """
+
+    __slots__ = (
+        "_attempt",
+        "_errors",
+        "_events",
+        "allow_fallback",
+        "body",
+        "deadline",
+        "deadline_at",
+        "held",
+        "model",
+        "public",
+        "records",
+        "request_id",
+        "served",
+        "start",
+        "state",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        state: ClientState,
+        *,
+        request_id: str,
+        body: Mapping[str, Any],
+        model: str | None = None,
+        stream: bool = False,
+        deadline: float | None = None,
+        allow_fallback: bool = True,
+    ) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.body = body
+        self.model = model
+        self.stream = stream
+        self.allow_fallback = allow_fallback
+        self.deadline = state.config.deadline if deadline is None else deadline
+        if not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
+        self.start = 0.0
+        self.deadline_at = math.inf
+        self.records: list[AttemptRecord] = []
+        self.public = False
+        """Whether the two events of every call are built (for the hook, or the log)."""
+        self._attempt = 0  # HTTP attempts sent so far, across backends
+        self._events: list[Event] = []
+        self._errors: CallErrors | None = None
+        self.served: tuple[Backend, str | None] | None = None
+        """An accepted stream's backend and fallback reason, until the stream ends."""
+        self.held: tuple[Window, SlotTicket] | None = None
+        """An accepted stream's place in its backend's window, until the stream ends."""
+
+    @property
+    def errors(self) -> CallErrors:
+        """The call's error builders (made at the first error: most calls have none)."""
+        if self._errors is None:
+            self._errors = CallErrors(
+                request_id=self.request_id,
+                deadline=self.deadline,
+                allow_fallback=self.allow_fallback,
+                attempts=self.records,
+            )
+        return self._errors
+
+    @property
+    def attempts(self) -> tuple[AttemptRecord, ...]:
+        """The call's attempt records so far, oldest first."""
+        return tuple(self.records)
+
+    @property
+    def attempt(self) -> int:
+        """HTTP attempts sent so far, across backends."""
+        return self._attempt
+
+    def begin(self) -> None:
+        """The call starts now: its deadline runs from here."""
+        state = self.state
+        self.start = state.clock.monotonic()
+        self.deadline_at = self.start + self.deadline
+        # Asked once a call: building the two events of every call showed in per-call CPU.
+        self.public = state.keep_events or logged(CallFinished)
+
+    def next_attempt(self) -> int:
+        """Count one more attempt; return its number (1 for the call's first)."""
+        self._attempt += 1
+        return self._attempt
+
+    def model_for(self, backend: Backend) -> str | None:
+        """The model name sent to ``backend``."""
+        state = self.state
+        if backend.name in state.fallback_names:
+            # A fallback serves another model than the primary: its own name comes first.
+            return backend.model or self.model or state.config.model
+        return self.model or backend.model or state.config.model
+
+    def fits(self, resume_at: float, end: float) -> bool:
+        """Whether a wait until ``resume_at`` still leaves an attempt its minimum time."""
+        return resume_at + self.state.config.fallback_policy.min_attempt <= end
+
+    def hold_slot(self, stay: Stay) -> None:
+        """Keep ``stay``'s slot past the stay: an accepted stream occupies the backend
+        until it ends (``release_slot``)."""
+        if stay.slot is not None:
+            self.held, stay.slot = (stay.window, stay.slot), None
+
+    def release_slot(self) -> None:
+        """The accepted stream ended: its slot goes to the next waiting call."""
+        if self.held is not None:
+            (window, ticket), self.held = self.held, None
+            window.release(ticket)
+
+    def elapsed(self) -> float:
+        """Seconds since the call began."""
+        return self.state.clock.monotonic() - self.start
+
+    # -- events ----------------------------------------------------------------------------
+
+    def take_events(self) -> list[Event]:
+        """Return and clear the events emitted since the last call (oldest first)."""
+        events, self._events = self._events, []
+        return events
+
+    def emit(self, event_type: type[Event], /, now: float | None = None, **fields: Any) -> None:
+        """Emit one event of this call, at ``now`` when the caller just read the clock."""
+        state = self.state
+        at = state.clock.monotonic() if now is None else now
+        event = event_type(call_id=self.request_id, at=at, **fields)
+        state.counts.record(event)
+        self.publish(event)
+
+    def publish(self, event: Event) -> None:
+        """Hand a counted event to the hook's outbox (when there is a hook) and the log."""
+        if self.state.keep_events:
+            self._events.append(event)
+        log_event(event)
+
+    def attempt_started(
+        self, backend: Backend, attempt: int, model: str | None, now: float
+    ) -> None:
+        """An attempt is about to be sent: ``AttemptStarted`` (counted, built only when
+        someone would see it: building it showed in per-call CPU)."""
+        self.state.counts.attempt(backend.name)
+        if self.public:
+            self.publish(
+                AttemptStarted(
+                    call_id=self.request_id,
+                    backend=backend.name,
+                    at=now,
+                    attempt=attempt,
+                    model=model,
+                )
+            )
+
+    def transition(self, backend: Backend, transition: Transition | None) -> None:
+        """Emit ``BreakerStateChanged`` for a breaker's transition, if any."""
+        if transition is not None:
+            self.emit(
+                BreakerStateChanged,
+                backend=backend.name,
+                old=transition.old,
+                new=transition.new,
+                reason=transition.reason,
+                open_for=transition.open_for,
+            )
+
+
+class Stay:
+    """One call's stay at one backend: what it holds there and how it went so far.
+
+    Args:
+        call: the call.
+        backend: the backend.
+        end: when the call must leave it (its deadline, less the reserve kept for the
+            backends after it).
+        last: whether no backend follows.
+    """
+
+    __slots__ = (
+        "admitted",
+        "attempting",
+        "backend",
+        "breaker",
+        "broken",
+        "budget",
+        "end",
+        "last",
+        "last_error",
+        "limits",
+        "paced",
+        "pacer",
+        "permit",
+        "queued_at",
+        "reserved",
+        "scheduled",
+        "sent",
+        "sent_at",
+        "slot",
+        "waited",
+        "waits",
+        "window",
+    )
+
+    def __init__(self, call: Call, backend: Backend, *, end: float, last: bool) -> None:
+        state = call.state
+        self.backend = backend
+        self.end = end
+        self.last = last
+        self.limits: Timeouts = backend.timeouts or state.config.timeouts
+        self.breaker: CircuitBreaker = state.breaker(backend)
+        self.budget: RetryBudget = state.budget(backend)
+        self.window: Window = state.window(backend)
+        self.pacer: Pacer | None = state.pacer(backend)
+        self.sent = 0  # attempts sent here
+        self.broken = 0  # of those, failures that say the backend is broken
+        self.waits = 0  # waits (not retries) here: grows their backoff
+        self.waited = 0.0  # seconds waited since the previous attempt
+        self.reserved = False  # a retry budget unit is held (waiting or in flight)
+        self.scheduled = False  # the next attempt is one the server gave a time for
+        self.admitted = not backend.external  # the spend guard let the call through
+        self.paced = self.pacer is None  # the next attempt holds a pacing slot
+        self.permit: Permit | None = None  # the breaker permit of the next or current attempt
+        self.attempting = False  # an attempt is at the backend, not answered yet
+        self.slot: SlotTicket | None = None  # the call's place in the window
+        self.queued_at: float | None = None  # when it started waiting for a slot
+        self.sent_at = 0.0
+        self.last_error: HerdlessError | None = None
+
+    def leave(self) -> None:
+        """The call leaves: give back what it holds (a probe, a budget unit, its slot)."""
+        if self.permit is not None:  # the driver closed the flow mid-attempt: free a probe
+            self.breaker.release(self.permit)
+            self.permit = None
+        if self.attempting:  # ...and its attempt will never be answered
+            self.window.failed()
+            self.attempting = False
+        if self.reserved:  # leaving (fallback, error, or the driver closed us) with a unit
+            self.budget.cancel()
+            self.reserved = False
+        if self.slot is not None:
+            self.window.release(self.slot)
+            self.slot = None

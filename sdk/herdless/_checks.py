@@ -1,0 +1,407 @@
+"""The per-backend rules of a call, one small function each, returning a decision.
+
+Before every attempt at a backend, ``herdless._visit.serve`` asks the checks in order;
+the first that does not say "go on" (``None``) decides what happens next:
+
+1. ``hold``: the backend is out for every call (a drain, or it said it is loading or
+   its upstream is down) -> the next backend at once; the last one waits it out;
+2. ``window``: the client's calls already fill the backend's window -> wait in the
+   client for a slot (``Queue``); leave at once when that wait no longer fits;
+3. ``budget``: a retry the server gave no time for needs retry budget -> wait for it;
+4. ``pacing`` (when on): the backend's next send slot;
+5. ``spend``: an external backend's spend guard -> wait for a slot, or stop;
+6. ``breaker``: open -> the next backend (the last one waits for its probe time).
+
+Then the attempt is sent (``send``) and its outcome judged (``judge``): the answer,
+or why the call moves on, ends, or waits to retry (``herdless._retry.Verdict``).
+Every wait is announced by an event before it starts; a wait that cannot end in time
+is not taken.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from herdless._actions import (
+    ATTEMPT_HEADER,
+    DEADLINE_HEADER,
+    REQUEST_ID_HEADER,
+    Accepted,
+    Outcome,
+    Response,
+    Send,
+)
+from herdless._backend import Timeouts
+from herdless._breaker import Permit
+from herdless._call import Call, Stay
+from herdless._retry import Verdict, classify, parse_capacity
+from herdless._types import AttemptRecord
+from herdless._window import SlotTicket
+from herdless.errors import HerdlessError
+from herdless.events import (
+    AttemptFailed,
+    BackpressureReceived,
+    SlotAwaited,
+    WindowResized,
+)
+
+__all__ = [
+    "CHECKS",
+    "Decision",
+    "Fail",
+    "Move",
+    "Queue",
+    "Wait",
+    "judge",
+    "send",
+]
+
+# Seconds: the least a wait loop (budget, breaker) sleeps, so that it can never spin.
+_MIN_WAIT = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait ``seconds`` before trying again, for ``why``; ``retry``: a retry's backoff
+    (announced as ``RetryScheduled``), else another wait (``WaitScheduled``)."""
+
+    seconds: float
+    why: str
+    retry: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Wait in the client for ``ticket``'s slot, at most ``timeout`` seconds."""
+
+    ticket: SlotTicket
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Leave this backend for the next one, for ``reason``; ``error`` is what went wrong."""
+
+    reason: str
+    error: HerdlessError
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The call ends here: the last backend cannot serve it in time."""
+
+    error: HerdlessError
+
+
+Decision: TypeAlias = Wait | Queue | Move | Fail | None
+"""What a check says; ``None``: nothing in the way, ask the next one."""
+
+
+def give_up(call: Call, stay: Stay, reason: str, error: HerdlessError | None = None) -> Move | Fail:
+    """Leave the backend for ``reason``: the call ends there when it is the last one."""
+    error = error or stay.last_error or call.errors.deadline(stay.backend.name)
+    return Fail(error) if stay.last else Move(reason, error)
+
+
+# -- the checks, in order ------------------------------------------------------------------
+
+
+def hold(call: Call, stay: Stay, now: float) -> Decision:
+    """A drain or an outage the backend announced holds every call of the client."""
+    blocked, draining = call.state.gate.blocked(stay.backend.name, now)
+    if blocked <= 0:
+        return None
+    why = "draining" if draining else "unavailable"
+    if not stay.last:
+        return Move(why, stay.last_error or call.errors.blocked(stay.backend.name))
+    delay = call.state.config.retry.after_server(blocked, call.state.rng)
+    if not call.fits(now + delay, stay.end):
+        return give_up(call, stay, "retry_after_exceeds_deadline")
+    return Wait(delay, "draining" if draining else "backpressure")
+
+
+def window(call: Call, stay: Stay, now: float) -> Decision:
+    """Wait in the client while the backend's window is full (flow control)."""
+    slot = stay.slot
+    if slot is None:
+        policy = call.state.config.fallback_policy
+        patience = policy.max_busy_wait
+        slot = stay.slot = stay.window.acquire(
+            end=stay.end,
+            max_wait=math.inf if stay.last or patience is None else patience,
+        )
+    if slot.state == "granted":
+        if stay.queued_at is not None:
+            call.state.counts.slot_waited(now - stay.queued_at)
+            stay.queued_at = None
+        return None
+    timeout = stay.end - call.state.config.fallback_policy.min_attempt - now
+    if slot.state == "waiting" and timeout > 0:
+        if stay.queued_at is None:
+            stay.queued_at = now
+            position = stay.window.waiting - 1
+            call.emit(
+                SlotAwaited,
+                now,
+                backend=stay.backend.name,
+                position=position,
+                expected=stay.window.expected_wait(position),
+            )
+        return Queue(slot, timeout)
+    # Told to leave (the wait it faces no longer fits), or out of time while waiting.
+    if stay.queued_at is not None:
+        call.state.counts.slot_waited(now - stay.queued_at)
+        stay.queued_at = None
+    expected = stay.window.expected_wait(max(0, stay.window.waiting - 1))
+    return give_up(call, stay, "busy", call.errors.busy(stay.backend.name, expected))
+
+
+def budget(call: Call, stay: Stay, now: float) -> Decision:
+    """A retry the server gave no time for needs budget (keeps a storm off a server that
+    says nothing); the first attempt and a retry the server scheduled do not."""
+    if not stay.sent or stay.reserved or stay.scheduled:
+        return None
+    if stay.budget.try_acquire():
+        stay.reserved = True
+        return None
+    retry = call.state.config.retry
+    delay = max(retry.backoff(stay.waits, call.state.rng), _MIN_WAIT)
+    stay.waits += 1
+    if not call.fits(now + delay, stay.end):
+        return give_up(call, stay, "deadline")
+    return Wait(delay, "budget")
+
+
+def pacing(call: Call, stay: Stay, now: float) -> Decision:
+    """The client's own rate toward the backend (``PacingPolicy``, off by default)."""
+    if stay.paced or stay.pacer is None:
+        return None
+    delay = stay.pacer.reserve()
+    stay.paced = True
+    if delay <= 0:
+        return None
+    if not call.fits(now + delay, stay.end):
+        return give_up(call, stay, "deadline")
+    return Wait(delay, "pacing")
+
+
+def spend(call: Call, stay: Stay, now: float) -> Decision:
+    """An external backend's spend guard (``FallbackPolicy.max_external_*``)."""
+    if stay.admitted:
+        return None
+    delay = call.state.spend.admit()
+    if delay > 0:
+        if not call.fits(now + delay, stay.end):
+            return Fail(call.errors.spend(stay.backend.name))
+        return Wait(delay, "spend")
+    stay.admitted = True
+    return None
+
+
+def breaker(call: Call, stay: Stay, now: float) -> Decision:
+    """An open breaker: the next backend; the last one waits for its probe time."""
+    permit, transition = stay.breaker.acquire()
+    call.transition(stay.backend, transition)
+    if permit is not Permit.DENIED:
+        stay.permit = permit
+        return None
+    name = stay.backend.name
+    if not stay.last:
+        call.records.append(AttemptRecord(backend=name, attempt=0, kind="skipped_breaker_open"))
+        return Move("breaker_open", stay.last_error or call.errors.breaker_open(name))
+    # The last backend: wait for its probe time (or, while another call probes, a
+    # jittered moment) when the deadline allows.
+    retry, rng = call.state.config.retry, call.state.rng
+    delay = stay.breaker.remaining_open()
+    delay = retry.after_server(delay, rng) if delay else retry.backoff(stay.waits, rng)
+    delay = max(delay, _MIN_WAIT)
+    stay.waits += 1
+    if not call.fits(now + delay, stay.end):
+        return Fail(stay.last_error or call.errors.breaker_open(name))
+    return Wait(delay, "breaker_open")
+
+
+CHECKS = (hold, window, budget, pacing, spend, breaker)
+"""The checks before every attempt, in order."""
+
+
+# -- the attempt ---------------------------------------------------------------------------
+
+
+def send(call: Call, stay: Stay, now: float) -> Send:
+    """The attempt to send now (its breaker permit is held in ``stay.permit``)."""
+    backend = stay.backend
+    if not stay.sent:
+        stay.budget.record_call(now)
+    stay.sent += 1
+    stay.sent_at = now
+    stay.scheduled = False
+    stay.attempting = True
+    stay.window.sent()
+    attempt = call.next_attempt()
+    model = call.model_for(backend)
+    call.attempt_started(backend, attempt, model, now)
+    left = stay.end - now
+    return Send(
+        backend=backend,
+        attempt=attempt,
+        model=model,
+        body=call.body,
+        headers={
+            REQUEST_ID_HEADER: call.request_id,
+            ATTEMPT_HEADER: str(attempt),
+            DEADLINE_HEADER: str(max(1, int(left * 1000))),
+        },
+        timeouts=_clip(stay.limits, left=left, read_left=call.deadline_at - now),
+        stream=call.stream,
+    )
+
+
+def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | Wait:
+    """What the attempt's outcome means: the answer, a move, the end, or a wait to retry.
+
+    Raises:
+        HerdlessError: a request no backend can serve (400, 401, 403, ...).
+    """
+    state, backend, name = call.state, stay.backend, stay.backend.name
+    retry, rng = state.config.retry, state.rng
+    verdict = classify(outcome, retry, now=state.wall())
+    permit, stay.permit = stay.permit, None
+    stay.attempting = False
+    if stay.reserved:  # a retry: a served one gives its budget back
+        stay.budget.settle(failed=not verdict.ok)
+        stay.reserved = False
+    if stay.pacer is not None:
+        stay.paced = False
+        if verdict.status == 429:
+            stay.pacer.throttled()
+        elif verdict.ok:
+            stay.pacer.succeeded()
+    call.records.append(
+        AttemptRecord(
+            backend=name,
+            attempt=call.attempt,
+            kind=verdict.kind,
+            status=verdict.status,
+            waited=stay.waited,
+            elapsed=outcome.elapsed,
+        )
+    )
+    stay.waited = 0.0
+    if verdict.ok and isinstance(outcome, Response):
+        _learn(call, stay, outcome)
+        if permit is not None:
+            call.transition(backend, stay.breaker.record_success(permit))
+        return Accepted(backend=backend, response=outcome, attempts=call.attempts)
+    if permit is not None:
+        if verdict.breaker_failure:
+            call.transition(backend, stay.breaker.record_failure(permit))
+        elif verdict.breaker_refusal:
+            call.transition(backend, stay.breaker.record_refusal(permit))
+        else:
+            call.transition(backend, stay.breaker.record_success(permit))
+    error = stay.last_error = call.errors.attempt(backend, outcome, verdict)
+    call.emit(
+        AttemptFailed,
+        backend=name,
+        attempt=call.attempt,
+        kind=verdict.kind,
+        status=verdict.status,
+        retry_after=verdict.retry_after,
+        message=verdict.message,
+    )
+    if isinstance(outcome, Response):
+        capacity = parse_capacity(outcome.headers)
+        if capacity is not None:
+            _advertised(call, stay, capacity)
+    if not verdict.busy:
+        stay.window.failed()
+    elif stay.window.refused(stay.sent_at):
+        call.emit(WindowResized, backend=name, size=stay.window.size, reason="refused")
+    if verdict.backend_wide:
+        _hold_backend(call, stay, verdict)
+        if not stay.last:
+            return Move("draining" if verdict.draining else "unavailable", error)
+    if verdict.unattainable:  # the server says the deadline cannot be met there
+        late = call.errors.busy(name, verdict.retry_after)
+        return give_up(call, stay, "deadline_unattainable", late)
+    if not verdict.fallback_may_help:
+        raise error  # a request no backend can serve: 400, 401, 403, ...
+    if not verdict.retryable:
+        return give_up(call, stay, "failed", error)
+    if verdict.timeout and not stay.last:
+        return Move("timeout", error)
+    policy = state.config.fallback_policy
+    if verdict.busy:
+        ra = verdict.retry_after
+        if ra is not None and not stay.last and policy.on_backpressure == "fallback":
+            return Move("backpressure", error)
+        if ra is not None and not stay.last and ra > (policy.max_busy_wait or math.inf):
+            return Move("busy", error)
+    else:  # broken, or out (a drain, an outage): attempts are bounded
+        stay.broken += 1
+        if stay.broken >= retry.max_attempts:
+            return give_up(call, stay, "retries_exhausted", error)
+    now = state.clock.monotonic()
+    delay = retry.delay(stay.sent - 1, verdict.retry_after, rng)
+    if not call.fits(now + delay, stay.end):
+        too_long = verdict.retry_after is not None
+        return give_up(call, stay, "retry_after_exceeds_deadline" if too_long else "deadline")
+    why = f"status_{verdict.status}" if verdict.status is not None else verdict.kind
+    if verdict.retry_after is not None:  # the server invited this retry: no budget spent
+        stay.scheduled = True
+        return Wait(delay, why, retry=True)
+    stay.reserved = stay.budget.try_acquire()
+    if stay.reserved:
+        return Wait(delay, why, retry=True)
+    if not stay.last and not verdict.busy:
+        return Move("budget_exhausted", error)
+    # Wait anyway: a busy backend is worth waiting for; the budget check waits more
+    # if the budget is still spent after this.
+    return Wait(delay, "budget")
+
+
+def _learn(call: Call, stay: Stay, response: Response) -> None:
+    """A success: the window measures it (and may grow), and takes an advertised capacity."""
+    stay.window.answered(response.elapsed)
+    capacity = parse_capacity(response.headers)
+    if capacity is not None:
+        _advertised(call, stay, capacity)
+
+
+def _advertised(call: Call, stay: Stay, capacity: int) -> None:
+    before = stay.window.size
+    stay.window.advertise(capacity)
+    if stay.window.size != before:
+        call.emit(
+            WindowResized, backend=stay.backend.name, size=stay.window.size, reason="advertised"
+        )
+
+
+def _hold_backend(call: Call, stay: Stay, verdict: Verdict) -> None:
+    """Keep every call of the client off a backend that is out, for its Retry-After (or,
+    when it gave none, the breaker's open period); a drain also opens its breaker."""
+    state, backend = call.state, stay.backend
+    seconds = verdict.retry_after or state.config.breaker.open_for
+    state.gate.block(backend.name, seconds, draining=verdict.draining)
+    call.emit(
+        BackpressureReceived, backend=backend.name, retry_after=seconds, draining=verdict.draining
+    )
+    if verdict.draining:
+        call.transition(backend, stay.breaker.force_open(seconds, "draining"))
+
+
+def _clip(limits: Timeouts, *, left: float, read_left: float) -> Timeouts:
+    """``limits``, clipped to the ``left`` seconds this backend may still use; a stream's
+    idle limit to ``read_left``, what is left of the whole call: reading a stream happens
+    after the call is accepted, when no fallback is possible any more."""
+    left, read_left = max(left, 1e-3), max(read_left, 1e-3)
+    if limits.connect <= left and limits.first_byte <= left and limits.read <= read_left:
+        return limits  # the common case: the driver reuses their httpx form
+    return Timeouts(
+        connect=min(limits.connect, left),
+        first_byte=min(limits.first_byte, left),
+        read=min(limits.read, read_left),
+    )

@@ -1,0 +1,164 @@
+"""One frozen configuration that ``Client`` and ``AsyncClient`` share.
+
+The two clients take the same keyword arguments but four (``on_event``, ``sleep``,
+``http_client``, ``transport``, whose types differ between sync and async). Those
+shared arguments are written once, as the ``ClientOptions`` ``TypedDict`` both
+constructors unpack, and turned once into a ``ClientConfig``: validated, frozen, with
+the environment read (lazily: pydantic is imported only then) for what was not given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+from herdless._backend import Backend, Timeouts
+from herdless._breaker import BreakerPolicy
+from herdless._clock import Clock
+from herdless._pacing import PacingPolicy
+from herdless._retry import RetryPolicy
+from herdless._routing import FallbackPolicy
+from herdless._window import WindowPolicy
+
+__all__ = ["DEFAULT_DEADLINE", "ClientConfig", "ClientOptions"]
+
+# Seconds for a whole call, waits and fallback included. An LLM answer of a few hundred
+# tokens takes seconds to tens of seconds; a minute leaves room for a slow primary and
+# still bounds a caller that would otherwise wait forever.
+DEFAULT_DEADLINE = 60.0
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword arguments ``Client`` and ``AsyncClient`` share.
+
+    Attributes:
+        fallback: backends to fall back to, in order.
+        model: the model asked of the primary.
+        retry: retry, backoff and retry-budget policy.
+        breaker: circuit-breaker policy (one breaker per backend, per client).
+        deadline: seconds for a whole call, waits included (default 60).
+        timeouts: per-attempt limits for backends that set none.
+        fallback_policy: when to leave a backend, where a call may not go.
+        window: flow control: how many calls may be at one backend at once.
+        pacing: a rate the client never exceeds toward each backend (off by default).
+        clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
+        rng: random source for jitter (seeded in tests).
+        env_file: the ``.env`` file read when configuring from the environment.
+    """
+
+    fallback: Backend | Sequence[Backend] | None
+    model: str | None
+    retry: RetryPolicy | None
+    breaker: BreakerPolicy | None
+    deadline: float | None
+    timeouts: Timeouts | None
+    fallback_policy: FallbackPolicy | None
+    window: WindowPolicy | None
+    pacing: PacingPolicy | None
+    clock: Clock
+    rng: random.Random | None
+    env_file: str | Path | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    """Everything a client decides with, validated and frozen (no state: see
+    ``herdless._state.ClientState``)."""
+
+    primaries: tuple[Backend, ...]
+    fallbacks: tuple[Backend, ...] = ()
+    model: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    fallback_policy: FallbackPolicy = field(default_factory=FallbackPolicy)
+    window: WindowPolicy = field(default_factory=WindowPolicy)
+    pacing: PacingPolicy | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    deadline: float = DEFAULT_DEADLINE
+
+    def __post_init__(self) -> None:
+        if not self.primaries:
+            raise ValueError("at least one primary backend is required")
+        names = [backend.name for backend in self.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"backend names must be unique, got {names!r}")
+        if not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """Every backend: the primaries, then the fallbacks."""
+        return (*self.primaries, *self.fallbacks)
+
+    @classmethod
+    def build(
+        cls, primary: str | Backend | Sequence[str | Backend] | None, options: ClientOptions
+    ) -> ClientConfig:
+        """The configuration of a client built with ``primary`` and ``options``; with no
+        primary, the environment (``HERDLESS_*``) gives everything not given.
+
+        Raises:
+            ConfigurationError: read from the environment, and a variable is wrong.
+            ValueError: an argument is out of range.
+        """
+        unknown = sorted(set(options) - set(ClientOptions.__annotations__))
+        if unknown:
+            raise TypeError(_unknown_message(unknown[0]))
+        fallback = options.get("fallback")
+        model = options.get("model")
+        deadline = options.get("deadline")
+        timeouts = options.get("timeouts")
+        retry = options.get("retry")
+        breaker = options.get("breaker")
+        if primary is None:  # the environment says everything not given
+            from herdless._settings import env_options  # lazy: pydantic only when needed
+
+            env = env_options(options.get("env_file", ".env"))
+            primary = env.primary
+            fallback = env.fallback if fallback is None else fallback
+            model = env.model if model is None else model
+            deadline = env.deadline if deadline is None else deadline
+            timeouts = timeouts or env.timeouts
+            retry = retry or env.retry
+            breaker = breaker or env.breaker
+        return cls(
+            primaries=_primaries(primary),
+            fallbacks=_as_tuple(fallback),
+            model=model,
+            retry=retry or RetryPolicy(),
+            breaker=breaker or BreakerPolicy(),
+            fallback_policy=options.get("fallback_policy") or FallbackPolicy(),
+            window=options.get("window") or WindowPolicy(),
+            pacing=options.get("pacing"),
+            timeouts=timeouts or Timeouts(),
+            deadline=DEFAULT_DEADLINE if deadline is None else deadline,
+        )
+
+
+def _unknown_message(name: str) -> str:
+    known = [*ClientOptions.__annotations__, "on_event", "sleep", "http_client", "transport"]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"the client got an unexpected keyword argument {name!r}{hint}"
+
+
+def _primaries(primary: str | Backend | Sequence[str | Backend]) -> tuple[Backend, ...]:
+    items = [primary] if isinstance(primary, str | Backend) else list(primary)
+    return tuple(
+        item
+        if isinstance(item, Backend)
+        else Backend(name="primary" if index == 0 else f"primary-{index + 1}", base_url=item)
+        for index, item in enumerate(items)
+    )
+
+
+def _as_tuple(value: Backend | Sequence[Backend] | None) -> tuple[Backend, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, Backend):
+        return (value,)
+    return tuple(value)

@@ -119,6 +119,7 @@ class CircuitBreaker:
         "_probing",
         "_reopens",
         "_rng",
+        "_served_at",
         "_state",
     )
 
@@ -134,6 +135,9 @@ class CircuitBreaker:
         self._consecutive = 0
         self._outcomes: deque[tuple[float, bool]] = deque()  # (time, failed) while closed
         self._failures = 0  # failed entries in _outcomes, kept in step to stay O(1)
+        # The last success (first: when the breaker was made: a new backend gets the
+        # benefit of the doubt); a bare 503 counts only long after it.
+        self._served_at = clock.monotonic()
 
     @property
     def state(self) -> BreakerState:
@@ -182,6 +186,7 @@ class CircuitBreaker:
             if permit is Permit.CALL:
                 if self._state == "closed":
                     self._consecutive = 0
+                    self._served_at = self._clock.monotonic()
                     self._remember(False)
                 return None
             if permit is Permit.PROBE:
@@ -212,16 +217,19 @@ class CircuitBreaker:
             return None
 
     def record_refusal(self, permit: Permit) -> Transition | None:
-        """The backend refused without saying why or when (a bare 503): a failure for the
-        failure rate, not for the consecutive count, so that a burst of refusals from a
-        busy server does not open the breaker but a backend refusing most calls does. A
-        refused probe proves nothing either way: the next call probes again."""
+        """The backend refused without saying why or when (a bare 503, as vLLM's full
+        queue). A busy backend serves calls all the time, a dead one behind a proxy
+        never: so a refusal counts, toward the failure rate only (never the consecutive
+        count), once the backend has served nothing for ``open_for`` seconds. A refused
+        probe proves nothing either way: the next call probes again."""
         with self._lock:
             if permit is Permit.PROBE:
                 self._probing = False
                 return None
             if permit is not Permit.CALL or self._state != "closed":
                 return None
+            if self._clock.monotonic() - self._served_at < self._policy.open_for:
+                return None  # it served moments ago: busy, not dead
             failures, total = self._remember(True)
             policy = self._policy
             if total >= policy.min_calls and failures >= policy.failure_rate * total:
@@ -253,6 +261,7 @@ class CircuitBreaker:
         return Transition(old, "open", reason, open_for=period)
 
     def _reset(self) -> None:
+        self._served_at = self._clock.monotonic()
         self._state = "closed"
         self._reopens = 0
         self._consecutive = 0

@@ -222,7 +222,6 @@ class Stay:
 
     __slots__ = (
         "admitted",
-        "attempting",
         "backend",
         "breaker",
         "broken",
@@ -238,7 +237,6 @@ class Stay:
         "reserved",
         "scheduled",
         "sent",
-        "sent_at",
         "slot",
         "waited",
         "waits",
@@ -264,10 +262,8 @@ class Stay:
         self.admitted = not backend.external  # the spend guard let the call through
         self.paced = self.pacer is None  # the next attempt holds a pacing slot
         self.permit: Permit | None = None  # the breaker permit of the next or current attempt
-        self.attempting = False  # an attempt is at the backend, not answered yet
         self.slot: SlotTicket | None = None  # the call's place in the window
         self.queued_at: float | None = None  # when it started waiting for a slot
-        self.sent_at = 0.0
         self.last_error: HerdlessError | None = None
 
     def leave(self) -> None:
@@ -275,9 +271,6 @@ class Stay:
         if self.permit is not None:  # the driver closed the flow mid-attempt: free a probe
             self.breaker.release(self.permit)
             self.permit = None
-        if self.attempting:  # ...and its attempt will never be answered
-            self.window.failed()
-            self.attempting = False
         if self.reserved:  # leaving (fallback, error, or the driver closed us) with a unit
             self.budget.cancel()
             self.reserved = False

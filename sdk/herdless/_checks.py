@@ -65,11 +65,13 @@ _MIN_WAIT = 0.05
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Wait ``seconds`` before trying again, for ``why``; ``retry``: a retry's backoff
-    (announced as ``RetryScheduled``), else another wait (``WaitScheduled``)."""
+    (announced as ``RetryScheduled``), else another wait (``WaitScheduled``);
+    ``until_release``: or less, until another call leaves the backend."""
 
     seconds: float
     why: str
     retry: bool = False
+    until_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +162,8 @@ def window(call: Call, stay: Stay, now: float) -> Decision:
 
 def budget(call: Call, stay: Stay, now: float) -> Decision:
     """A retry the server gave no time for needs budget (keeps a storm off a server that
-    says nothing); the first attempt and a retry the server scheduled do not."""
+    says nothing); the first attempt, a retry the server scheduled and a refused call's
+    retry held to the window do not."""
     if not stay.sent or stay.reserved or stay.scheduled:
         return None
     if stay.budget.try_acquire():
@@ -236,10 +239,9 @@ def send(call: Call, stay: Stay, now: float) -> Send:
     if not stay.sent:
         stay.budget.record_call(now)
     stay.sent += 1
-    stay.sent_at = now
     stay.scheduled = False
-    stay.attempting = True
-    stay.window.sent()
+    if stay.slot is not None:
+        stay.window.resend(stay.slot)
     attempt = call.next_attempt()
     model = call.model_for(backend)
     call.attempt_started(backend, attempt, model, now)
@@ -269,7 +271,6 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     retry, rng = state.config.retry, state.rng
     verdict = classify(outcome, retry, now=state.wall())
     permit, stay.permit = stay.permit, None
-    stay.attempting = False
     if stay.reserved:  # a retry: a served one gives its budget back
         stay.budget.settle(failed=not verdict.ok)
         stay.reserved = False
@@ -316,9 +317,7 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
         capacity = parse_capacity(outcome.headers)
         if capacity is not None:
             _advertised(call, stay, capacity)
-    if not verdict.busy:
-        stay.window.failed()
-    elif stay.window.refused(stay.sent_at):
+    if verdict.busy and stay.slot is not None and stay.window.refused(stay.slot):
         call.emit(WindowResized, backend=name, size=stay.window.size, reason="refused")
     if verdict.backend_wide:
         _hold_backend(call, stay, verdict)
@@ -353,6 +352,16 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     if verdict.retry_after is not None:  # the server invited this retry: no budget spent
         stay.scheduled = True
         return Wait(delay, why, retry=True)
+    if verdict.busy and state.config.window.enabled:
+        # A refused call keeps its place in the window, which just shrank: the window,
+        # not the budget, keeps its retries from becoming a storm. While the backend
+        # serves other calls of the client, it retries when one of them leaves (a place
+        # freed there; at most the backoff cap), else after its backoff.
+        stay.scheduled = True
+        if not stay.window.serving:
+            return Wait(delay, why, retry=True)
+        delay = min(retry.cap, stay.end - now - policy.min_attempt)
+        return Wait(delay, why, retry=True, until_release=True)
     stay.reserved = stay.budget.try_acquire()
     if stay.reserved:
         return Wait(delay, why, retry=True)

@@ -43,8 +43,15 @@ def serve(call: Call, stay: Stay) -> Generator[Action, Outcome | None, Accepted 
                 decision = judge(call, stay, outcome)
             if isinstance(decision, Wait):
                 _announce(call, stay, decision)
-                yield Sleep(seconds=decision.seconds)
-                stay.waited += decision.seconds
+                if decision.until_release and stay.slot is not None:
+                    yield SlotWait(
+                        listen=functools.partial(stay.window.on_release, stay.slot),
+                        timeout=decision.seconds,
+                    )
+                    stay.waited += clock.monotonic() - now
+                else:
+                    yield Sleep(seconds=decision.seconds)
+                    stay.waited += decision.seconds
             elif isinstance(decision, Queue):
                 yield SlotWait(
                     listen=functools.partial(stay.window.listen, decision.ticket),

@@ -18,23 +18,24 @@ first served; a call that leaves hands its slot to the next waiting call at once
               size += 1 / size    after                    (one more per round)
               only when the window was full: a window nobody fills proves nothing
     refusal   threshold = size = max(minimum, min(size, in_use) * decrease)
-              (a 429 or a busy 503), at most once per round: only a refusal of an
-              attempt sent after the last cut cuts again
+              (a 429 or a busy 503), at most once per round: only the refusal of a
+              call let through since the last cut cuts again
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
-**How long a waiter will wait.** The backend answers the client's attempts at the rate
-``sending / answer`` (Little's law: ``sending`` attempts are at the server, each answered
-after ``answer`` seconds, an EWMA of the time to an accepted answer), and each answer
-frees a slot, so the waiter at position ``p`` (0 = next) expects::
+**How long a waiter will wait.** Slots free at the rate measured over the last
+``_RATE_SAMPLES`` releases, ``rate = (n - 1) / (now - the first of them)`` (measured to
+*now*, so that a backend that stops answering reads as slower and slower), so the
+waiter at position ``p`` (0 = next) expects::
 
-    wait = (p + 1 + max(0, in_use - size)) * answer / sending
+    wait = (p + 1 + max(0, in_use - size)) / rate
 
-and its own answer ``answer`` after that. A waiter whose ``now + wait + answer`` passes
-the time it may stay (its deadline, less the reserve kept for a fallback), or whose
-``wait`` passes its patience, is told to leave at once (``"spill"``), re-checked at every
-release. Before the first answer the estimate is unknown and nobody is told to leave.
-The estimate errs on the hopeful side (a stream's ``answer`` is its first chunk, sooner
-than its slot frees): a call that hoped wrongly leaves when its time runs out, never later.
+and then its own answer (``answer``: an EWMA of the time from sending an attempt to its
+accepted answer; for a stream, its first chunk). A waiter whose ``now + wait + answer``
+passes the time it may stay (its deadline, less the reserve kept for a fallback), or
+whose ``wait`` passes its patience, is told to leave at once (``"spill"``), re-checked at
+every release. Until two releases and an answer are measured the estimate is unknown
+and nobody is told to leave: a call that hoped wrongly leaves when its time runs out,
+never later.
 
 Pure apart from one lock: no sleeping, no I/O, an injected clock. The drivers do the
 waiting: a waiter's ``listen(callback)`` is called once its state is decided.
@@ -53,8 +54,11 @@ from herdless._clock import Clock
 
 __all__ = ["SlotTicket", "Window", "WindowPolicy"]
 
-# Weight of the newest sample in the hold and answer EWMAs: about the last ten calls.
+# Weight of the newest sample in the answer EWMA: about the last ten answers.
 _EWMA = 0.2
+# Releases the rate is measured over: several rounds of a GPU that finishes a whole batch
+# at once, few enough to follow a change within seconds.
+_RATE_SAMPLES = 32
 
 TicketState = Literal["waiting", "granted", "spill", "done"]
 
@@ -99,22 +103,23 @@ class SlotTicket:
     """One call's place at one backend's window.
 
     ``state`` is ``"granted"`` (it holds a slot), ``"waiting"`` (in the client's queue),
-    ``"spill"`` (told to leave: its wait no longer fits) or ``"done"`` (gave its place
-    back). ``end`` is the latest time its answer is still useful, ``max_wait`` the
-    longest wait it accepts.
+    ``"spill"`` (told to leave: its wait no longer fits) or ``"done"`` (its place was
+    given back). ``end`` is the latest time its answer is still useful, ``max_wait`` the
+    longest wait it accepts, ``epoch`` the window's round when its slot was granted.
     """
 
-    __slots__ = ("_notify", "end", "max_wait", "seq", "state")
+    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "state")
 
-    def __init__(self, seq: int, end: float, max_wait: float) -> None:
-        self.seq = seq
+    def __init__(self, end: float, max_wait: float) -> None:
         self.end = end
         self.max_wait = max_wait
         self.state: TicketState = "waiting"
+        self.epoch = -1  # the window's round when the slot was granted
+        self.refused = False  # refused, and waiting to retry in its slot
         self._notify: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
-        return f"SlotTicket(seq={self.seq}, state={self.state!r})"
+        return f"SlotTicket(state={self.state!r})"
 
 
 class Window:
@@ -134,12 +139,13 @@ class Window:
         "_answer",
         "_ceiling",
         "_clock",
-        "_cut_at",
+        "_epoch",
+        "_freed",
         "_in_use",
+        "_listeners",
         "_lock",
         "_policy",
-        "_sending",
-        "_seq",
+        "_resting",
         "_size",
         "_threshold",
         "_waiting",
@@ -152,11 +158,12 @@ class Window:
         self._size = float(policy.initial) if policy.enabled else math.inf
         self._threshold = math.inf  # slow start until the first refusal
         self._ceiling = float(policy.maximum) if policy.enabled else math.inf
-        self._cut_at = -math.inf
+        self._epoch = 0  # cuts so far: a refusal cuts only if sent in the current epoch
         self._in_use = 0
-        self._sending = 0
-        self._seq = 0
+        self._resting = 0  # slot holders refused and waiting to retry
         self._waiting: deque[SlotTicket] = deque()
+        self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
+        self._freed: deque[float] = deque(maxlen=_RATE_SAMPLES)  # when slots were freed
         self._answer: float | None = None
 
     # -- observation ---------------------------------------------------------------------
@@ -172,25 +179,35 @@ class Window:
         return self._in_use
 
     @property
+    def serving(self) -> int:
+        """Calls at the backend now that it did not refuse (its answer will free a place)."""
+        return self._in_use - self._resting
+
+    @property
     def waiting(self) -> int:
         """Calls waiting in the client for a slot."""
         return len(self._waiting)
+
+    def expected_wait(self, position: int) -> float | None:
+        """Seconds until the waiter at ``position`` (0 = next) gets a slot; ``None``
+        before anything is measured."""
+        with self._lock:
+            return self._wait_for(position, self._clock.monotonic())
 
     # -- a call's place --------------------------------------------------------------------
 
     def acquire(self, *, end: float, max_wait: float = math.inf) -> SlotTicket:
         """A place for one call that must be answered by ``end``: granted at once when
-        a slot is free and nobody waits, else waiting (or ``spill`` when the expected
+        a slot is free and nobody waits, else waiting (or ``"spill"`` when the expected
         wait already does not fit)."""
+        ticket = SlotTicket(end, max_wait)
         with self._lock:
-            self._seq += 1
-            ticket = SlotTicket(self._seq, end, max_wait)
             if not self._waiting and self._in_use < self._size:
                 self._grant(ticket)
                 return ticket
-            self._waiting.append(ticket)
-            if not self._fits(ticket, len(self._waiting) - 1, self._clock.monotonic()):
-                self._waiting.pop()
+            if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
+                self._waiting.append(ticket)
+            else:
                 ticket.state = "spill"
             return ticket
 
@@ -211,54 +228,68 @@ class Window:
             ticket._notify = None
             if state == "waiting":
                 self._waiting.remove(ticket)
-                return
-            if state != "granted":
-                return
-            self._in_use -= 1
-            self._hand_over(self._clock.monotonic())
-
-    def expected_wait(self, position: int) -> float | None:
-        """Seconds until the waiter at ``position`` (0 = next) gets a slot; ``None``
-        before anything is measured."""
-        with self._lock:
-            return self._wait_for(position)
+            elif state == "granted":
+                self._in_use -= 1
+                self._resting -= ticket.refused
+                if ticket.refused and ticket in self._listeners:
+                    self._listeners.remove(ticket)
+                now = self._clock.monotonic()
+                self._freed.append(now)
+                if self._listeners:
+                    # A place at the backend freed: it goes to a call the backend refused
+                    # (oldest first), not to a new one, which would only be refused too.
+                    self._wake(self._listeners.popleft())
+                else:
+                    self._hand_over(now)
 
     # -- what the backend said ---------------------------------------------------------------
-
-    def sent(self) -> None:
-        """An attempt of a call holding a slot goes to the backend."""
-        with self._lock:
-            self._sending += 1
-
-    def failed(self) -> None:
-        """An attempt ended without an answer that says anything about load (a failure,
-        or the call was cancelled)."""
-        with self._lock:
-            self._sending = max(0, self._sending - 1)
 
     def answered(self, elapsed: float) -> None:
         """An attempt was answered with success after ``elapsed`` seconds: the window was
         right, and may grow if it was full."""
         with self._lock:
-            self._sending = max(0, self._sending - 1)
-            self._answer = _ewma(self._answer, elapsed)
-            if self._in_use >= self._size - 1 and self._size < self._ceiling:
+            self._answer = (
+                elapsed if self._answer is None else self._answer + _EWMA * (elapsed - self._answer)
+            )
+            # Grow only when the window is full and nobody it let through is refused now.
+            full = self._in_use >= self._size - 1 and not self._resting
+            if full and self._size < self._ceiling:
                 grow = 1.0 if self._size < self._threshold else 1.0 / self._size
                 self._size = min(self._ceiling, self._size + grow)
                 self._hand_over(self._clock.monotonic())
 
-    def refused(self, sent_at: float) -> bool:
-        """An attempt sent at ``sent_at`` was refused (429, busy 503): shrink, once per
-        round. Returns whether the window shrank."""
+    def refused(self, ticket: SlotTicket) -> bool:
+        """An attempt of ``ticket``'s call was refused (a 429, a busy 503): shrink, once
+        per round. Returns whether the window shrank."""
         with self._lock:
-            self._sending = max(0, self._sending - 1)
-            if sent_at < self._cut_at or not self._policy.enabled:
-                return False  # sent before the last cut: that cut already answered it
+            if not ticket.refused:
+                ticket.refused = True
+                self._resting += 1
+            if ticket.epoch != self._epoch or not self._policy.enabled:
+                return False  # let through before the last cut: that cut answered it
             policy = self._policy
             size = max(policy.minimum, math.floor(min(self._size, self._in_use) * policy.decrease))
             self._size = self._threshold = float(size)
-            self._cut_at = self._clock.monotonic()
+            self._epoch += 1
             return True
+
+    def on_release(self, ticket: SlotTicket, notify: Callable[[], None]) -> None:
+        """Call ``notify`` (once, from any thread) when another call leaves the backend:
+        a place there just freed, the moment for ``ticket``'s refused call to retry. One
+        refused call is woken per release, oldest first."""
+        with self._lock:
+            ticket._notify = notify
+            self._listeners.append(ticket)
+
+    def resend(self, ticket: SlotTicket) -> None:
+        """``ticket``'s call sends again after a refusal."""
+        if ticket.refused:
+            with self._lock:
+                ticket.refused = False
+                self._resting -= 1
+                if ticket in self._listeners:  # its backoff ended before any release
+                    self._listeners.remove(ticket)
+                ticket._notify = None
 
     def advertise(self, capacity: int) -> None:
         """The server said it holds at most ``capacity`` requests of this client at once:
@@ -276,6 +307,7 @@ class Window:
 
     def _grant(self, ticket: SlotTicket) -> None:
         ticket.state = "granted"
+        ticket.epoch = self._epoch
         self._in_use += 1
 
     def _hand_over(self, now: float) -> None:
@@ -286,32 +318,33 @@ class Window:
             ticket = waiting.popleft()
             self._grant(ticket)
             woken.append(ticket)
-        if waiting and self._answer is not None:
+        if waiting and self._answer is not None and len(self._freed) > 1:
             for position, ticket in enumerate(list(waiting)):
                 if not self._fits(ticket, position, now):
                     waiting.remove(ticket)
                     ticket.state = "spill"
                     woken.append(ticket)
         for ticket in woken:
-            notify, ticket._notify = ticket._notify, None
-            if notify is not None:
-                notify()
+            self._wake(ticket)
 
-    def _wait_for(self, position: int) -> float | None:
-        if self._answer is None:
+    @staticmethod
+    def _wake(ticket: SlotTicket) -> None:
+        notify, ticket._notify = ticket._notify, None
+        if notify is not None:
+            notify()
+
+    def _wait_for(self, position: int, now: float) -> float | None:
+        freed = self._freed
+        if len(freed) < 2 or now <= freed[0]:
             return None
-        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
-        return ahead * self._answer / max(1, self._sending)
+        rate = (len(freed) - 1) / (now - freed[0])
+        return (position + 1 + max(0, self._in_use - math.floor(self._size))) / rate
 
     def _fits(self, ticket: SlotTicket, position: int, now: float) -> bool:
-        wait = self._wait_for(position)
-        if wait is None:
+        wait = self._wait_for(position, now)
+        if wait is None or self._answer is None:
             return True  # nothing measured: no grounds to send anyone away
-        return wait <= ticket.max_wait and now + wait + (self._answer or 0.0) <= ticket.end
+        return wait <= ticket.max_wait and now + wait + self._answer <= ticket.end
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"
-
-
-def _ewma(old: float | None, sample: float) -> float:
-    return sample if old is None else old + _EWMA * (sample - old)

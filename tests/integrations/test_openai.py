@@ -6,6 +6,8 @@ flavors; the second venv of the report runs the same file under openai 2.x.
 
 from __future__ import annotations
 
+import random
+
 import importlib.util
 
 import httpx
@@ -115,7 +117,11 @@ def test_status_errors_become_openai_errors_and_openai_never_retries(
         gpu.script(reply)
         before = len(gpu.requests)
         with Client(
-            primary=GPU, model="gemma-4", clock=herdless_clock, sleep=herdless_clock.sleep
+            primary=GPU,
+            model="gemma-4",
+            clock=herdless_clock,
+            sleep=herdless_clock.sleep,
+            rng=random.Random(7),  # the same jitter, so both runs retry as often
         ) as hl:
             client = openai.OpenAI(
                 api_key="unused",

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from herdless import Backend, Client, ConfigurationError, HerdlessError, RetryPolicy
-from herdless._settings import client_options
+from herdless._settings import env_options
 from herdless.events import Event
 from herdless.testing import FakeClock
 
@@ -138,14 +138,14 @@ def test_settings_from_the_environment_hold_no_key(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("HERDLESS_FALLBACK_API_KEY", HOSTED_KEY)
     monkeypatch.setenv("HERDLESS_MODEL", "m")
     monkeypatch.setenv("HERDLESS_FALLBACK_MODEL", "mini")
-    options = client_options(env_file=None)
+    options = env_options(env_file=None)
     assert_clean(repr(options))
     with Client(env_file=None, transport=answer(200)) as client:
         assert_clean(repr(client))
     # A malformed setting next to the keys: the error names the variable, not the values.
     monkeypatch.setenv("HERDLESS_DEADLINE", "soon")
     with pytest.raises(ConfigurationError) as caught:
-        client_options(env_file=None)
+        env_options(env_file=None)
     assert_clean(str(caught.value))
 
 

@@ -22,6 +22,13 @@ Rules, checked in this order by :meth:`Admission.offer`:
    of it, ``ceil(max_queue * key_queue_share)``) is full -> 429 ``queue_full``,
    or ``kv_budget`` when slots are free and only the KV budget blocks. A waiter
    that is not started within ``queue_timeout`` gets 429 ``queue_timeout``.
+7. a caller that says how long it will wait (``X-Herdless-Deadline-Ms``, the
+   ``deadline`` argument) is refused at once with ``deadline_unattainable`` (429;
+   503 while the upstream is out) when the wait predicted for it is longer: in the
+   queue, ``(queued + 1) * mean_service / max_concurrency``; refused, the time its
+   reservation would give it. No reservation is taken for it (it will not come
+   back for this request). A caller's waiter is dropped from the queue when its
+   deadline passes (it stopped waiting).
 
 The queue is fair between keys: one FIFO per key, served round-robin, so a key
 with a hundred waiting requests does not hold back a key with one. The key at
@@ -205,14 +212,14 @@ class Admission:
         if not was_ready and self.ready:
             self._serving_again()
 
-    def precheck(self, key_id: str) -> Refuse | None:
+    def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
         bodies; :meth:`offer` checks them again (nothing is taken here)."""
         if self._draining:
             return self.unavailable("draining")
         if not self._ready:
-            return self.unavailable(self._not_ready_code)
+            return self.unavailable(self._not_ready_code, deadline=deadline)
         if self.config.rate is not None:
             now = self._clock.monotonic()
             rate = self._key(key_id, now).rate
@@ -220,11 +227,14 @@ class Admission:
                 return self._bucket_refusal(rate, now, 1, "rate_limited")
         return None
 
-    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
-        """Decide on a new request from ``key_id`` priced ``price`` tokens."""
+    def offer(
+        self, key_id: str, price: int, *, deadline: float | None = None
+    ) -> Admit | Enqueued | Refuse:
+        """Decide on a new request from ``key_id`` priced ``price`` tokens, whose caller
+        waits at most ``deadline`` seconds for it to start (``None``: no limit said)."""
         cfg = self.config
         now = self._clock.monotonic()
-        early = self.precheck(key_id)
+        early = self.precheck(key_id, deadline=deadline)
         if early is not None:
             return early
         if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
@@ -253,7 +263,9 @@ class Admission:
             )
             kv_blocks = self._running < cfg.max_concurrency and not self._fits_kv(head)
             code = "kv_budget" if kv_blocks else "queue_full"
-            return self._queue_refusal(now, code)
+            return self._queue_refusal(now, code, deadline=deadline)
+        if deadline is not None and self.predicted_wait() > deadline:
+            return _unattainable(429, self.predicted_wait(), deadline, cfg.key_capacity)
         ticket = self._new_ticket(key_id, price, now)
         self._charge(key, price)
         key.waiting.append(ticket)
@@ -306,10 +318,19 @@ class Admission:
                 tokens.settle(ticket.price - used_tokens)
         ticket.state = "done"
 
-    def expire(self, ticket: Ticket) -> Refuse:
-        """The ticket waited ``queue_timeout``: drop it and say when to come back."""
+    def expire(self, ticket: Ticket, *, deadline_passed: bool = False) -> Refuse:
+        """The ticket waited ``queue_timeout`` (or its caller's deadline passed): drop it
+        and say when to come back."""
         self.release(ticket)
+        if deadline_passed:
+            waited = self._clock.monotonic() - ticket.offered_at
+            return _unattainable(429, waited, waited, self.config.key_capacity)
         return self._queue_refusal(self._clock.monotonic(), "queue_timeout")
+
+    def predicted_wait(self) -> float:
+        """Seconds a request queued now would wait before it starts: the queue ahead of
+        it, at the rate slots free (``max_concurrency`` per ``mean_service``)."""
+        return (self._queued + 1) * self._mean_service / self.config.max_concurrency
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -363,7 +384,9 @@ class Admission:
     def _capped(self, seconds: float) -> float:
         return min(seconds, self.config.max_retry_after)
 
-    def unavailable(self, code: str, message: str | None = None) -> Refuse:
+    def unavailable(
+        self, code: str, message: str | None = None, *, deadline: float | None = None
+    ) -> Refuse:
         """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
 
         A reservation like the queue's: ``retry_at = max(now + delay, horizon + gap)``
@@ -379,6 +402,9 @@ class Admission:
         gap = self._mean_service / cfg.max_concurrency
         # Relative to now, so that the cap holds exactly despite float rounding.
         wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
+        if deadline is not None and wait > deadline and not draining:
+            # No reservation: it will not come back for this request.
+            return _unattainable(503, wait, deadline, cfg.key_capacity)
         self._outage_horizon = now + wait
         return Refuse(
             status=503,
@@ -386,6 +412,7 @@ class Admission:
             message=message or (_DRAINING if draining else _NOT_READY),
             retry_after=wait,
             drain=draining,
+            capacity=cfg.key_capacity,
         )
 
     def _serving_again(self) -> None:
@@ -395,10 +422,13 @@ class Admission:
         self._queue_horizon = max(self._queue_horizon, self._outage_horizon)
         self._outage_horizon = _NEVER
 
-    def _queue_refusal(self, now: float, code: str) -> Refuse:
+    def _queue_refusal(self, now: float, code: str, *, deadline: float | None = None) -> Refuse:
         cfg = self.config
         gap = self._mean_service / max(1, self._running)
         wait = min(max(now, self._queue_horizon) + gap - now, cfg.max_retry_after)
+        if deadline is not None and wait > deadline:
+            # No reservation: it will not come back for this request.
+            return _unattainable(429, wait, deadline, cfg.key_capacity)
         self._queue_horizon = now + wait
         messages = {
             "queue_full": "the gateway's queue is full",
@@ -412,6 +442,7 @@ class Admission:
             retry_after=wait,
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - self._queued),
+            capacity=cfg.key_capacity,
         )
 
     def _bucket_refusal(self, bucket: TokenBucket, now: float, cost: float, code: str) -> Refuse:
@@ -423,7 +454,22 @@ class Admission:
             retry_after=wait,
             policy=self._policies[code],
             remaining=max(0, math.floor(bucket.level(now))),
+            capacity=self.config.key_capacity,
         )
+
+
+def _unattainable(status: int, wait: float, deadline: float, capacity: int) -> Refuse:
+    """A refusal for a caller whose deadline the predicted ``wait`` passes."""
+    return Refuse(
+        capacity=capacity,
+        status=status,
+        code="deadline_unattainable",
+        message=(
+            f"this request would wait about {wait:.1f}s here, longer than the "
+            f"{deadline:.1f}s its caller waits (X-Herdless-Deadline-Ms); use your fallback"
+        ),
+        retry_after=wait,
+    )
 
 
 def _bucket_policy(code: str, capacity: float | None, refill: float | None) -> str | None:

@@ -62,6 +62,8 @@ class Refuse:
         drain: the gateway is draining; herdless clients fall back at once.
         policy: the limit as an IETF ``RateLimit-Policy`` item, or ``None``.
         remaining: quota left in that policy.
+        capacity: requests of one key the gateway holds at once (``X-Herdless-Capacity``),
+            or ``None``.
     """
 
     status: int
@@ -71,3 +73,4 @@ class Refuse:
     drain: bool = False
     policy: str | None = None
     remaining: int = 0
+    capacity: int | None = None

@@ -33,24 +33,29 @@ class Gate:
         self.admission = admission
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}
 
-    def offer(self, key_id: str, price: int) -> Admit | Enqueued | Refuse:
+    def offer(
+        self, key_id: str, price: int, *, deadline: float | None = None
+    ) -> Admit | Enqueued | Refuse:
         """Decide at once (see :meth:`Admission.offer`)."""
-        return self.admission.offer(key_id, price)
+        return self.admission.offer(key_id, price, deadline=deadline)
 
-    async def wait(self, ticket: Ticket) -> Refuse | None:
+    async def wait(self, ticket: Ticket, *, deadline: float | None = None) -> Refuse | None:
         """Wait for a queued ticket to start; ``None`` once running, else the refusal.
+        ``deadline``: seconds its caller waits (it is dropped when they pass).
 
         Cancellation (the client went away) drops the ticket and frees what it held.
         """
         future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = future
+        limit = self.admission.config.queue_timeout
+        caller_first = deadline is not None and deadline < limit
         try:
-            async with asyncio.timeout(self.admission.config.queue_timeout):
+            async with asyncio.timeout(deadline if caller_first else limit):
                 return await future
         except TimeoutError:
             if ticket.state == "running":  # started in the same tick as the timeout
                 return None
-            refused = self.admission.expire(ticket)
+            refused = self.admission.expire(ticket, deadline_passed=caller_first)
             self._dispatch()
             return refused
         except asyncio.CancelledError:

@@ -82,6 +82,13 @@ class AdmissionConfig:
         """Most requests one key may have waiting: ``ceil(max_queue * key_queue_share)``."""
         return math.ceil(self.max_queue * self.key_queue_share)
 
+    @property
+    def key_capacity(self) -> int:
+        """Most requests of one key the gateway holds at once, running or waiting:
+        ``max_concurrency + key_queue_limit``. Advertised to clients as
+        ``X-Herdless-Capacity``, so that a herdless client sizes its window to it."""
+        return self.max_concurrency + self.key_queue_limit
+
 
 def _positive(name: str, value: float) -> None:
     if not value > 0:

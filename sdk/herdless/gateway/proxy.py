@@ -22,7 +22,14 @@ from starlette.types import Receive, Scope, Send
 from herdless.gateway.admission import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.runtime import Runtime, header_map, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
-from herdless.gateway.wire import BadRequest, error_body, parse_chat_request, refusal_headers
+from herdless.gateway.wire import (
+    BadRequest,
+    capacity_header,
+    deadline_header,
+    error_body,
+    parse_chat_request,
+    refusal_headers,
+)
 
 __all__ = ["ChatProxy"]
 
@@ -92,7 +99,8 @@ class ChatProxy:
             await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             return 401, "invalid_api_key", None
         log["key_id"] = key_id
-        early = rt.gate.admission.precheck(key_id)
+        deadline = deadline_header(headers)
+        early = rt.gate.admission.precheck(key_id, deadline=deadline)
         if early is not None:
             # Refuse a flood before reading or parsing its bodies (the server discards them).
             await _send_refusal(send, early)
@@ -130,7 +138,8 @@ class ChatProxy:
             )
             await send_json(send, 400, body)
             return 400, exc.code, None
-        decision = rt.gate.offer(key_id, request.price(rt.settings.default_max_tokens))
+        price = request.price(rt.settings.default_max_tokens)
+        decision = rt.gate.offer(key_id, price, deadline=deadline)
         if isinstance(decision, Refuse):
             await _send_refusal(send, decision)
             return decision.status, decision.code, None
@@ -148,7 +157,9 @@ class ChatProxy:
 
                 tg.start_soon(watch)
                 outcome.append(
-                    await self._admitted(send, decision, headers | {"x-request-id": rid}, raw)
+                    await self._admitted(
+                        send, decision, headers | {"x-request-id": rid}, raw, deadline
+                    )
                 )
                 tg.cancel_scope.cancel()
         finally:
@@ -164,11 +175,12 @@ class ChatProxy:
         decision: Admit | Enqueued,
         headers: dict[str, str],
         raw: bytes,
+        deadline: float | None,
     ) -> tuple[int, str | None]:
         rt = self._rt
         ticket = decision.ticket
         if isinstance(decision, Enqueued):
-            refused = await rt.gate.wait(ticket)
+            refused = await rt.gate.wait(ticket, deadline=deadline)
             if refused is not None:
                 await _send_refusal(send, refused)
                 return refused.status, refused.code
@@ -203,6 +215,7 @@ async def _relay(
     """Pass the upstream response through, byte for byte; returns what it saw of usage."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
+    out.append(capacity_header(rt.gate.admission.config.key_capacity))
     if response.status_code in (429, 503) and "retry-after" not in response.headers:
         retry_after = rt.settings.upstream_retry_after
         out += refusal_headers(

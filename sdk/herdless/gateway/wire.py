@@ -13,6 +13,8 @@ from herdless.gateway.admission import Refuse
 __all__ = [
     "BadRequest",
     "ChatRequest",
+    "capacity_header",
+    "deadline_header",
     "error_body",
     "parse_chat_request",
     "refusal_headers",
@@ -142,6 +144,22 @@ def error_body(message: str, *, code: str, type: str, param: str | None = None) 
     return json.dumps({"error": error}, separators=(",", ":")).encode()
 
 
+@functools.lru_cache(maxsize=4)  # one capacity per gateway: built once, sent on every answer
+def capacity_header(capacity: int) -> tuple[bytes, bytes]:
+    """``X-Herdless-Capacity``: the requests of one key the gateway holds at once
+    (running or waiting). A herdless client sizes its window to it."""
+    return (b"x-herdless-capacity", str(capacity).encode())
+
+
+def deadline_header(headers: dict[str, str]) -> float | None:
+    """Seconds the caller waits (``X-Herdless-Deadline-Ms``), or ``None`` when it did not
+    say (or said nonsense: a client is never refused for a header it garbled)."""
+    text = headers.get("x-herdless-deadline-ms")
+    if text is None or not text.isdigit() or len(text) > 12:
+        return None
+    return int(text) / 1000
+
+
 def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms`` and the rest.
 
@@ -156,6 +174,8 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     ]
     if refuse.drain:
         headers.append(_DRAIN_HEADER)
+    if refuse.capacity is not None:
+        headers.append(capacity_header(refuse.capacity))
     if refuse.policy is not None:
         policy, name = _policy_parts(refuse.policy)
         headers.append((b"ratelimit-policy", policy))

@@ -226,6 +226,7 @@ class Stay:
         "breaker",
         "broken",
         "budget",
+        "ceiling",
         "end",
         "last",
         "last_error",
@@ -255,6 +256,7 @@ class Stay:
         self.pacer: Pacer | None = state.pacer(backend)
         self.sent = 0  # attempts sent here
         self.broken = 0  # of those, failures that say the backend is broken
+        self.ceiling = 0.0  # the last full-jitter ceiling of a retry here
         self.waits = 0  # waits (not retries) here: grows their backoff
         self.waited = 0.0  # seconds waited since the previous attempt
         self.reserved = False  # a retry budget unit is held (waiting or in flight)

@@ -344,7 +344,10 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
         if stay.broken >= retry.max_attempts:
             return give_up(call, stay, "retries_exhausted", error)
     now = state.clock.monotonic()
-    delay = retry.delay(stay.sent - 1, verdict.retry_after, rng)
+    if verdict.retry_after is not None:
+        delay = retry.after_server(verdict.retry_after, rng)
+    else:
+        delay = rng.uniform(0.0, _next_ceiling(call, stay, verdict))
     if not call.fits(now + delay, stay.end):
         too_long = verdict.retry_after is not None
         return give_up(call, stay, "retry_after_exceeds_deadline" if too_long else "deadline")
@@ -372,6 +375,22 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     return Wait(delay, "budget")
 
 
+def _next_ceiling(call: Call, stay: Stay, verdict: Verdict) -> float:
+    """The full-jitter ceiling of a retry the server gave no time for: it doubles with
+    each retry at this backend (``min(cap, base * 2**n)``) and never shrinks. An outage
+    (out, and no word on when) outlasts a queue's turnover: its ceiling starts at the
+    breaker's open period and doubles up to ``max_open_for``; a refusal after it goes
+    on from there, up to ``RetryPolicy.cap``."""
+    config = call.state.config
+    if verdict.down:
+        base, cap = config.breaker.open_for, config.breaker.max_open_for
+    else:
+        base, cap = config.retry.base, config.retry.cap
+    ceiling = min(cap, max(base * 2.0 ** (stay.sent - 1), 2.0 * stay.ceiling))
+    stay.ceiling = ceiling
+    return ceiling
+
+
 def _learn(call: Call, stay: Stay, response: Response) -> None:
     """A success: the window measures it (and may grow), and takes an advertised capacity."""
     stay.window.answered(response.elapsed)
@@ -390,16 +409,22 @@ def _advertised(call: Call, stay: Stay, capacity: int) -> None:
 
 
 def _hold_backend(call: Call, stay: Stay, verdict: Verdict) -> None:
-    """Keep every call of the client off a backend that is out, for its Retry-After (or,
-    when it gave none, the breaker's open period); a drain also opens its breaker."""
-    state, backend = call.state, stay.backend
-    seconds = verdict.retry_after or state.config.breaker.open_for
-    state.gate.block(backend.name, seconds, draining=verdict.draining)
-    call.emit(
-        BackpressureReceived, backend=backend.name, retry_after=seconds, draining=verdict.draining
-    )
+    """Keep every call of the client off a backend that is out, for its Retry-After; a
+    drain also opens its breaker (for the breaker's open period when it gave no time).
+    An outage without a time holds nobody: each call backs off on its own, spread by
+    full jitter, rather than all coming back when a guessed hold ends."""
+    state, backend, seconds = call.state, stay.backend, verdict.retry_after
+    if seconds is not None:
+        state.gate.block(backend.name, seconds, draining=verdict.draining)
+        call.emit(
+            BackpressureReceived,
+            backend=backend.name,
+            retry_after=seconds,
+            draining=verdict.draining,
+        )
     if verdict.draining:
-        call.transition(backend, stay.breaker.force_open(seconds, "draining"))
+        hold = state.config.breaker.open_for if seconds is None else seconds
+        call.transition(backend, stay.breaker.force_open(hold, "draining"))
 
 
 def _clip(limits: Timeouts, *, left: float, read_left: float) -> Timeouts:

@@ -6,9 +6,8 @@ flavors; the second venv of the report runs the same file under openai 2.x.
 
 from __future__ import annotations
 
-import random
-
 import importlib.util
+import random
 
 import httpx
 import openai

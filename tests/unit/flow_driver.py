@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -10,8 +11,8 @@ from tests.unit._policy_stubs import UpperRandom
 
 from herdless._actions import Accepted, Response, Send, Sleep, SlotWait, TransportFailure
 from herdless._backend import Backend
-from herdless._flow import CallFlow
 from herdless._config import ClientConfig, ClientOptions
+from herdless._flow import CallFlow
 from herdless._state import ClientState
 from herdless.events import Event
 from herdless.testing import FakeClock
@@ -95,7 +96,7 @@ class Driver:
                     # One call at a time: nobody frees the slot meanwhile, so unless it is
                     # decided already the wait lasts its whole timeout.
                     woken: list[bool] = []
-                    action.listen(lambda: woken.append(True))
+                    action.listen(functools.partial(woken.append, True))
                     self.log.append(action)
                     if not woken:
                         self.clock.advance(action.timeout)

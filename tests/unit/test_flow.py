@@ -137,9 +137,8 @@ def test_a_429_honours_retry_after_as_a_floor() -> None:
 
 
 def test_a_reserved_retry_spends_no_budget() -> None:
-    driver = make(
-        [status(429, retry_after=1.0)] * 3 + [ok()], retry=RetryPolicy(budget_floor=0, budget_ratio=0)
-    )
+    no_budget = RetryPolicy(budget_floor=0, budget_ratio=0)
+    driver = make([status(429, retry_after=1.0)] * 3 + [ok()], retry=no_budget)
     accepted = driver.run()
     assert accepted.backend is PRIMARY
     assert driver.of(WaitScheduled) == []  # never waited for budget: the server invited it

@@ -121,12 +121,16 @@ def test_5xx_are_breaker_failures(status: int, retryable: bool) -> None:
     assert verdict.breaker_failure
     assert verdict.fallback_may_help
     assert verdict.retryable is retryable
-    assert not (verdict.draining or verdict.busy or verdict.down)
+    assert not verdict.draining
+    assert not verdict.busy
+    assert not verdict.down
 
 
 def test_a_bare_503_is_a_busy_refusal_counted_in_the_failure_rate_only() -> None:
     verdict = classify(_response(503), RetryPolicy(), now=NOW)
-    assert verdict.busy and verdict.retryable and verdict.fallback_may_help
+    assert verdict.busy
+    assert verdict.retryable
+    assert verdict.fallback_may_help
     assert not verdict.breaker_failure
     assert verdict.breaker_refusal
     assert not verdict.backend_wide
@@ -135,28 +139,36 @@ def test_a_bare_503_is_a_busy_refusal_counted_in_the_failure_rate_only() -> None
 def test_a_503_that_gives_a_time_is_a_reservation() -> None:
     verdict = classify(_response(503, {"Retry-After": "3"}), RetryPolicy(), now=NOW)
     assert verdict.busy
-    assert not (verdict.breaker_failure or verdict.breaker_refusal)
+    assert not verdict.breaker_failure
+    assert not verdict.breaker_refusal
     assert verdict.retry_after == 3.0
 
 
 @pytest.mark.parametrize("code", ["upstream_loading", "upstream_unavailable"])
 def test_an_outage_the_gateway_names_is_backend_wide(code: str) -> None:
     verdict = classify(_coded(503, code), RetryPolicy(), now=NOW)
-    assert verdict.down and verdict.backend_wide
-    assert not (verdict.busy or verdict.breaker_failure or verdict.breaker_refusal)
+    assert verdict.down
+    assert verdict.backend_wide
+    assert not verdict.busy
+    assert not verdict.breaker_failure
+    assert not verdict.breaker_refusal
 
 
 def test_a_429_is_a_busy_refusal_for_this_call_only() -> None:
     verdict = classify(_coded(429, "queue_full"), RetryPolicy(), now=NOW)
-    assert verdict.busy and not verdict.backend_wide
-    assert not (verdict.breaker_failure or verdict.breaker_refusal)
+    assert verdict.busy
+    assert not verdict.backend_wide
+    assert not verdict.breaker_failure
+    assert not verdict.breaker_refusal
 
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_deadline_unattainable_is_neither_busy_nor_an_outage(status: int) -> None:
     verdict = classify(_coded(status, "deadline_unattainable"), RetryPolicy(), now=NOW)
     assert verdict.unattainable
-    assert not (verdict.busy or verdict.backend_wide or verdict.breaker_failure)
+    assert not verdict.busy
+    assert not verdict.backend_wide
+    assert not verdict.breaker_failure
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ are written with the gateway's own headers and error bodies
 (:mod:`herdless.gateway.wire`). Runs in-process on the virtual-time loop
 (:mod:`herdless.bench.vtime`), reached through an httpx ``MockTransport``.
 
-``cooperative=False`` strips ``Retry-After`` and ``retry-after-ms`` from the
-refusals: a server that says "no" but not "when" (as TGI's 429 does), so that
-only the clients' own backoff spreads them.
+``cooperative=False`` strips ``Retry-After``, ``retry-after-ms`` and the
+``RateLimit`` fields from the refusals: a server that says "no" but not "when"
+(as TGI's 429 does), so that only the clients' own backoff spreads them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ import httpx
 from herdless.bench.vtime import VirtualClock
 from herdless.gateway.admission import Admission, AdmissionConfig, Enqueued, Refuse
 from herdless.gateway.gate import Gate
-from herdless.gateway.wire import error_body, refusal_headers
+from herdless.gateway.wire import capacity_header, error_body, refusal_headers
 
 __all__ = ["HerdServer", "ServerParams", "completion_body"]
+
+_TIMING = (b"retry-after", b"ratelimit")  # what a server that says "no" but not "when" omits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,12 +102,13 @@ class HerdServer:
         finally:
             gate.release(decision.ticket)
         self.served.append(loop.time())
-        return 200, [(b"content-type", b"application/json")], completion_body()
+        capacity = capacity_header(gate.admission.config.key_capacity)
+        return 200, [(b"content-type", b"application/json"), capacity], completion_body()
 
     def _refusal(self, refuse: Refuse) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         headers = refusal_headers(refuse)
-        if not self.params.cooperative:
-            headers = [(k, v) for k, v in headers if not k.startswith(b"retry-after")]
+        if not self.params.cooperative:  # says neither when, nor how much is left
+            headers = [(k, v) for k, v in headers if not k.startswith(_TIMING)]
         headers.append((b"content-type", b"application/json"))
         kind = "rate_limit_error" if refuse.status == 429 else "service_unavailable"
         return refuse.status, headers, error_body(refuse.message, code=refuse.code, type=kind)

@@ -19,9 +19,11 @@ import herdless
 from herdless.testing import (
     Reply,
     connect_error,
+    deadline_unattainable,
     draining,
     hang,
     ok,
+    overloaded,
     rate_limited,
     server_error,
     unavailable,
@@ -151,6 +153,51 @@ SCENARIOS = [
         hosted_requests=1,
         attempt_kinds=("protocol", "ok"),
         fallback_reason="failed",
+    ),
+    Scenario(
+        "a busy primary (vLLM's bare 503) is waited for, never spilled while the deadline allows",
+        (overloaded(), overloaded(), overloaded(), ok()),
+        hosted=(ok(),),
+        primary_requests=4,
+        sleeps=(0.5, 1.0, 2.0),
+        attempt_kinds=("status", "status", "status", "ok"),
+    ),
+    Scenario(
+        "a busy primary's reservation is honoured, and never spilled while it fits",
+        (rate_limited(5.0), rate_limited(5.0), ok()),
+        hosted=(ok(),),
+        primary_requests=3,
+        sleeps=(6.0, 6.0),
+    ),
+    Scenario(
+        "a primary that says it is down sends the call to the fallback at once",
+        (unavailable(5.0),),
+        hosted=(ok(),),
+        backend="hosted",
+        hosted_requests=1,
+        fallback_reason="unavailable",
+    ),
+    Scenario(
+        "the gateway's deadline_unattainable moves the call on at once",
+        (deadline_unattainable(429),),
+        hosted=(ok(),),
+        backend="hosted",
+        hosted_requests=1,
+        fallback_reason="deadline_unattainable",
+    ),
+    Scenario(
+        "deadline_unattainable with nowhere to go raises at once",
+        (deadline_unattainable(429),),
+        backend=None,
+        error=herdless.DeadlineExceeded,
+    ),
+    Scenario(
+        "a 429 without a time keeps trying until the deadline, not max_attempts",
+        (rate_limited(None),),
+        call={"deadline": 30.0},
+        backend=None,
+        error=herdless.RateLimitError,
+        primary_requests=-1,
     ),
     Scenario(
         "both backends down: every backend's error is kept",
@@ -314,3 +361,51 @@ async def test_bad_arguments_fail_before_any_request(harness: Harness) -> None:
     with pytest.raises(TypeError):
         await harness.chat(messages=[("user", "hello")])
     assert harness.primary.requests == []
+
+
+async def test_every_attempt_says_how_long_the_caller_waits_for_it(harness: Harness) -> None:
+    harness.primary.script(server_error(502), rate_limited(2.0), ok())
+    harness.hosted.script(ok())
+    harness.build(fallback=harness.hosted_backend())
+    await harness.chat(deadline=20.0)
+    sent = [int(r.headers["x-herdless-deadline-ms"]) for r in harness.primary.requests]
+    # The primary may use the deadline less the 40 % kept for the fallback: 12 s, less
+    # what the waits before each attempt used (0.5 s, then 2.5 s).
+    assert sent == [12_000, 11_500, 9_000]
+
+
+async def test_a_reservation_spends_no_retry_budget(harness: Harness) -> None:
+    harness.primary.script(rate_limited(1.0), rate_limited(1.0), rate_limited(1.0), ok())
+    harness.hosted.script(ok())
+    harness.build(
+        fallback=harness.hosted_backend(),
+        retry=herdless.RetryPolicy(budget_floor=0, budget_ratio=0),  # no budget at all
+    )
+    result = await harness.chat()
+    assert result.backend == "primary"  # invited back each time: no budget needed, no spill
+    assert len(harness.primary.requests) == 4
+    assert harness.client.stats().waits == 3  # the three reservations, nothing else
+
+
+async def test_a_drain_holds_every_call_of_the_client(harness: Harness) -> None:
+    harness.primary.script(draining(30.0))
+    harness.hosted.script(ok())
+    harness.build(fallback=harness.hosted_backend())
+    first = await harness.chat()
+    second = await harness.chat()
+    assert (first.fallback_reason, second.fallback_reason) == ("draining", "draining")
+    assert len(harness.primary.requests) == 1  # the second call never touched the primary
+    assert harness.sleeps == []
+
+
+async def test_a_busy_primary_with_a_fallback_serves_without_spilling(harness: Harness) -> None:
+    refusals = [overloaded()] * 6 + [rate_limited(3.0)] * 3
+    harness.primary.script(*refusals, ok())
+    harness.hosted.script(ok())
+    harness.build(fallback=harness.hosted_backend())
+    result = await harness.chat(deadline=120.0)
+    assert result.backend == "primary"
+    assert harness.hosted.requests == []  # nothing sent out, nothing paid for
+    stats = harness.client.stats()
+    assert stats.fallbacks == {}
+    assert stats.breakers["primary"] == "closed"

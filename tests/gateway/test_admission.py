@@ -425,3 +425,65 @@ def test_precheck_refuses_what_needs_no_price_and_takes_nothing(clock: FakeClock
     drained = adm.precheck("b")
     assert drained is not None
     assert drained.code == "draining"
+
+
+# -- deadline-aware admission ----------------------------------------------------------
+
+
+def test_a_caller_that_cannot_wait_long_enough_is_refused_at_once(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=2, max_queue=10, initial_service_time=1.0)
+    admit(adm)
+    admit(adm)
+    for _ in range(3):
+        enqueue(adm)
+    # Queued now, it would start after the 3 ahead of it and itself: 4 * 1 s / 2 slots.
+    assert adm.predicted_wait() == 2.0
+    late = adm.offer("a", 10, deadline=1.9)
+    assert isinstance(late, Refuse)
+    assert (late.status, late.code) == (429, "deadline_unattainable")
+    assert late.retry_after == 2.0
+    assert adm.queue_depth == 3  # nothing was queued for it
+    assert isinstance(adm.offer("a", 10, deadline=2.0), Enqueued)
+    assert isinstance(adm.offer("a", 10), Enqueued)  # callers that say nothing: as before
+
+
+def test_a_caller_that_can_start_now_is_never_refused_for_its_deadline(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=2, max_queue=10)
+    assert isinstance(adm.offer("a", 10, deadline=0.001), Admit)
+
+
+def test_a_refused_caller_whose_reservation_passes_its_deadline_takes_no_reservation(
+    clock: FakeClock,
+) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=0, initial_service_time=4.0)
+    admit(adm)
+    unattainable = adm.offer("a", 10, deadline=1.0)
+    assert isinstance(unattainable, Refuse)
+    assert unattainable.code == "deadline_unattainable"
+    # The next refused caller is told the first free time: nobody was given it before.
+    first = refuse(adm)
+    assert (first.code, first.retry_after) == ("queue_full", 4.0)
+
+
+def test_while_the_upstream_is_out_an_unattainable_deadline_is_a_503(clock: FakeClock) -> None:
+    adm = make(clock, upstream_retry_after=10.0)
+    adm.set_upstream(ready=False, code="upstream_unavailable")
+    out = adm.offer("a", 10, deadline=5.0)
+    assert isinstance(out, Refuse)
+    assert (out.status, out.code) == (503, "deadline_unattainable")
+    fits = adm.offer("a", 10, deadline=30.0)
+    assert isinstance(fits, Refuse)
+    assert (fits.status, fits.code, fits.retry_after) == (503, "upstream_unavailable", 10.0)
+
+
+def test_every_refusal_advertises_the_capacity_of_one_key(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=8, max_queue=16, key_queue_share=0.5)
+    assert adm.config.key_capacity == 16
+    for _ in range(8):
+        admit(adm, "a")
+    for _ in range(8):
+        enqueue(adm, "a")
+    refused = refuse(adm, "a")
+    assert refused.capacity == 16
+    adm.set_upstream(ready=False)
+    assert refuse(adm, "b").capacity == 16

@@ -459,3 +459,38 @@ async def test_a_refusal_needs_no_body(gateway: GatewayFactory) -> None:
 
         await ChatProxy(runtime)(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
     assert sent[0]["status"] == 503
+
+
+async def test_every_chat_answer_advertises_the_capacity(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    async with gateway(max_concurrency=3, max_queue=4) as (client, runtime):
+        served = await client.post("/v1/chat/completions", json=chat_body())
+        runtime.gate.set_upstream(ready=False)
+        refused = await client.post("/v1/chat/completions", json=chat_body())
+    assert served.status_code == 200
+    assert served.headers["x-herdless-capacity"] == "7"
+    assert refused.status_code == 503
+    assert refused.headers["x-herdless-capacity"] == "7"
+
+
+async def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with gateway(max_concurrency=1, max_queue=8) as (client, runtime):
+        running = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body()))
+        await until(lambda: runtime.gate.admission.inflight >= 1)
+        hurried = await client.post(
+            "/v1/chat/completions", json=chat_body(), headers={"x-herdless-deadline-ms": "50"}
+        )
+        garbled = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions", json=chat_body(), headers={"x-herdless-deadline-ms": "soon"}
+            )
+        )
+        await until(lambda: runtime.gate.admission.queue_depth >= 1)  # queued as before
+        fake_vllm.hold.set()
+        done = await asyncio.gather(running, garbled)
+    assert_refusal(hurried, 429, "deadline_unattainable")
+    assert [r.status_code for r in done] == [200, 200]

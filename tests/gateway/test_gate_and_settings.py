@@ -8,7 +8,8 @@ import os
 import pytest
 from tests.gateway.fakes import until
 
-from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued
+from herdless.bench.vtime import VirtualClock, run_virtual
+from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued, Refuse
 from herdless.gateway.cli import load_settings, main
 from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import Histogram
@@ -175,3 +176,21 @@ def test_the_running_settings_keep_no_client_secret() -> None:
     assert (bare.api_keys, bare.admin_token) == (None, None)
     assert bare.upstream_api_key is not None  # sent upstream as is: it must stay
     assert settings.admin_token is not None  # the original is not changed
+
+
+def test_a_waiter_is_dropped_when_its_callers_deadline_passes() -> None:
+    async def scenario() -> tuple[float, Refuse | None, int]:
+        loop = asyncio.get_running_loop()
+        config = AdmissionConfig(max_concurrency=1, max_queue=4, queue_timeout=30.0)
+        gate = Gate(Admission(config, clock=VirtualClock(loop)))
+        assert isinstance(gate.offer("a", 1), Admit)
+        queued = gate.offer("a", 1, deadline=5.0)  # predicted 1 s: queued
+        assert isinstance(queued, Enqueued)
+        refused = await gate.wait(queued.ticket, deadline=5.0)
+        return loop.time(), refused, gate.admission.queue_depth
+
+    at, refused, depth = run_virtual(scenario())
+    assert at == 5.0  # dropped when its caller stopped waiting, not at the queue timeout
+    assert refused is not None
+    assert refused.code == "deadline_unattainable"
+    assert depth == 0

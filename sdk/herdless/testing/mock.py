@@ -18,8 +18,10 @@ Replies:
 - :func:`ok` / :func:`stream`: a chat completion, whole or as SSE chunks
   (``stream(..., cut_after=2)`` breaks the connection after two chunks);
 - :func:`rate_limited` (429), :func:`unavailable` (503), :func:`draining`
-  (503 + ``X-Herdless-Drain: 1``), :func:`server_error`: the gateway's refusals,
-  with ``Retry-After`` and ``retry-after-ms`` and an OpenAI-style error body;
+  (503 + ``X-Herdless-Drain: 1``), :func:`deadline_unattainable`,
+  :func:`server_error`: the gateway's refusals, with ``Retry-After`` and
+  ``retry-after-ms`` and an OpenAI-style error body;
+- :func:`overloaded`: vLLM's bare 503 when its queue is full;
 - :func:`hang`: the backend accepted the connection and never answered (the
   client sees its read timeout expire at once: nothing waits for real);
 - :func:`connect_error`: nothing listens there.
@@ -43,9 +45,11 @@ __all__ = [
     "MockBackend",
     "Reply",
     "connect_error",
+    "deadline_unattainable",
     "draining",
     "hang",
     "ok",
+    "overloaded",
     "rate_limited",
     "server_error",
     "stream",
@@ -197,6 +201,25 @@ def rate_limited(retry_after: float | None = 1.0, *, code: str = "queue_full") -
 def unavailable(retry_after: float | None = 2.0, *, code: str = "upstream_unavailable") -> Reply:
     """``503``: not serving now (the model is loading, the upstream is down)."""
     return _refusal(503, code, retry_after, f"Not serving now ({code}).")
+
+
+def overloaded() -> Reply:
+    """``503`` with neither a time nor a reason, as vLLM answers when its queue is full
+    (``--max-num-queued-reqs``): a busy server, not a broken one."""
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"message": "Service Unavailable", "type": "Service Unavailable"}}
+        return httpx.Response(503, json={"error": {**body["error"], "code": 503}})
+
+    return reply
+
+
+def deadline_unattainable(status: int = 429, wait: float = 30.0) -> Reply:
+    """The gateway predicts this request would wait ``wait`` seconds, longer than the
+    deadline its caller sent (``X-Herdless-Deadline-Ms``): move on at once."""
+    return _refusal(
+        status, "deadline_unattainable", wait, f"would wait about {wait:g}s; use your fallback"
+    )
 
 
 def draining(retry_after: float = 30.0) -> Reply:

@@ -1,0 +1,322 @@
+"""The window (flow control): pure, on a fake clock; then threads and tasks hammering one."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+
+import httpx
+import pytest
+
+import herdless
+from herdless._window import SlotTicket, Window, WindowPolicy
+from herdless.testing import FakeClock
+
+END = 10**9  # a deadline that never matters
+
+
+def window(**policy: object) -> tuple[Window, FakeClock]:
+    clock = FakeClock()
+    return Window(WindowPolicy(**policy), clock=clock), clock  # type: ignore[arg-type]  # test knobs
+
+
+def fill(win: Window, n: int) -> list[SlotTicket]:
+    return [win.acquire(end=END) for _ in range(n)]
+
+
+def test_calls_beyond_the_window_wait_and_get_slots_first_come_first_served() -> None:
+    win, _ = window(initial=2)
+    tickets = fill(win, 5)
+    assert [t.state for t in tickets] == ["granted", "granted", "waiting", "waiting", "waiting"]
+    win.release(tickets[1])
+    assert [t.state for t in tickets[2:]] == ["granted", "waiting", "waiting"]
+    win.release(tickets[0])
+    win.release(tickets[2])
+    assert [t.state for t in tickets[3:]] == ["granted", "granted"]
+    assert (win.in_use, win.waiting) == (2, 0)
+
+
+def test_a_waiter_that_leaves_gives_its_place_up() -> None:
+    win, _ = window(initial=1)
+    first, second, third = fill(win, 3)
+    win.release(second)  # cancelled (its task, or its deadline) while it waited
+    assert second.state == "done"
+    win.release(first)
+    assert third.state == "granted"
+    assert win.waiting == 0
+
+
+def test_listen_wakes_once_when_the_place_is_decided() -> None:
+    win, _ = window(initial=1)
+    first, second = fill(win, 2)
+    woken: list[str] = []
+    win.listen(second, lambda: woken.append("second"))
+    win.listen(first, lambda: woken.append("first"))  # decided already: at once
+    assert woken == ["first"]
+    win.release(first)
+    win.release(first)  # twice: nothing more
+    assert woken == ["first", "second"]
+
+
+def _round(win: Window, backlog: list[SlotTicket]) -> None:
+    """One round: every call holding a slot now is answered and leaves; waiters refill it."""
+    holding = [t for t in backlog if t.state == "granted"]
+    for ticket in holding:
+        win.answered(0.5)
+        win.release(ticket)
+
+
+def test_slow_start_doubles_the_window_each_round_while_full() -> None:
+    win, _ = window(initial=4)
+    backlog = fill(win, 100)
+    _round(win, backlog)
+    assert win.size == 8
+    _round(win, backlog)
+    assert win.size == 16
+
+
+def test_a_window_nobody_fills_does_not_grow() -> None:
+    win, _ = window(initial=4)
+    (ticket,) = fill(win, 1)
+    for _ in range(10):
+        win.answered(0.5)
+    assert win.size == 4
+    win.release(ticket)
+
+
+def test_a_refusal_shrinks_it_once_per_round_then_it_grows_one_per_round() -> None:
+    win, _ = window(initial=8, decrease=0.5)
+    backlog = fill(win, 100)
+    tickets = backlog[:8]
+    assert win.refused(tickets[0]) is True
+    assert win.size == 4  # min(size, in use) * decrease
+    # The other seven were let through before the cut: the cut already answered them.
+    assert [win.refused(t) for t in tickets[1:]] == [False] * 7
+    assert win.size == 4
+    for ticket in tickets:
+        win.resend(ticket)
+    _round(win, backlog)  # (all eight answered: the window was over-full)
+    _round(win, backlog)
+    assert 4 < win.size < 8  # about one more per round: no longer doubling (16 by now)
+    later = next(t for t in backlog if t.state == "granted")
+    assert win.refused(later) is True  # let through after the cut: it cuts again
+
+
+def test_it_never_shrinks_below_its_minimum() -> None:
+    win, _ = window(initial=4, minimum=2, decrease=0.5)
+    for _ in range(5):
+        (ticket,) = fill(win, 1)
+        win.refused(ticket)
+        win.release(ticket)
+    assert win.size == 2
+
+
+def test_no_growth_while_a_refused_call_waits_to_retry() -> None:
+    win, _ = window(initial=2)
+    refused, _served = fill(win, 2)
+    win.refused(refused)  # one slot holder waits to retry
+    size = win.size
+    win.answered(0.5)
+    assert win.size == size
+    win.resend(refused)
+    win.answered(0.5)
+    assert win.size > size
+
+
+def test_a_freed_place_goes_to_a_refused_call_before_a_new_one() -> None:
+    win, _ = window(initial=3)
+    refused, served, other = fill(win, 3)
+    waiting = win.acquire(end=END)
+    win.refused(refused)
+    woken: list[str] = []
+    win.on_release(refused, lambda: woken.append("retry"))
+    win.release(served)
+    assert woken == ["retry"]
+    assert waiting.state == "waiting"  # the freed place was the refused call's
+    win.resend(refused)
+    win.release(other)
+    assert waiting.state == "granted"
+
+
+def test_the_advertised_capacity_is_the_start_and_the_ceiling() -> None:
+    win, _ = window(initial=4, maximum=100)
+    win.advertise(24)
+    assert win.size == 24
+    tickets = fill(win, 24)
+    for _ in tickets:
+        win.answered(0.5)
+    assert win.size == 24  # never above what the server holds for this client
+    win.refused(tickets[0])
+    win.advertise(30)  # once it learned by a refusal, a larger capacity is a ceiling only
+    assert win.size < 24
+
+
+def test_off_lets_everything_through() -> None:
+    win, _ = window(enabled=False)
+    tickets = fill(win, 1000)
+    assert all(t.state == "granted" for t in tickets)
+    assert win.refused(tickets[0]) is False
+    assert math.isinf(win.size)
+
+
+def _one_a_second(win: Window, clock: FakeClock) -> None:
+    """Two calls served one after the other, a second each: slots free at 1 a second."""
+    first = win.acquire(end=END)
+    clock.advance(1.0)
+    win.answered(1.0)
+    win.release(first)
+    second = win.acquire(end=END)
+    clock.advance(1.0)
+    win.answered(1.0)
+    win.release(second)
+
+
+def test_a_waiter_whose_wait_cannot_fit_is_told_to_leave_at_once() -> None:
+    win, clock = window(initial=1, maximum=1)
+    _one_a_second(win, clock)
+    holder = win.acquire(end=END)
+    assert holder.state == "granted"
+    assert win.expected_wait(0) == pytest.approx(1.0)
+    now = clock.monotonic()
+    # About 1 s for a slot, then about 1 s for the answer: 1.5 s is not enough.
+    assert win.acquire(end=now + 1.5).state == "spill"
+    assert win.acquire(end=now + 100).state == "waiting"
+    # Second in line: about 2 s for a slot, over a patience of 0.5 s.
+    assert win.acquire(end=END, max_wait=0.5).state == "spill"
+
+
+def test_waiters_are_re_checked_at_every_release() -> None:
+    win, clock = window(initial=1, maximum=1)
+    start = clock.monotonic()
+    first = win.acquire(end=END)
+    clock.advance(1.0)
+    win.answered(1.0)
+    second = win.acquire(end=start + 4.0)  # nothing measured yet: both wait
+    third = win.acquire(end=start + 4.0)
+    woken: list[str] = []
+    win.listen(third, lambda: woken.append("third"))
+    win.release(first)
+    assert (second.state, third.state) == ("granted", "waiting")
+    clock.advance(2.5)
+    win.release(second)  # now one release per 2.5 s: third would end past 4 s
+    assert third.state == "granted"  # ...but the freed slot is its own: no wait at all
+    fourth = win.acquire(end=clock.monotonic() + 2.0)
+    assert fourth.state == "spill"  # 2.5 s for a slot: does not fit in 2 s
+    assert woken == ["third"]
+
+
+def test_expected_wait_is_unknown_before_anything_is_measured() -> None:
+    win, _ = window(initial=1)
+    fill(win, 3)
+    assert win.expected_wait(0) is None
+
+
+def test_threads_hammering_one_window_never_exceed_it_and_lose_no_call() -> None:
+    win = Window(WindowPolicy(initial=4), clock=FakeClock())
+    lock = threading.Lock()
+    at_once = peak = done = 0
+
+    def worker(seed: int) -> None:
+        nonlocal at_once, peak, done
+        rng = random.Random(seed)
+        for _ in range(200):
+            ticket = win.acquire(end=END)
+            granted = threading.Event()
+            win.listen(ticket, granted.set)
+            assert granted.wait(10)
+            with lock:
+                at_once += 1
+                peak = max(peak, at_once)
+            if rng.random() < 0.1:
+                win.refused(ticket)
+                win.resend(ticket)
+            else:
+                win.answered(0.01)
+            with lock:
+                at_once -= 1
+                done += 1
+            win.release(ticket)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert done == 8 * 200
+    assert peak <= WindowPolicy().maximum
+    assert (win.in_use, win.waiting) == (0, 0)
+
+
+async def test_tasks_sharing_one_async_client_never_exceed_the_window() -> None:
+    at_once = peak = 0
+    gate = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal at_once, peak
+        at_once += 1
+        peak = max(peak, at_once)
+        await gate.wait()
+        at_once -= 1
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    async with herdless.AsyncClient(
+        primary="http://gpu.test/v1",
+        window=herdless.WindowPolicy(initial=5, maximum=5),
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        calls = [
+            asyncio.create_task(client.chat([{"role": "user", "content": "hi"}])) for _ in range(40)
+        ]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert peak == 5  # five sent; thirty-five wait in the client
+        assert client.stats().windows == {"primary": 5}
+        gate.set()
+        results = await asyncio.gather(*calls)
+    assert len(results) == 40
+    assert peak == 5
+    stats = client.stats()
+    assert stats.queued == 35
+    assert stats.succeeded == 40
+
+
+def test_threads_sharing_one_client_never_exceed_the_window() -> None:
+    lock = threading.Lock()
+    at_once = peak = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal at_once, peak
+        with lock:
+            at_once += 1
+            peak = max(peak, at_once)
+        threading.Event().wait(0.005)  # a short real answer time, so threads overlap
+        with lock:
+            at_once -= 1
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    with herdless.Client(
+        primary="http://gpu.test/v1",
+        window=herdless.WindowPolicy(initial=3, maximum=3),
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        threads = [
+            threading.Thread(target=client.chat, args=([{"role": "user", "content": "hi"}],))
+            for _ in range(24)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert client.stats().succeeded == 24
+    assert peak <= 3
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ValueError, match="decrease"):
+        WindowPolicy(decrease=1.0)
+    with pytest.raises(ValueError, match="minimum <= initial <= maximum"):
+        WindowPolicy(initial=2, minimum=4)
+    with pytest.raises(ValueError, match="initial"):
+        WindowPolicy(initial=0)

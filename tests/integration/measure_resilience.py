@@ -185,7 +185,7 @@ def _skip_cpu() -> float:
 
 def attempts_per_call(gpu: ServerProcess, hosted: ServerProcess | None, calls: int) -> float:
     never_opens = BreakerPolicy(consecutive_failures=10**6, min_calls=10**6)
-    _faults(gpu, error_rate=1.0, error_status=503)
+    _faults(gpu, error_rate=1.0, error_status=502)
     try:
         with _client(gpu.url + "/v1", hosted, breaker=never_opens, deadline=2.0) as client:
             stop = threading.Event()

@@ -73,7 +73,7 @@ def test_refused_connections_fall_back(gpu: ServerProcess, hosted: ServerProcess
 def test_primary_5xx_retries_within_budget_then_falls_back(
     gpu: ServerProcess, hosted: ServerProcess
 ) -> None:
-    set_faults(gpu, error_rate=1.0, error_status=503)
+    set_faults(gpu, error_rate=1.0, error_status=502)
     never_opens = BreakerPolicy(consecutive_failures=10_000, min_calls=10_000)
     with client_for(gpu.url + "/v1", hosted, breaker=never_opens) as client:
         results = [client.chat(HI, max_tokens=8) for _ in range(30)]
@@ -86,13 +86,13 @@ def test_primary_5xx_retries_within_budget_then_falls_back(
 
 
 def test_primary_5xx_without_fallback_raises_after_retries(gpu: ServerProcess) -> None:
-    set_faults(gpu, error_rate=1.0, error_status=503)
+    set_faults(gpu, error_rate=1.0, error_status=502)
     with (
         client_for(gpu.url + "/v1", None, retry=RetryPolicy(max_attempts=3, base=0.01)) as client,
         pytest.raises(ServiceUnavailableError) as caught,
     ):
         client.chat(HI, max_tokens=8)
-    assert [a.status for a in caught.value.attempts] == [503, 503, 503]
+    assert [a.status for a in caught.value.attempts] == [502, 502, 502]
 
 
 def test_a_slow_primary_times_out_to_the_fallback(

@@ -75,6 +75,23 @@ def _overload(opts: BenchSettings, out: Path, progress: Progress) -> list[Scenar
     return overload.run(params, progress)
 
 
+def _shared(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import shared  # lazy: starts real processes
+
+    if opts.target:
+        print("shared: measures local processes it configures itself; --target is not used")
+    params = shared.SharedParams(repeats=opts.repeats, seed=opts.seed)
+    return shared.run(params, progress)
+
+
+def _spill(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import spill  # lazy: starts real processes
+
+    if opts.target:
+        print("spill: stops its own upstream; --target is not used")
+    return spill.run(spill.SpillParams(repeats=opts.repeats), progress)
+
+
 def _outage(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     if opts.target:
         # A hang has to be injected into the primary: only the local emulator can do that.
@@ -91,6 +108,18 @@ SCENARIOS: dict[str, Scenario] = {
         run=_herd,
         runs=_herd_runs,
         needs=("openai", "tenacity"),
+    ),
+    "shared": Scenario(
+        help="200 chats at once from ONE client: through the gateway, and straight at vLLM",
+        run=_shared,
+        runs=lambda opts: (6 + 1 + 6) * int(opts.repeats),
+        needs=(*_SERVERS, "openai", "tenacity"),
+    ),
+    "spill": Scenario(
+        help="one client, a busy GPU, a hosted fallback: what spills, how fast, and on an outage",
+        run=_spill,
+        runs=lambda opts: 3 * int(opts.repeats) + 1,
+        needs=_SERVERS,
     ),
     "overload": Scenario(
         help="steady 0.8x, 2x and 4x capacity: goodput, p99, refusals",

@@ -1,0 +1,423 @@
+"""The ``shared`` scenario: a crowd of calls at once from ONE client, as a process has.
+
+A web app, a worker, a notebook: a process normally shares one client among all its
+requests. Here ``n`` chats start at once against a GPU that runs ``slots`` of them at a
+time, two ways:
+
+- ``gateway``: the herdless gateway (``slots`` running + ``queue`` waiting, staggered
+  Retry-After) in front of the emulated vLLM;
+- ``vllm``: straight at the emulated vLLM with a bounded waiting queue
+  (``--max-num-queued-reqs``), which refuses with a bare 503, as vLLM does; its
+  baseline is the same server with an unbounded queue (nobody is refused).
+
+Arms, each in the same run, one shared client for the whole crowd unless it says
+"per caller": the official openai client with its defaults, the OpenAI cookbook's
+tenacity recipe, a naive loop (a fixed 1 s pause), herdless (``AsyncClient``), and
+herdless and openai with one client per caller. Figures per arm (median over
+repetitions):
+
+- served: the share of calls answered (the others gave up or failed);
+- attempts / request: every HTTP request the clients sent / ``n``;
+- makespan / ideal: from the start to the last answer, over ``n / slots x service``,
+  where ``service`` is one call's time in a full batch, measured in the same run (and,
+  for ``vllm``, over the unbounded queue's own makespan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.stats import ratio
+from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+
+__all__ = ["SharedParams", "run"]
+
+_MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}]
+_GIVE_UP = 120.0  # seconds an arm without a stopping rule of its own keeps trying
+
+Call = Callable[[], Awaitable[None]]
+"""One logical chat; returns when answered, raises when its arm gave up."""
+Crowd = Callable[[str, int, list[int]], Awaitable[list[Call]]]
+"""``(base_url, n, sent) -> n calls``; every HTTP request they send counts in ``sent[0]``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedParams:
+    """Sizes of the shared-client scenario (bounded: each arm serves ``n`` calls once).
+
+    Attributes:
+        n: calls started at once.
+        slots: the GPU's ``max_num_seqs`` and the gateway's ``max_concurrency``.
+        queue: the gateway's ``max_queue``.
+        vllm_queue: the emulator's ``--max-num-queued-reqs`` in the ``vllm`` case.
+        max_tokens: tokens per answer (``ignore_eos``: every answer is this long).
+        speed: the emulator's time scale.
+        repeats: repetitions per arm.
+        seed: first seed.
+    """
+
+    n: int = 200
+    slots: int = 8
+    queue: int = 16
+    vllm_queue: int = 8
+    max_tokens: int = 48
+    speed: float = 1.0
+    repeats: int = 1
+    seed: int = 1
+
+
+class GaveUp(Exception):
+    """The arm stopped trying before the call was answered."""
+
+
+def _counting(sent: list[int]) -> dict[str, list[Callable[[Any], Awaitable[None]]]]:
+    """httpx (or httpx2) event hooks that count every request sent."""
+
+    async def count(request: Any) -> None:
+        sent[0] += 1
+
+    return {"request": [count]}
+
+
+def _body(model: str, tokens: int) -> dict[str, Any]:
+    return {"model": model, "messages": _MESSAGES, "max_tokens": tokens, "ignore_eos": True}
+
+
+async def _openai_crowd(
+    url: str, n: int, sent: list[int], *, shared: bool, model: str, tokens: int
+) -> list[Call]:
+    import httpx2  # lazy: the openai client's own httpx
+    import openai
+
+    def make() -> Any:
+        http = httpx2.AsyncClient(event_hooks=_counting(sent), timeout=600)
+        return openai.AsyncOpenAI(api_key="bench", base_url=url, http_client=http)
+
+    one = make() if shared else None
+
+    async def call() -> None:
+        client = one or make()
+        try:
+            await client.chat.completions.create(
+                model=model,
+                messages=_MESSAGES,
+                max_tokens=tokens,
+                extra_body={"ignore_eos": True},
+            )
+        except openai.APIStatusError as exc:
+            raise GaveUp(f"status {exc.status_code}") from exc
+        except openai.APIConnectionError as exc:
+            raise GaveUp("connection") from exc
+        finally:
+            if one is None:
+                await client.close()
+
+    return [call for _ in range(n)]
+
+
+async def _tenacity_crowd(
+    url: str, n: int, sent: list[int], *, model: str, tokens: int
+) -> list[Call]:
+    import httpx2
+    import openai
+    import tenacity
+
+    http = httpx2.AsyncClient(event_hooks=_counting(sent), timeout=600)
+    client = openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0, http_client=http)
+
+    # The cookbook's recipe ("How to handle rate limits"), verbatim but async.
+    @tenacity.retry(
+        wait=tenacity.wait_random_exponential(min=1, max=60),
+        stop=tenacity.stop_after_attempt(6),
+        retry=tenacity.retry_if_exception_type((openai.RateLimitError, openai.InternalServerError)),
+    )
+    async def completion_with_backoff() -> None:
+        await client.chat.completions.create(
+            model=model,
+            messages=_MESSAGES,  # type: ignore[arg-type]  # a plain dict
+            max_tokens=tokens,
+            extra_body={"ignore_eos": True},
+        )
+
+    async def call() -> None:
+        try:
+            await completion_with_backoff()
+        except tenacity.RetryError as exc:
+            raise GaveUp("6 attempts") from exc
+
+    return [call for _ in range(n)]
+
+
+async def _naive_crowd(url: str, n: int, sent: list[int], *, model: str, tokens: int) -> list[Call]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    client = httpx.AsyncClient(event_hooks=_counting(sent), timeout=600, limits=limits)
+    body = _body(model, tokens)
+
+    async def call() -> None:
+        start = time.monotonic()
+        while True:
+            response = await client.post(f"{url}/chat/completions", json=body)
+            if response.status_code == 200:
+                return
+            if response.status_code not in (429, 503) or time.monotonic() - start > _GIVE_UP:
+                raise GaveUp(f"status {response.status_code}")
+            await asyncio.sleep(1.0)
+
+    return [call for _ in range(n)]
+
+
+async def _herdless_crowd(
+    url: str, n: int, sent: list[int], *, shared: bool, model: str, tokens: int, seed: int
+) -> list[Call]:
+    import herdless  # lazy: keeps this module importable while the SDK grows
+
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+    def make() -> herdless.AsyncClient:
+        http = httpx.AsyncClient(event_hooks=_counting(sent), limits=limits)
+        return herdless.AsyncClient(
+            primary=herdless.Backend(name="gpu", base_url=url, model=model),
+            deadline=_GIVE_UP,
+            rng=random.Random(rng.random()),
+            http_client=http,
+        )
+
+    one = make() if shared else None
+
+    async def call() -> None:
+        client = one or make()
+        try:
+            await client.chat(_MESSAGES, max_tokens=tokens, ignore_eos=True)
+        except herdless.HerdlessError as exc:
+            raise GaveUp(type(exc).__name__) from exc
+        finally:
+            if one is None:
+                await client.aclose()
+
+    return [call for _ in range(n)]
+
+
+def _arms(p: SharedParams, model: str, seed_base: int) -> dict[str, Crowd]:
+    tokens = p.max_tokens
+
+    async def openai_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _openai_crowd(url, n, sent, shared=True, model=model, tokens=tokens)
+
+    async def openai_each(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _openai_crowd(url, n, sent, shared=False, model=model, tokens=tokens)
+
+    async def tenacity_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _tenacity_crowd(url, n, sent, model=model, tokens=tokens)
+
+    async def naive_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _naive_crowd(url, n, sent, model=model, tokens=tokens)
+
+    async def herdless_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _herdless_crowd(
+            url, n, sent, shared=True, model=model, tokens=tokens, seed=seed_base
+        )
+
+    async def herdless_each(url: str, n: int, sent: list[int]) -> list[Call]:
+        return await _herdless_crowd(
+            url, n, sent, shared=False, model=model, tokens=tokens, seed=seed_base
+        )
+
+    return {
+        "openai (shared)": openai_shared,
+        "tenacity (shared)": tenacity_shared,
+        "naive 1 s (shared)": naive_shared,
+        "herdless (shared)": herdless_shared,
+        "openai (per caller)": openai_each,
+        "herdless (per caller)": herdless_each,
+    }
+
+
+async def _crowd(url: str, n: int, crowd: Crowd) -> dict[str, float]:
+    """Start ``n`` calls at once; their served share, attempts and makespan."""
+    sent = [0]
+    calls = await crowd(url, n, sent)
+    start = time.monotonic()
+    finished: list[float] = []
+
+    async def one(call: Call) -> bool:
+        try:
+            await asyncio.wait_for(call(), timeout=_GIVE_UP + 60)
+        except (GaveUp, TimeoutError):
+            return False
+        finished.append(time.monotonic() - start)
+        return True
+
+    outcomes = await asyncio.gather(*(one(call) for call in calls))
+    return {
+        "served": sum(outcomes) / n,
+        "attempts": sent[0] / n,
+        "makespan": max(finished, default=float("nan")),
+    }
+
+
+async def _service(url: str, p: SharedParams, model: str) -> float:
+    """Seconds one call takes in a full batch: ``slots`` at once, median of their times."""
+    body = _body(model, p.max_tokens)
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def timed() -> float:
+            begin = time.monotonic()
+            (await client.post(f"{url}/chat/completions", json=body)).raise_for_status()
+            return time.monotonic() - begin
+
+        await asyncio.gather(*(timed() for _ in range(p.slots)))  # warm: connections, JIT
+        return statistics.median(await asyncio.gather(*(timed() for _ in range(p.slots))))
+
+
+@contextlib.contextmanager
+def _gateway_case(p: SharedParams) -> Iterator[str]:
+    with (
+        emulator_process(
+            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
+        ) as vllm,
+        gateway_process(
+            upstream=vllm.url,
+            max_concurrency=p.slots,
+            max_queue=p.queue,
+            queue_timeout=_GIVE_UP,
+            access_log=False,
+            log_level="warning",
+        ) as gateway,
+    ):
+        yield f"{gateway.url}/v1"
+
+
+@contextlib.contextmanager
+def _vllm_case(p: SharedParams, queued: int | None) -> Iterator[ServerProcess]:
+    with emulator_process(
+        speed=p.speed,
+        max_num_seqs=p.slots,
+        max_num_queued_reqs=queued,
+        access_log=False,
+        log_level="warning",
+    ) as vllm:
+        yield vllm
+
+
+def _measure(
+    url: str, p: SharedParams, crowds: dict[str, Crowd], progress: Progress | None
+) -> dict[str, list[dict[str, float]]]:
+    def arm(name: str, crowd: Crowd) -> Arm:
+        return Arm(name=name, run=lambda seed: asyncio.run(_crowd(url, p.n, crowd)))
+
+    arms = [arm(name, crowd) for name, crowd in crowds.items()]
+    return run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+
+
+def run(p: SharedParams, progress: Progress | None = None) -> list[ScenarioResult]:
+    """Both cases, every arm; returns one table per case."""
+    model = "emulated-llama-3-8b"
+    results = []
+    with _gateway_case(p) as url:
+        service = asyncio.run(_service(url, p, model))
+        runs = _measure(url, p, _arms(p, model, p.seed), progress)
+    ideal = p.n / p.slots * service
+    results.append(_result("shared-gateway", p, runs, ideal, service, gateway=True))
+
+    with _vllm_case(p, None) as vllm:
+        url = f"{vllm.url}/v1"
+        service = asyncio.run(_service(url, p, model))
+        unbounded = _measure(
+            url, p, {"unbounded queue": _arms(p, model, p.seed)["openai (shared)"]}, progress
+        )
+    baseline = statistics.median(r["makespan"] for r in unbounded["unbounded queue"])
+    with _vllm_case(p, p.vllm_queue) as vllm:
+        runs = _measure(f"{vllm.url}/v1", p, _arms(p, model, p.seed), progress)
+    results.append(_result("shared-vllm", p, runs, baseline, service, gateway=False))
+    return results
+
+
+def _result(
+    name: str,
+    p: SharedParams,
+    runs: dict[str, list[dict[str, float]]],
+    ideal: float,
+    service: float,
+    *,
+    gateway: bool,
+) -> ScenarioResult:
+    for figures in runs.values():
+        for run in figures:
+            run["makespan_x"] = ratio(run["makespan"], ideal)
+    rows = medians(runs)
+    by = {str(r["arm"]): r for r in rows}
+    h = by["herdless (shared)"]
+    if gateway:
+        title = f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue} on the emulator"
+        base = f"ideal = n / slots x service = {ideal:.2f} s (service {service:.3f} s, measured)"
+        targets = [
+            Target(
+                label="herdless (shared) served", value=float(h["served"]), limit=1.0, at_least=True
+            ),
+            Target(
+                label="herdless (shared) attempts / request", value=float(h["attempts"]), limit=1.10
+            ),
+            Target(
+                label="herdless (shared) makespan / ideal", value=float(h["makespan_x"]), limit=1.10
+            ),
+        ]
+    else:
+        title = (
+            f"{p.n} chats at once from one client, straight at the emulator "
+            f"(--max-num-seqs {p.slots} --max-num-queued-reqs {p.vllm_queue}: a bare 503 when full)"
+        )
+        base = f"baseline = the same server with an unbounded queue: makespan {ideal:.2f} s"
+        targets = [
+            Target(
+                label="herdless (shared) served", value=float(h["served"]), limit=1.0, at_least=True
+            ),
+            Target(
+                label="herdless (shared) attempts / request", value=float(h["attempts"]), limit=1.20
+            ),
+            Target(
+                label="herdless (shared) makespan / unbounded",
+                value=float(h["makespan_x"]),
+                limit=1.15,
+            ),
+        ]
+    return ScenarioResult(
+        name=name,
+        title=title,
+        params={
+            "n": p.n,
+            "slots": p.slots,
+            "queue": p.queue if gateway else p.vllm_queue,
+            "max_tokens": p.max_tokens,
+            "speed": p.speed,
+            "service_s": round(service, 3),
+            "repeats": p.repeats,
+        },
+        columns=[
+            Column(key="served", label="served", fmt="{:.1%}"),
+            Column(key="attempts", label="attempts / request"),
+            Column(key="makespan", label="makespan (s)"),
+            Column(
+                key="makespan_x", label="makespan / ideal" if gateway else "makespan / unbounded"
+            ),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=targets,
+        notes=[
+            "Real processes on 127.0.0.1; every arm in the same run, against the same servers.",
+            base + ".",
+            "Attempts counted by each client's HTTP layer (every request sent).",
+        ],
+    )

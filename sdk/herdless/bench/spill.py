@@ -1,0 +1,294 @@
+"""The ``spill`` scenario: when does a shared client send work to the paid hosted model?
+
+The hosted fallback is for outages and missed deadlines, not for a GPU that is merely
+busy: every spilled call costs money and sends data out. One ``herdless.AsyncClient``
+with an emulated hosted model (``external=True``) as its fallback, in front of the
+gateway (``slots`` running + ``queue`` waiting) on an emulated vLLM, and three cases:
+
+- ``busy``: ``n`` calls at once with a deadline the GPU's queue easily meets: how many
+  go to the hosted model (target: none);
+- ``short``: the same with a deadline the queue cannot meet for all of them: the calls
+  that cannot make it must leave at once (how long after the client last learned
+  anything: an answer, a refusal, another call leaving the GPU) and none may end past
+  its deadline; the same with ``allow_fallback=False``: a typed error, as fast;
+- ``outage``: the vLLM behind the gateway is stopped: how long after the gateway's
+  503 the first call is answered by the hosted model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.stats import percentile
+from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+
+__all__ = ["SpillParams", "run"]
+
+_MESSAGES = [{"role": "user", "content": "Draft a reply to this customer email."}]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpillParams:
+    """Sizes of the spill scenario.
+
+    Attributes:
+        n: calls started at once.
+        slots: the GPU's ``max_num_seqs`` and the gateway's ``max_concurrency``.
+        queue: the gateway's ``max_queue``.
+        max_tokens: tokens per answer (``ignore_eos``).
+        deadline: seconds per call in the ``busy`` case (ample).
+        short_deadline: seconds per call in the ``short`` case (too short for the last).
+        repeats: repetitions per case.
+    """
+
+    n: int = 30
+    slots: int = 4
+    queue: int = 4
+    max_tokens: int = 48
+    deadline: float = 90.0
+    short_deadline: float = 4.0
+    repeats: int = 1
+
+
+def _client(gateway: str, hosted: str, events: list[Any], deadline: float) -> Any:
+    import herdless
+
+    return herdless.AsyncClient(
+        primary=herdless.Backend(name="gpu", base_url=gateway),
+        fallback=herdless.Backend(
+            name="hosted", base_url=hosted, model="hosted-model", external=True
+        ),
+        deadline=deadline,
+        on_event=events.append,
+    )
+
+
+async def _crowd(
+    gateway: str, hosted: str, n: int, deadline: float, *, allow_fallback: bool, tokens: int
+) -> dict[str, float]:
+    import herdless
+
+    events: list[Any] = []
+    ends: list[float] = []
+    outcomes: list[str] = []
+    async with _client(gateway, hosted, events, deadline) as client:
+        start = time.monotonic()
+
+        async def one() -> None:
+            began = time.monotonic()
+            try:
+                result = await client.chat(
+                    _MESSAGES, max_tokens=tokens, ignore_eos=True, allow_fallback=allow_fallback
+                )
+                outcomes.append(result.backend)
+            except herdless.HerdlessError as exc:
+                outcomes.append(type(exc).__name__)
+            ends.append(time.monotonic() - began)
+
+        await asyncio.gather(*(one() for _ in range(n)))
+        makespan = time.monotonic() - start
+    lags = _lags(events)
+    return {
+        "gpu": outcomes.count("gpu") / n,
+        "hosted": outcomes.count("hosted") / n,
+        "errors": sum(o not in ("gpu", "hosted") for o in outcomes) / n,
+        "late": sum(e > deadline + 0.5 for e in ends) / n,
+        "lag_p50_ms": percentile(lags, 50) * 1000,
+        "lag_max_ms": max(lags, default=float("nan")) * 1000,
+        "makespan": makespan,
+    }
+
+
+def _lags(events: list[Any]) -> list[float]:
+    """For every call that left the GPU (to the fallback, or with an error): seconds from
+    the last thing the client learned (this call's own last event, or another call leaving
+    the GPU) to its leaving."""
+    from herdless.events import CallFailed, CallFinished, FallbackUsed
+
+    last_seen: dict[str, float] = {}
+    freed: list[float] = []  # when calls finished at the GPU: a place there freed
+    lags = []
+    for event in sorted(events, key=lambda e: e.at):
+        left = (isinstance(event, FallbackUsed) and event.from_backend == "gpu") or (
+            isinstance(event, CallFailed) and event.backend == "gpu"
+        )
+        if left:
+            learned = max(last_seen.get(event.call_id, 0.0), freed[-1] if freed else 0.0)
+            lags.append(event.at - learned)
+        if isinstance(event, CallFinished) and event.backend == "gpu":
+            freed.append(event.at)
+        last_seen[event.call_id] = event.at
+    return lags
+
+
+async def _outage(gateway: str, hosted: str, tokens: int) -> dict[str, float]:
+    from herdless.events import AttemptFailed, CallFinished
+
+    events: list[Any] = []
+    async with _client(gateway, hosted, events, 30.0) as client:
+        result = await client.chat(_MESSAGES, max_tokens=tokens)
+    refused = next(e for e in events if isinstance(e, AttemptFailed) and e.backend == "gpu")
+    served = next(e for e in events if isinstance(e, CallFinished))
+    return {
+        "hosted": float(result.backend == "hosted"),
+        "after_503_ms": (served.at - refused.at) * 1000,
+        "status": float(refused.status or 0),
+    }
+
+
+@contextlib.contextmanager
+def _stack(p: SpillParams) -> Iterator[tuple[ServerProcess, str, str]]:
+    """The emulated GPU, the gateway in front of it, and a fast emulated hosted model."""
+    with (
+        emulator_process(max_num_seqs=p.slots, access_log=False, log_level="warning") as gpu,
+        emulator_process(
+            model="hosted-model", speed=50.0, access_log=False, log_level="warning"
+        ) as hosted,
+        gateway_process(
+            upstream=gpu.url,
+            max_concurrency=p.slots,
+            max_queue=p.queue,
+            queue_timeout=120,
+            health_interval=0.25,
+            upstream_retry_after=5.0,
+            access_log=False,
+            log_level="warning",
+        ) as gateway,
+    ):
+        yield gpu, f"{gateway.url}/v1", f"{hosted.url}/v1"
+
+
+def run(p: SpillParams, progress: Progress | None = None) -> list[ScenarioResult]:
+    """The three cases, in one deployment; the outage last (it stops the GPU)."""
+    with _stack(p) as (gpu, gateway, hosted):
+        tokens = p.max_tokens
+
+        def crowd(deadline: float, allow: bool) -> Arm:
+            name = f"deadline {deadline:g} s" + ("" if allow else ", allow_fallback=False")
+            return Arm(
+                name=name,
+                run=lambda seed: asyncio.run(
+                    _crowd(gateway, hosted, p.n, deadline, allow_fallback=allow, tokens=tokens)
+                ),
+            )
+
+        arms = [
+            crowd(p.deadline, True),
+            crowd(p.short_deadline, True),
+            crowd(p.short_deadline, False),
+        ]
+        runs = run_arms(arms, repeats=p.repeats, seed=0, progress=progress)
+        gpu.stop()
+        _until_unready(gateway)
+        outage = run_arms(
+            [
+                Arm(
+                    name="upstream stopped",
+                    run=lambda seed: asyncio.run(_outage(gateway, hosted, tokens)),
+                )
+            ],
+            repeats=1,
+            seed=0,
+            progress=progress,
+        )
+    return [_crowd_result(p, runs), _outage_result(outage)]
+
+
+def _until_unready(gateway: str, timeout: float = 10.0) -> None:
+    """Wait for the gateway to see its upstream gone (its health poll), bounded."""
+    root = gateway.removesuffix("/v1")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(f"{root}/readyz", timeout=2).status_code != 200:
+            return
+        time.sleep(0.1)
+
+
+def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
+    rows = medians(runs)
+    busy, short, guarded = (rows[0], rows[1], rows[2])
+    return ScenarioResult(
+        name="spill",
+        title=(
+            f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue}, "
+            "an external hosted model as fallback"
+        ),
+        params={
+            "n": p.n,
+            "slots": p.slots,
+            "queue": p.queue,
+            "max_tokens": p.max_tokens,
+            "repeats": p.repeats,
+        },
+        columns=[
+            Column(key="gpu", label="served by the GPU", fmt="{:.0%}"),
+            Column(key="hosted", label="sent to the hosted model", fmt="{:.0%}"),
+            Column(key="errors", label="typed errors", fmt="{:.0%}"),
+            Column(key="late", label="ended past the deadline", fmt="{:.0%}"),
+            Column(key="lag_p50_ms", label="left the GPU, p50 ms after learning", fmt="{:.1f}"),
+            Column(key="lag_max_ms", label="max ms", fmt="{:.1f}"),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=[
+            Target(
+                label="busy GPU, ample deadline: sent to the hosted model",
+                value=float(busy["hosted"]),
+                limit=0.0,
+            ),
+            Target(
+                label="short deadline: left the GPU, max ms after learning",
+                value=float(short["lag_max_ms"]),
+                limit=50.0,
+            ),
+            Target(
+                label="allow_fallback=False: raised, max ms after learning",
+                value=float(guarded["lag_max_ms"]),
+                limit=50.0,
+            ),
+            Target(
+                label="short deadline: ended past the deadline",
+                value=float(short["late"]) + float(guarded["late"]),
+                limit=0.0,
+            ),
+        ],
+        notes=[
+            "Real processes on 127.0.0.1: an emulated GPU, the gateway, an emulated hosted model.",
+            "'After learning': from the last thing the client learned (the call's own last "
+            "event, or another call leaving the GPU) to the call leaving it.",
+            "'Past the deadline': more than 0.5 s after it (the machine's own noise).",
+        ],
+    )
+
+
+def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
+    rows = medians(runs)
+    return ScenarioResult(
+        name="spill-outage",
+        title="the vLLM behind the gateway is stopped: the first call",
+        params={"repeats": 1},
+        columns=[
+            Column(key="status", label="gateway's status", fmt="{:.0f}"),
+            Column(key="hosted", label="answered by the hosted model", fmt="{:.0%}"),
+            Column(key="after_503_ms", label="ms from the 503 to the hosted answer", fmt="{:.1f}"),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=[
+            Target(
+                label="first call answered after the 503 (ms)",
+                value=float(rows[0]["after_503_ms"]),
+                limit=200.0,
+            )
+        ],
+        notes=["The hosted model answers in about 10 ms: the rest is the client's doing."],
+    )

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream
 
-from herdless.testing.vllm import read_metric
+from herdless.testing.vllm import forced_answer, read_metric
 
 CHAT_KEYS = {
     "id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
@@ -59,7 +59,8 @@ def test_models_lists_the_served_model(http: httpx.Client, upstream: Upstream) -
 
 
 def test_chat_completion_has_vllms_field_sets(http: httpx.Client, upstream: Upstream) -> None:
-    body = http.post("/v1/chat/completions", json=upstream.chat(max_tokens=3)).json()
+    answer = forced_answer(3, ending="length")  # the model's own words may stop sooner
+    body = http.post("/v1/chat/completions", json=upstream.chat(**answer)).json()
     assert set(body) == CHAT_KEYS
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", body["id"])
     assert (body["object"], body["model"]) == ("chat.completion", upstream.model)
@@ -106,7 +107,8 @@ def test_max_tokens_over_the_context_is_400(http: httpx.Client, upstream: Upstre
 
 
 def test_metrics_carry_vllms_names_and_labels(http: httpx.Client, upstream: Upstream) -> None:
-    http.post("/v1/chat/completions", json=upstream.chat(max_tokens=2)).raise_for_status()
+    answer = forced_answer(2, ending="length")
+    http.post("/v1/chat/completions", json=upstream.chat(**answer)).raise_for_status()
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
     for name, labels in METRICS.items():
         # The parser names a counter's family without its `_total`.

@@ -5,6 +5,11 @@
 - ``finish_reason: "stop"`` (EOS) comes in a chunk of its own with empty content,
   and ``completion_tokens`` counts the EOS token;
 - with ``include_usage`` a last chunk has ``choices: []`` and the usage; then ``[DONE]``.
+
+Each request decides its own ending (``forced_answer``): the real model's words,
+and where greedy decoding stops, differ from one CPU to another. The emulator
+ignores ``min_tokens`` and ``logit_bias``; its own answers (4 to 12 tokens, then
+EOS) end the same way within the limits used here.
 """
 
 from __future__ import annotations
@@ -14,13 +19,12 @@ from typing import Any
 import httpx
 from tests.contract.contract_kit import Upstream, decode_chunks, read_events
 
+from herdless.testing.vllm import forced_answer
+
 FIRST_KEYS = {"id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"}
 CHUNK_KEYS = {"id", "object", "created", "model", "choices"}
 CHOICE_KEYS = {"index", "delta", "logprobs", "finish_reason", "token_ids"}
 WITH_USAGE = {"stream_options": {"include_usage": True}}
-# Greedy SmolLM2 answers "The capital of France is Paris." and stops; the emulator
-# stops after at most 12 tokens: both end with EOS well under 64 tokens.
-SHORT_ANSWER = "What is the capital of France?"
 
 
 def stream(
@@ -56,7 +60,7 @@ def check_usage_chunk(chunk: dict[str, Any], completion_tokens: int) -> None:
 
 
 def test_length_finish_rides_on_the_last_token(http: httpx.Client, upstream: Upstream) -> None:
-    chunks = stream(http, upstream, max_tokens=3, **WITH_USAGE)
+    chunks = stream(http, upstream, **forced_answer(3, ending="length"), **WITH_USAGE)
     check_opening(chunks, upstream)
     *body, last, usage = chunks[1:]
     for chunk in body:
@@ -73,10 +77,17 @@ def test_length_finish_rides_on_the_last_token(http: httpx.Client, upstream: Ups
 
 
 def test_stop_finish_comes_alone_and_eos_is_counted(http: httpx.Client, upstream: Upstream) -> None:
-    chunks = stream(http, upstream, SHORT_ANSWER, max_tokens=64, temperature=0, **WITH_USAGE)
+    # vLLM: three tokens of text, then EOS. The emulator: its own 4 to 12, then EOS
+    # (it ignores min_tokens and logit_bias), under the limit of 16.
+    ending = forced_answer(3, ending="stop", max_tokens=16)
+    chunks = stream(http, upstream, **ending, **WITH_USAGE)
     check_opening(chunks, upstream)
     *body, last, usage = chunks[1:]
-    assert all(chunk["choices"][0]["delta"]["content"] for chunk in body)
+    assert body, "no text before the EOS: nothing shows that the finish comes alone"
+    for chunk in body:
+        [choice] = chunk["choices"]
+        assert choice["finish_reason"] is None
+        assert choice["delta"]["content"]
     [choice] = last["choices"]
     assert choice["delta"] == {"content": ""}
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", None)
@@ -86,7 +97,7 @@ def test_stop_finish_comes_alone_and_eos_is_counted(http: httpx.Client, upstream
 def test_without_include_usage_the_fingerprint_rides_on_the_finish(
     http: httpx.Client, upstream: Upstream
 ) -> None:
-    chunks = stream(http, upstream, max_tokens=2)
+    chunks = stream(http, upstream, **forced_answer(2, ending="length"))
     check_opening(chunks, upstream)
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] == "length"

@@ -106,3 +106,30 @@ def test_fixtures_find_a_prepared_cache_from_its_status(
     assert vllm_pytest._find_home(tmp_path) == home
     vllm.write_status(root, None, "no torch wheel")
     assert vllm_pytest._find_home(tmp_path) is None
+
+
+def test_forced_answer_fields_decide_the_ending() -> None:
+    x, eos = str(vllm.FORCED_TOKEN_ID), str(vllm.EOS_TOKEN_ID)
+    assert vllm.forced_answer(5, ending="length") == {
+        "max_tokens": 5, "ignore_eos": True, "logit_bias": {x: 100}
+    }  # fmt: skip
+    # min_tokens holds EOS back; then its bias beats the forced token's.
+    assert vllm.forced_answer(3, ending="stop") == {
+        "max_tokens": 4, "min_tokens": 3, "logit_bias": {x: 50, eos: 100}
+    }  # fmt: skip
+    assert vllm.forced_answer(3, ending="stop", max_tokens=16)["max_tokens"] == 16
+
+
+@pytest.mark.parametrize(
+    ("tokens", "ending", "max_tokens", "message"),
+    [
+        (0, "length", None, "tokens must be at least 1, not 0"),
+        (3, "length", 4, "needs max_tokens=3"),
+        (3, "stop", 3, "needs max_tokens > 3"),
+    ],
+)
+def test_forced_answer_refuses_what_cannot_hold_the_answer(
+    tokens: int, ending: str, max_tokens: int | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        vllm.forced_answer(tokens, ending=ending, max_tokens=max_tokens)  # type: ignore[arg-type]

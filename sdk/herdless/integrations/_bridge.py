@@ -77,11 +77,24 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """No HTTP answer: the transport raises the library's ``ConnectError`` or
-    ``ReadTimeout`` with ``message``, which the library maps to its own errors."""
+    """No HTTP answer: every backend failed to connect, or timed out.
+
+    The transport raises it as the library's own ``APIConnectionError`` /
+    ``APITimeoutError`` when the request came from an openai client that passes such
+    errors through without retrying (openai 2.31 and later); as ``httpx``'s
+    ``ConnectError`` / ``ReadTimeout`` for any other caller; and, for an older openai,
+    which retries whatever its transport raises, answers :meth:`as_reply` instead.
+    """
 
     timeout: bool
     message: str
+
+    def as_reply(self) -> Reply:
+        """The failure as an HTTP answer that no openai version retries: ``504`` for a
+        timeout, ``502`` for a connection failure, with ``x-should-retry: false``."""
+        status, code = (504, "timeout") if self.timeout else (502, "connection_error")
+        body = {"error": {"message": self.message, "type": "api_error", "code": code}}
+        return _json_reply(status, body, {})
 
 
 def _json_reply(status: int, payload: Mapping[str, Any], headers: Mapping[str, str]) -> Reply:

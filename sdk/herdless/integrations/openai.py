@@ -4,8 +4,11 @@
 itself. It turns each ``POST .../chat/completions`` into one call of a herdless client,
 which retries, waits, breaks and falls back as configured, with each backend's own URL,
 API key and model (the URL, key and model the openai client was given are not used).
-openai's own retries are switched off (``max_retries=0`` and ``x-should-retry: false``)
-so they never stack on herdless's::
+openai's own retries never stack on herdless's: answers carry ``x-should-retry:
+false``, and a call herdless gave up on without an answer raises openai's own
+``APIConnectionError`` / ``APITimeoutError``, which openai does not retry (an openai
+older than 2.31 gets a ``502``/``504`` answer instead), so even an app that keeps
+``max_retries`` above zero makes one herdless call per ``create()``::
 
     import herdless
     from herdless.integrations.openai import openai_client
@@ -33,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import re
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -74,12 +78,56 @@ __all__ = [
 Flavor = Literal["httpx", "httpx2"]
 
 
-def _answer(mod: Any, reply: Reply | Failure, request: Any) -> Any:
-    """The library's response for ``reply``, or its exception for a ``Failure``."""
-    if isinstance(reply, Failure):
-        error = mod.ReadTimeout if reply.timeout else mod.ConnectError
-        raise error(reply.message, request=request)
-    return mod.Response(reply.status, headers=reply.headers, content=reply.body)
+# openai-python stamps every request with this header (its attempt number).
+_OPENAI_ATTEMPT_HEADER = "x-stainless-retry-count"
+# The first openai release that lets an OpenAIError raised by the transport through
+# as it is; earlier ones retry anything the transport raises (max_retries times).
+_OPENAI_PASSES_ITS_ERRORS = (2, 31)
+
+
+@functools.cache
+def _openai_errors() -> tuple[type[openai.APIConnectionError], type[openai.APITimeoutError]] | None:
+    """openai's ``APIConnectionError`` and ``APITimeoutError`` when the installed
+    openai passes them through un-retried; ``None`` when it is older (or absent)."""
+    try:
+        version = importlib.metadata.version("openai")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release < _OPENAI_PASSES_ITS_ERRORS:
+        return None
+    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
+
+    return openai.APIConnectionError, openai.APITimeoutError
+
+
+def _answer(mod: Any, reply: Reply | Failure, request: Any, cause: Exception | None = None) -> Any:
+    """The library's response for ``reply``, or the exception for a ``Failure``.
+
+    herdless already retried and fell back: whoever called must not do it again. An
+    exception from the transport is something openai retries (``max_retries`` times,
+    with its own sleeps), unless it is openai's own error (2.31 and later). So a
+    request from openai gets openai's ``APIConnectionError`` / ``APITimeoutError``
+    raised here, or, from an older openai, a ``502``/``504`` answer marked
+    ``x-should-retry: false``. Anything else gets httpx's ``ConnectError`` /
+    ``ReadTimeout``. Either way the chain is ``library error <- httpx error (with
+    herdless's message) <- the herdless error``.
+    """
+    if not isinstance(reply, Failure):
+        return mod.Response(reply.status, headers=reply.headers, content=reply.body)
+    transport_error = (mod.ReadTimeout if reply.timeout else mod.ConnectError)(
+        reply.message, request=request
+    )
+    transport_error.__cause__ = cause
+    if _OPENAI_ATTEMPT_HEADER not in request.headers:
+        raise transport_error
+    errors = _openai_errors()
+    if errors is None:
+        return _answer(mod, reply.as_reply(), request)
+    connection_error, timeout_error = errors
+    if reply.timeout:
+        raise timeout_error(request=request) from transport_error
+    raise connection_error(message=reply.message, request=request) from transport_error
 
 
 @functools.cache
@@ -148,7 +196,7 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
                 result = self.client.chat(call.messages, stream=False, **call.kwargs)
                 return _answer(mod, reply_for_result(result), request)
             except HerdlessError as exc:
-                return _answer(mod, reply_for_error(exc), request)
+                return _answer(mod, reply_for_error(exc), request, exc)
 
         def close(self) -> None:
             # The library closes its http client, hence this transport: the herdless
@@ -181,7 +229,7 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
                 result = await self.client.chat(call.messages, stream=False, **call.kwargs)
                 return _answer(mod, reply_for_result(result), request)
             except HerdlessError as exc:
-                return _answer(mod, reply_for_error(exc), request)
+                return _answer(mod, reply_for_error(exc), request, exc)
 
         async def aclose(self) -> None:
             await self.client.aclose()
@@ -224,8 +272,9 @@ def http_client(client: Client, *, pass_model: bool = False, flavor: Flavor = "h
     """An ``httpx.Client`` (or ``httpx2.Client``) for ``openai.OpenAI(http_client=...)``,
     LangChain's ``ChatOpenAI(http_client=...)`` and LlamaIndex's ``OpenAI(http_client=...)``.
 
-    Set the library's ``max_retries=0`` as well: herdless retries; the library should not.
-    Closing the http client (or the openai client) closes ``client`` too.
+    openai's ``max_retries`` adds no attempt even when left above zero (see the module
+    docstring); ``max_retries=0`` says so in the app's code too. Closing the http client
+    (or the openai client) closes ``client`` too.
     """
     mod = _module(flavor)
     return mod.Client(transport=transport(client, pass_model=pass_model, flavor=flavor))

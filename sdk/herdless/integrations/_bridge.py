@@ -40,6 +40,7 @@ __all__ = [
     "reply_for_result",
     "reply_for_stream",
     "sse",
+    "unserved",
 ]
 
 ALLOW_FALLBACK_HEADER = "x-herdless-allow-fallback"
@@ -165,6 +166,14 @@ def _herdless_headers(
     if fallback_reason:
         headers["x-herdless-fallback-reason"] = fallback_reason
     return headers
+
+
+def unserved(message: str) -> Reply:
+    """The answer for a path that no herdless client serves (LangChain's async methods
+    when ``chat_openai`` got only a sync client, and the other way round): ``501``,
+    code ``herdless_client_missing``, never retried, nothing sent anywhere."""
+    error = {"message": message, "type": "invalid_request_error", "code": "herdless_client_missing"}
+    return _json_reply(501, {"error": error}, {})
 
 
 def reply_for_result(result: ChatResult) -> Reply:

@@ -56,7 +56,9 @@ from herdless.integrations._bridge import (
     reply_for_result,
     reply_for_stream,
     sse,
+    unserved,
 )
+from herdless.integrations._extras import import_extra
 
 if TYPE_CHECKING:
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -73,6 +75,7 @@ __all__ = [
     "native_flavor",
     "openai_client",
     "transport",
+    "unserved_http_client",
 ]
 
 Flavor = Literal["httpx", "httpx2"]
@@ -240,7 +243,11 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
 def _module(flavor: Flavor) -> ModuleType:
     if flavor not in ("httpx", "httpx2"):
         raise ValueError(f"flavor must be 'httpx' or 'httpx2', got {flavor!r}")
-    return httpx if flavor == "httpx" else importlib.import_module("httpx2")
+    if flavor == "httpx":
+        return httpx
+    return import_extra(
+        "httpx2", package="httpx2 (openai 3 brings it)", extra="openai", needed_by="flavor='httpx2'"
+    )
 
 
 def transport(client: Client, *, pass_model: bool = False, flavor: Flavor = "httpx") -> Any:
@@ -296,8 +303,32 @@ def async_http_client(
     return mod.AsyncClient(transport=async_transport(client, pass_model=pass_model, flavor=flavor))
 
 
+@overload
+def unserved_http_client(message: str, *, asynchronous: Literal[False]) -> httpx.Client: ...
+@overload
+def unserved_http_client(message: str, *, asynchronous: Literal[True]) -> httpx.AsyncClient: ...
+def unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client | httpx.AsyncClient:
+    """An http client that sends nothing and answers every request ``501`` with
+    ``message``: for the path a framework wrapper was given no herdless client for, so
+    a call there fails at once, saying why, instead of trying the placeholder URL."""
+    reply = unserved(message)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
+
+    transport = httpx.MockTransport(answer)  # httpx's "answer with a function" transport
+    if asynchronous:
+        return httpx.AsyncClient(transport=transport)
+    return httpx.Client(transport=transport)
+
+
 def native_flavor() -> Flavor:
-    """The HTTP library the installed openai is built on: ``httpx2`` from 3.x."""
+    """The HTTP library the installed openai is built on: ``httpx2`` from 3.x.
+
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    import_extra("openai", package="openai", extra="openai", needed_by="the openai integration")
     major = int(importlib.metadata.version("openai").split(".")[0])
     return "httpx2" if major >= 3 else "httpx"
 
@@ -310,25 +341,34 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
         pass_model: see :func:`transport`.
         **kwargs: more ``openai.OpenAI`` arguments (``organization``, ``default_headers``,
             ...). ``max_retries`` is always 0.
-    """
-    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    mod = import_extra("openai", package="openai", extra="openai", needed_by="openai_client()")
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     # Typed loosely: openai 2.x wants an httpx client, 3.x an httpx2 one.
     http: Any = http_client(client, pass_model=pass_model, flavor=native_flavor())
-    return openai.OpenAI(http_client=http, **kwargs)
+    built: openai.OpenAI = mod.OpenAI(http_client=http, **kwargs)
+    return built
 
 
 def async_openai_client(
     client: AsyncClient, *, pass_model: bool = False, **kwargs: Any
 ) -> openai.AsyncOpenAI:
-    """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``."""
-    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
+    """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``.
 
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    mod = import_extra(
+        "openai", package="openai", extra="openai", needed_by="async_openai_client()"
+    )
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     http: Any = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
-    return openai.AsyncOpenAI(http_client=http, **kwargs)
+    built: openai.AsyncOpenAI = mod.AsyncOpenAI(http_client=http, **kwargs)
+    return built

@@ -63,10 +63,11 @@ def _tests_impl(session: nox.Session, *, extras: str, marker: str, paths: list[s
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and format check."""
+    """ruff: lint and format check; hadolint: the gateway's Dockerfile."""
     session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("hadolint", "deploy/Dockerfile")
 
 
 @nox.session

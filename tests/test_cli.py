@@ -27,7 +27,10 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out == f"herdless {importlib.metadata.version('herdless')}\n"
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["serve", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--version"], pytest.param(["serve", "--help"], marks=pytest.mark.server)],
+)
 def test_a_reader_that_stops_early_ends_the_command_quietly(args: list[str]) -> None:
     # `python -m herdless --help | head -5` with a head that is already gone: the
     # pipe's read end is closed before the command writes (it is still importing).

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import async_http_client, http_client, unserved_http_client
+from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -63,12 +63,12 @@ def chat_openai(
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
     else:
         missing = "chat_openai() was given no herdless Client: invoke/stream/batch need one"
-        kwargs.setdefault("http_client", unserved_http_client(missing, asynchronous=False))
+        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
     if async_client is not None:
         kwargs["http_async_client"] = async_http_client(async_client, pass_model=pass_model)
     else:
         missing = "chat_openai() was given no herdless AsyncClient: ainvoke/astream/abatch need one"
-        kwargs.setdefault("http_async_client", unserved_http_client(missing, asynchronous=True))
+        kwargs.setdefault("http_async_client", _unserved_http_client(missing, asynchronous=True))
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs.setdefault("model", "herdless")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import async_http_client, http_client, unserved_http_client
+from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
 
 if TYPE_CHECKING:
     from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -60,14 +60,14 @@ def openai_llm(
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
     else:
         missing = "openai_llm() was given no herdless Client: complete/chat/stream_* need one"
-        kwargs.setdefault("http_client", unserved_http_client(missing, asynchronous=False))
+        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
     if async_client is not None:
         kwargs["async_http_client"] = async_http_client(async_client, pass_model=pass_model)
     else:
         missing = (
             "openai_llm() was given no herdless AsyncClient: acomplete/achat/astream_* need one"
         )
-        kwargs.setdefault("async_http_client", unserved_http_client(missing, asynchronous=True))
+        kwargs.setdefault("async_http_client", _unserved_http_client(missing, asynchronous=True))
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("api_base", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0

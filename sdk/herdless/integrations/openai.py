@@ -75,7 +75,6 @@ __all__ = [
     "native_flavor",
     "openai_client",
     "transport",
-    "unserved_http_client",
 ]
 
 Flavor = Literal["httpx", "httpx2"]
@@ -304,10 +303,10 @@ def async_http_client(
 
 
 @overload
-def unserved_http_client(message: str, *, asynchronous: Literal[False]) -> httpx.Client: ...
+def _unserved_http_client(message: str, *, asynchronous: Literal[False]) -> httpx.Client: ...
 @overload
-def unserved_http_client(message: str, *, asynchronous: Literal[True]) -> httpx.AsyncClient: ...
-def unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client | httpx.AsyncClient:
+def _unserved_http_client(message: str, *, asynchronous: Literal[True]) -> httpx.AsyncClient: ...
+def _unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client | httpx.AsyncClient:
     """An http client that sends nothing and answers every request ``501`` with
     ``message``: for the path a framework wrapper was given no herdless client for, so
     a call there fails at once, saying why, instead of trying the placeholder URL."""

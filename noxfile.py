@@ -63,10 +63,11 @@ def _tests_impl(session: nox.Session, *, extras: str, marker: str, paths: list[s
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and format check."""
+    """ruff: lint and format check; hadolint: the gateway's Dockerfile."""
     session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("hadolint", "deploy/Dockerfile")
 
 
 @nox.session
@@ -125,16 +126,14 @@ def tests_openai2(session: nox.Session) -> None:
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Each example's own test."""
+    """Each example's own test, and each README's commands run as written
+    (``examples/test_readme_commands.py``: real emulator, gateway, servers, worker)."""
     _install_project(session, "all")
-    session.install(*_group("test"))
-    tests = sorted(str(p) for p in (ROOT / "examples").glob("*/test_*.py"))
-    if not tests:
-        session.skip("no examples yet")
-    for extra in sorted({p.parent / "requirements.txt" for p in map(Path, tests)}):
-        if extra.exists():
-            session.install("-r", str(extra))
-    session.run("pytest", "-p", "no:cacheprovider", *tests)
+    session.install(*_group("test"), *_group("examples"))
+    # Every example's requirements in one resolve, as one environment runs them all.
+    requirements = sorted((ROOT / "examples").glob("*/requirements.txt"))
+    session.install(*(arg for path in requirements for arg in ("-r", str(path))))
+    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or ["examples"]))
 
 
 @nox.session
@@ -143,6 +142,8 @@ def docs(session: nox.Session) -> None:
     _install_project(session, "all")
     session.install(*_group("docs"))
     session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
+    # What strict mode does not check: private bases, >>> examples, an entry per name.
+    session.run("python", "docs/scripts/check_site.py", str(ROOT / "site"))
 
 
 @nox.session

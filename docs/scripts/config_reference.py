@@ -145,7 +145,15 @@ def settings_classes(package: str = "herdless") -> list[type[BaseSettings]]:
                 and not value.__name__.startswith("_")  # a private base of a public class
             ):
                 found[f"{value.__module__}.{value.__qualname__}"] = value
-    return sorted(found.values(), key=lambda cls: (_prefix(cls), cls.__qualname__))
+    return sorted(found.values(), key=_order)
+
+
+def _order(cls: type[BaseSettings]) -> tuple[int, str, str]:
+    """The SDK first, then the commands in the order of ``_TITLES``, then the rest."""
+    titles = list(_TITLES)
+    prefix = _prefix(cls)
+    rank = titles.index(prefix) if prefix in titles else len(titles)
+    return rank, prefix, cls.__qualname__
 
 
 def _prefix(cls: type[BaseSettings]) -> str:
@@ -217,20 +225,88 @@ def _one_line(text: str | None) -> str:
     return " ".join((text or "").split()).replace("|", "\\|")
 
 
+# Each section's title: what reads these variables, by its public name (never the
+# module that happens to define the settings class).
+_TITLES = {
+    "HERDLESS_": "The SDK: `herdless.Client` and `herdless.AsyncClient`",
+    "HERDLESS_GATEWAY_": "The gateway: `herdless serve`",
+    "HERDLESS_EMULATOR_": "The emulator: `herdless emulate`",
+    "HERDLESS_DEMO_": "The demo: `herdless demo`",
+    "HERDLESS_BENCH_": "The benchmarks: `herdless bench`",
+}
+_LEADS = {
+    "HERDLESS_": "Read by `Client()` / `AsyncClient()` when no `primary` is given, and by "
+    "`Client.from_env()`.",
+}
+# Variables that are a policy's fields under a prefix: their own table, with the field.
+_POLICY_GROUPS = {
+    "HERDLESS_": (
+        ("HERDLESS_RETRY_", "Retries", "RetryPolicy"),
+        ("HERDLESS_BREAKER_", "Circuit breaker", "BreakerPolicy"),
+    ),
+}
+
+
+def env_code(env: str) -> str:
+    """A variable name as inline code that wraps only after an underscore, never inside
+    a word (``<wbr>`` marks where; the page's CSS forbids other breaks)."""
+    return '<code class="herdless-env">' + env.replace("_", "_<wbr>") + "</code>"
+
+
+def _title(cls: type[BaseSettings]) -> str:
+    prefix = _prefix(cls)
+    return _TITLES.get(prefix, cls.__name__) + f" (`{prefix}*`)"
+
+
+def _table(rows_: Iterable[Row], field_prefix: str | None = None) -> list[str]:
+    if field_prefix is None:
+        lines = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
+        lines += [
+            f"| {env_code(r.env)} | `{r.type}` | `{r.default}` | {r.description} |" for r in rows_
+        ]
+        return lines
+    lines = ["| Variable | Field | Type | Default | Meaning |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {env_code(r.env)} | `{r.env.removeprefix(field_prefix).lower()}` | `{r.type}` "
+        f"| `{r.default}` | {r.description} |"
+        for r in rows_
+    ]
+    return lines
+
+
 def render(classes: Iterable[type[BaseSettings]]) -> str:
-    """Markdown: one section and one table per settings class."""
+    """Markdown: one section per settings class, headed by what reads it; a policy's
+    fields in a table of their own, with the field each variable sets."""
     parts: list[str] = []
     for cls in classes:
-        doc = _one_line((cls.__doc__ or "").strip().split("\n\n")[0])
-        parts.append(f"## `{_prefix(cls)}*`: `{cls.__module__}.{cls.__qualname__}`\n")
+        prefix = _prefix(cls)
+        doc = _LEADS.get(prefix) or _one_line((cls.__doc__ or "").strip().split("\n\n")[0])
+        parts.append(f"## {_title(cls)}\n")
         if doc:
             parts.append(f"{doc}\n")
-        parts.append("| Variable | Type | Default | Meaning |\n|---|---|---|---|")
-        parts.extend(
-            f"| `{row.env}` | `{row.type}` | `{row.default}` | {row.description} |"
-            for row in rows(cls)
-        )
-        parts.append("")
+        all_rows = list(rows(cls))
+        groups = _POLICY_GROUPS.get(prefix, ())
+        plain = [r for r in all_rows if not any(r.env.startswith(g[0]) for g in groups)]
+        parts += [*_table(plain), ""]
+        for group_prefix, name, policy in groups:
+            grouped = [r for r in all_rows if r.env.startswith(group_prefix)]
+            if not grouped:
+                continue
+            parts.append(f"### {name}: `{group_prefix}*`\n")
+            # The example shows the rule where it reads oddly: a field whose name
+            # starts like the prefix's last word (RETRY_ + retry_after_jitter).
+            word = group_prefix.removeprefix("HERDLESS_")
+            example = next(
+                (r.env for r in grouped if r.env.removeprefix(group_prefix).startswith(word)),
+                grouped[0].env,
+            )
+            field = example.removeprefix(group_prefix).lower()
+            parts.append(
+                f"Each variable is `{group_prefix}` followed by a field of "
+                f"[`herdless.{policy}`](api.md#herdless.{policy}), in capitals: "
+                f"`{field}` is `{example}`. Unset, the field keeps the default shown.\n"
+            )
+            parts += [*_table(grouped, group_prefix), ""]
     if not parts:
         return "*No settings classes found.*\n"
     return "\n".join(parts)

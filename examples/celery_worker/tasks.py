@@ -1,6 +1,6 @@
 """A Celery worker with one herdless.Client per worker process.
 
-    celery -A tasks worker --concurrency 4 --workdir examples/celery_worker
+    celery --workdir examples/celery_worker -A tasks worker --concurrency 4
 
 Celery forks its worker processes from a parent. A client created in the parent
 (at import time) would be copied into every child with its connection pool: the

@@ -1,6 +1,7 @@
 """See every decision the client takes: logs, OpenTelemetry traces, Prometheus metrics.
 
-    python examples/observability/observed.py      # then: curl localhost:9464/metrics
+    python examples/observability/observed.py --metrics-port 9464
+    curl localhost:9464/metrics     # in another terminal
 
 - **Logs**: herdless logs every event on the ``herdless`` logger (no handler by default:
   the app decides). Breaker changes, failed calls and ``PrimaryDegraded`` are WARNING,
@@ -15,8 +16,11 @@ A client takes one ``on_event`` hook; :func:`fan_out` gives it several.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -69,17 +73,28 @@ def build_client(
     return herdless.Client(on_event=hook, **options)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """One call through an observed client, then its metrics page until Ctrl-C."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
     from prometheus_client import start_http_server
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--metrics-port", type=int, default=9464, help="default: 9464")
+    port = parser.parse_args(argv).metrics_port
     setup_logging()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
-    start_http_server(9464, addr="127.0.0.1")
     with build_client() as client:
-        print(client.chat([{"role": "user", "content": "Hello"}]).content)
-        input("metrics on http://127.0.0.1:9464/metrics; press Enter to quit ")
+        print(client.chat([{"role": "user", "content": "Hello"}]).content, flush=True)
+        # Opened after the call, so the first scrape already shows it.
+        start_http_server(port, addr="127.0.0.1")
+        print(f"metrics on http://127.0.0.1:{port}/metrics; Ctrl-C to quit", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

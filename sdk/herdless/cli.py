@@ -9,6 +9,7 @@ missing extra gives a clear message instead of a traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -28,9 +29,34 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+# What a shell reports for a command killed by SIGPIPE (128 + 13): `herdless ... | head`
+# ends as `yes | head` does, without a traceback.
+_BROKEN_PIPE_STATUS = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``herdless`` command line and return its exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Run the ``herdless`` command line and return its exit status.
+
+    A reader that stops early (``herdless --help | head -5``) closes the pipe under
+    stdout; that ends the command quietly with status 141, as SIGPIPE ends other
+    tools, instead of a ``BrokenPipeError`` traceback.
+    """
+    try:
+        status = _run(sys.argv[1:] if argv is None else argv)
+        # Flush here: a closed pipe found by the interpreter's exit flush could no
+        # longer be caught, and would print "Exception ignored ... BrokenPipeError".
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The recipe of Python's signal docs ("Note on SIGPIPE"): point stdout at
+        # /dev/null so the exit flush of what is still buffered succeeds.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _BROKEN_PIPE_STATUS
+    return status
+
+
+def _run(argv: Sequence[str]) -> int:
+    args = list(argv)
     if not args or args[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0

@@ -104,3 +104,11 @@ def test_the_data_guard_is_a_503_naming_it():
 def test_a_misconfigured_client_is_not_hidden():
     with pytest.raises(ConfigurationError):
         reply_for_error(ConfigurationError("HERDLESS_MODEL is malformed"))
+
+
+@pytest.mark.parametrize(("timeout", "status"), [(True, 504), (False, 502)])
+def test_a_failure_as_an_answer_says_do_not_retry(timeout, status):
+    reply = Failure(timeout, "primary gave no answer").as_reply()
+    assert reply.status == status
+    assert reply.headers["x-should-retry"] == "false"
+    assert json.loads(reply.body)["error"]["message"] == "primary gave no answer"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -36,10 +37,55 @@ def test_every_settings_field_has_a_row(reference, page):
     for cls in classes:
         prefix = cls.model_config["env_prefix"]
         for name in cls.model_fields:
-            assert f"`{prefix}{name}`".upper() in page.upper(), name
+            env = f"{prefix}{name}".upper()
+            assert f"| {reference.env_code(env)} |" in page, name
 
 
-def test_the_contract_variables_are_listed(page):
+def test_headings_name_what_reads_the_variables_not_private_modules(page):
+    headings = [line for line in page.splitlines() if line.startswith("#")]
+    assert headings
+    for heading in headings:
+        assert "herdless._" not in heading, heading
+        assert ".settings." not in heading, heading
+        assert "Settings`" not in heading, heading  # no class names either
+    assert headings[0].startswith("## The SDK: `herdless.Client`")
+
+
+def test_variable_names_break_only_after_an_underscore(reference, page):
+    code = reference.env_code("HERDLESS_GATEWAY_MAX_INFLIGHT_TOKENS")
+    assert code == (
+        '<code class="herdless-env">HERDLESS_<wbr>GATEWAY_<wbr>MAX_<wbr>INFLIGHT_<wbr>TOKENS</code>'
+    )
+    # Every table row's variable is written that way...
+    rows = [line for line in page.splitlines() if line.startswith("| <code")]
+    assert rows
+    for row in rows:
+        env = re.match(r'\| <code class="herdless-env">([^<]+(?:<wbr>[^<]+)*)</code>', row)
+        assert env, row
+        assert "_" not in env.group(1).replace("_<wbr>", "")  # a <wbr> after every "_"
+    # ... and the site's stylesheet forbids any other break inside it.
+    css = (SCRIPTS.parent / "stylesheets" / "herdless.css").read_text()
+    assert "code.herdless-env" in css
+    assert "word-break: keep-all" in css
+    assert "stylesheets/herdless.css" in (SCRIPTS.parents[1] / "mkdocs.yml").read_text()
+
+
+def test_policy_variables_show_the_field_they_set(reference, page):
+    # HERDLESS_RETRY_RETRY_AFTER_JITTER is the variable's real name (prefix + field);
+    # the table shows the field beside it, and the section says the rule.
+    rows = [line for line in page.splitlines() if "RETRY_<wbr>RETRY_<wbr>AFTER" in line]
+    (row,) = rows
+    assert "| `retry_after_jitter` |" in row
+    assert "`retry_after_jitter` is `HERDLESS_RETRY_RETRY_AFTER_JITTER`" in page
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 5 and cells[0].startswith("<code"):
+            env = re.sub(r"<[^>]+>", "", cells[0])
+            field = cells[1].strip("`")
+            assert env.endswith("_" + field.upper()), line
+
+
+def test_the_contract_variables_are_listed(reference, page):
     for name in (
         "HERDLESS_PRIMARY_URL",
         "HERDLESS_PRIMARY_API_KEY",
@@ -48,7 +94,7 @@ def test_the_contract_variables_are_listed(page):
         "HERDLESS_FALLBACK_API_KEY",
         "HERDLESS_FALLBACK_MODEL",
     ):
-        assert f"| `{name}` |" in page
+        assert f"| {reference.env_code(name)} |" in page
 
 
 def test_policy_knobs_show_the_policy_defaults(reference, page):
@@ -84,4 +130,75 @@ def test_the_hook_replaces_the_marker_and_unlinks_missing_pages(tmp_path):
     markdown = "See [the gateway](gateway.md#http).\n<!-- herdless:settings -->"
     out = hooks.on_page_markdown(markdown, None, config, None)
     assert "See the gateway." in out
-    assert "HERDLESS_PRIMARY_URL" in out
+    assert "HERDLESS_<wbr>PRIMARY_<wbr>URL" in out
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_exported_name_has_an_entry_in_the_api_reference():
+    import herdless
+
+    api = (SCRIPTS.parent / "reference" / "api.md").read_text()
+    directives = set(re.findall(r"^::: ([\w.]+)$", api, re.MULTILINE))
+    for name in herdless.__all__:
+        if name.startswith("__"):
+            continue
+        module = importlib.import_module(getattr(herdless, name).__module__)
+        whole = module.__name__ in directives and name in getattr(module, "__all__", ())
+        assert f"herdless.{name}" in directives or whole, f"herdless.{name} has no entry"
+
+
+def test_doctest_sessions_become_console_blocks():
+    fence = _load("griffe_doctests").fence_sessions
+    text = (
+        "Summary.\n\n"
+        ">>> with Client() as client:  # doctest: +SKIP\n"
+        "...     client.chat(messages)\n"
+        "(0.5, 4.0)\n"
+        "\n"
+        "Raises:\n"
+        "    ValueError: never."
+    )
+    assert fence(text) == (
+        "Summary.\n\n"
+        "```pycon\n"
+        ">>> with Client() as client:\n"
+        "...     client.chat(messages)\n"
+        "(0.5, 4.0)\n"
+        "```\n"
+        "\n"
+        "Raises:\n"
+        "    ValueError: never."
+    )
+    already = "```python\n>>> x = 1\n```"
+    assert fence(already) == already  # a session already in a code block stays
+    assert fence("no examples here") == "no examples here"
+
+
+def test_the_site_check_finds_private_bases_quotes_and_directives(tmp_path):
+    check = _load("check_site")
+    api = tmp_path / "reference" / "api"
+    api.mkdir(parents=True)
+    import herdless
+
+    entries = "".join(f'<h2 id="herdless.{n}"></h2>' for n in herdless.__all__)
+    good = entries + '<p class="doc doc-class-bases">Bases: <code><span>Exception</span></code></p>'
+    (api / "index.html").write_text(good)
+    assert check.problems(tmp_path) == []
+    bad = (
+        '<p class="doc doc-class-bases">Bases: <code><span title="x">_BaseClient</span></code></p>'
+        "<blockquote>\n<blockquote><p>policy = 1  # doctest: +SKIP</p></blockquote></blockquote>"
+    )
+    (api / "index.html").write_text(bad)
+    found = check.problems(tmp_path)
+    assert "a private base is shown: _BaseClient" in found
+    assert "a '# doctest:' directive is shown" in found
+    assert "a >>> example rendered as a nested quote" in found
+    assert "no entry for herdless.PacingPolicy" in found

@@ -63,3 +63,30 @@ async def test_llama_index_complete_and_acomplete(herdless_backends, herdless_cl
             hosted.script(ok("hosted says hi"))
             assert (await llm.acomplete("Hello")).text == "hosted says hi"
     assert gpu.bodies[0]["model"] == "gemma-4"
+
+
+async def test_langchain_with_one_client_refuses_the_other_path_clearly(
+    herdless_backends, herdless_clock
+):
+    # The sync and async paths are two herdless clients; the path given none must not
+    # fall through to LangChain's own client (and its placeholder URL).
+    pytest.importorskip("langchain_openai")
+    import openai
+
+    from herdless.integrations.langchain import chat_openai
+
+    gpu = herdless_backends(GPU).script(ok("GPU says hi"))
+    sync, aio = _clients(herdless_clock)
+    with sync:
+        llm = chat_openai(sync, model="gpt-4o-mini")
+        assert llm.invoke("Hello").content == "GPU says hi"
+        with pytest.raises(openai.InternalServerError, match="no herdless AsyncClient") as caught:
+            await llm.ainvoke("Hello")
+    assert caught.value.status_code == 501
+    assert len(gpu.requests) == 1  # the refused call sent nothing
+    async with aio:
+        only_async = chat_openai(async_client=aio, model="gpt-4o-mini")
+        assert (await only_async.ainvoke("Hello")).content == "GPU says hi"
+        with pytest.raises(openai.InternalServerError, match="no herdless Client"):
+            only_async.invoke("Hello")
+    assert len(gpu.requests) == 2

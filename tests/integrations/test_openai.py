@@ -15,14 +15,26 @@ import pytest
 
 import herdless
 from herdless._client import AsyncClient, Client
+from herdless.events import CallFailed, Event
+from herdless.integrations import openai as hl_openai
 from herdless.integrations.openai import (
     async_http_client,
     async_openai_client,
     http_client,
     native_flavor,
     openai_client,
+    transport,
 )
-from herdless.testing import connect_error, draining, ok, rate_limited, server_error, stream
+from herdless.testing import (
+    FakeClock,
+    connect_error,
+    draining,
+    hang,
+    ok,
+    rate_limited,
+    server_error,
+    stream,
+)
 
 pytest_plugins = ["herdless.testing.pytest_plugin"]
 
@@ -254,3 +266,119 @@ async def test_async_errors_cuts_and_close(backends, herdless_clock):
             await read_all()
         assert "broke after" in f"{caught.value} {caught.value.__cause__}"
         await client.close()  # closes the herdless client under it (idempotent)
+
+
+# --- openai's retries never stack on herdless's, even when herdless got no answer ------
+#
+# The repro: the app builds openai itself, leaves max_retries=2, and nothing
+# listens on the primary. openai retries whatever its transport raises, so a give-up
+# raised as an httpx error made openai run the whole herdless call 3 times.
+
+NOTHING_LISTENS = "http://127.0.0.1:1/v1"  # port 1: refused at once, no server needed
+
+
+def _failed_calls(events: list[Event]) -> int:
+    return sum(isinstance(event, CallFailed) for event in events)
+
+
+@pytest.fixture
+def repro_env(monkeypatch):
+    monkeypatch.setenv("HERDLESS_PRIMARY_URL", NOTHING_LISTENS)
+    monkeypatch.setenv("HERDLESS_MODEL", "m")
+    monkeypatch.setenv("HERDLESS_DEADLINE", "5")
+
+
+@pytest.mark.usefixtures("repro_env")
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("max_retries", [0, 2])
+def test_a_connection_give_up_is_one_call_whatever_openais_max_retries(flavor, max_retries):
+    events: list[Event] = []
+    clock = FakeClock()
+    hl = herdless.Client(on_event=events.append, clock=clock, sleep=clock.sleep, env_file=None)
+    client = openai.OpenAI(
+        api_key="unused",
+        base_url="http://herdless/v1",
+        max_retries=max_retries,
+        http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+    )
+    with client, pytest.raises(openai.APIConnectionError) as caught:
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    assert _failed_calls(events) == 1  # was 3 with max_retries=2
+    assert type(caught.value) is openai.APIConnectionError  # not a timeout, not a status
+    # herdless's account of the attempts is the message, and the chain ends at its error.
+    assert "Connection refused" in str(caught.value)
+    assert isinstance(caught.value.__cause__.__cause__, herdless.APIConnectionError)
+
+
+@pytest.mark.usefixtures("repro_env")
+@pytest.mark.parametrize("flavor", FLAVORS)
+async def test_async_connection_give_up_is_one_call(flavor):
+    events: list[Event] = []
+    clock = FakeClock()
+    async with herdless.AsyncClient(
+        on_event=events.append, clock=clock, sleep=clock.asleep, env_file=None
+    ) as hl:
+        client = openai.AsyncOpenAI(
+            api_key="unused",
+            base_url="http://herdless/v1",
+            max_retries=2,
+            http_client=async_http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+        )
+        with pytest.raises(openai.APIConnectionError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert _failed_calls(events) == 1
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_timeout_give_up_is_one_call_and_an_openai_timeout(herdless_backends, flavor):
+    gpu = herdless_backends(GPU).script(hang())
+    events: list[Event] = []
+    clock = FakeClock()
+    with Client(
+        primary=GPU, model="m", on_event=events.append, clock=clock, sleep=clock.sleep
+    ) as hl:
+        client = openai.OpenAI(
+            api_key="unused",
+            base_url="http://herdless/v1",
+            max_retries=2,
+            http_client=http_client(hl, flavor=flavor),  # type: ignore[call-overload]
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert _failed_calls(events) == 1
+    sent_by_one_herdless_call = len(gpu.requests)
+    assert sent_by_one_herdless_call > 1  # herdless retried the hang itself
+    assert "no answer" in str(caught.value.__cause__)  # herdless's message, one link down
+
+
+@pytest.mark.usefixtures("repro_env")
+def test_an_openai_that_retries_whatever_its_transport_raises_gets_a_502(monkeypatch):
+    # openai before 2.31 retried any exception from its transport, its own included:
+    # for it the give-up is an answer it does not retry.
+    monkeypatch.setattr(hl_openai, "_openai_errors", lambda: None)
+    events: list[Event] = []
+    clock = FakeClock()
+    hl = herdless.Client(on_event=events.append, clock=clock, sleep=clock.sleep, env_file=None)
+    client = openai.OpenAI(
+        api_key="unused",
+        base_url="http://herdless/v1",
+        max_retries=2,
+        http_client=http_client(hl, flavor=native_flavor()),  # type: ignore[call-overload]
+    )
+    with client, pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    assert _failed_calls(events) == 1
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "Connection refused" in caught.value.message
+
+
+@pytest.mark.usefixtures("repro_env")
+def test_a_caller_other_than_openai_gets_httpxs_own_error():
+    clock = FakeClock()
+    hl = herdless.Client(clock=clock, sleep=clock.sleep, env_file=None)
+    plain = httpx.Client(transport=transport(hl))
+    with plain, pytest.raises(httpx.ConnectError) as caught:
+        plain.post("http://herdless/v1/chat/completions", json={"messages": MESSAGES})
+    assert "Connection refused" in str(caught.value)
+    assert isinstance(caught.value.__cause__, herdless.APIConnectionError)

@@ -1,7 +1,7 @@
 """vLLM's wire format (pure): request schema, response JSON, SSE chunks and error bodies.
 
 Field sets, key order and compact separators follow the capture of a real vLLM
-0.32 server in ``VLLM_WIRE.md``. The streaming encoder builds each chunk from
+0.32 server in ``docs/wire.md``. The streaming encoder builds each chunk from
 precomputed byte prefixes, because it runs once per token per stream.
 """
 

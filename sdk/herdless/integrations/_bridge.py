@@ -40,6 +40,7 @@ __all__ = [
     "reply_for_result",
     "reply_for_stream",
     "sse",
+    "unserved",
 ]
 
 ALLOW_FALLBACK_HEADER = "x-herdless-allow-fallback"
@@ -77,11 +78,24 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """No HTTP answer: the transport raises the library's ``ConnectError`` or
-    ``ReadTimeout`` with ``message``, which the library maps to its own errors."""
+    """No HTTP answer: every backend failed to connect, or timed out.
+
+    The transport raises it as the library's own ``APIConnectionError`` /
+    ``APITimeoutError`` when the request came from an openai client that passes such
+    errors through without retrying (openai 2.31 and later); as ``httpx``'s
+    ``ConnectError`` / ``ReadTimeout`` for any other caller; and, for an older openai,
+    which retries whatever its transport raises, answers :meth:`as_reply` instead.
+    """
 
     timeout: bool
     message: str
+
+    def as_reply(self) -> Reply:
+        """The failure as an HTTP answer that no openai version retries: ``504`` for a
+        timeout, ``502`` for a connection failure, with ``x-should-retry: false``."""
+        status, code = (504, "timeout") if self.timeout else (502, "connection_error")
+        body = {"error": {"message": self.message, "type": "api_error", "code": code}}
+        return _json_reply(status, body, {})
 
 
 def _json_reply(status: int, payload: Mapping[str, Any], headers: Mapping[str, str]) -> Reply:
@@ -152,6 +166,14 @@ def _herdless_headers(
     if fallback_reason:
         headers["x-herdless-fallback-reason"] = fallback_reason
     return headers
+
+
+def unserved(message: str) -> Reply:
+    """The answer for a path that no herdless client serves (LangChain's async methods
+    when ``chat_openai`` got only a sync client, and the other way round): ``501``,
+    code ``herdless_client_missing``, never retried, nothing sent anywhere."""
+    error = {"message": message, "type": "invalid_request_error", "code": "herdless_client_missing"}
+    return _json_reply(501, {"error": error}, {})
 
 
 def reply_for_result(result: ChatResult) -> Reply:

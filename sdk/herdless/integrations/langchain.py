@@ -9,6 +9,12 @@
 
 The ``model`` you give LangChain is not sent by default: each herdless backend asks
 for its own (``pass_model=True`` sends it to the primary).
+
+The two clients share nothing (each has its own breaker, backpressure window, retry
+budget and stats), so give the one your app uses: ``chat_openai(client)`` for a sync
+app, ``chat_openai(async_client=...)`` for an async one. The path given no client
+answers ``501`` (``openai.InternalServerError``, code ``herdless_client_missing``)
+without sending anything.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
-from herdless.integrations.openai import async_http_client, http_client
+from herdless.integrations._extras import import_extra
+from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -36,24 +43,35 @@ def chat_openai(
     """A ``langchain_openai.ChatOpenAI`` whose requests go through herdless.
 
     Args:
-        client: serves ``invoke``/``stream``/``batch``; ``None`` leaves them to LangChain.
-        async_client: serves ``ainvoke``/``astream``/``abatch``.
+        client: serves ``invoke``/``stream``/``batch``; with ``None`` they fail at once
+            (``501``, nothing sent), unless ``http_client`` is in ``kwargs``.
+        async_client: serves ``ainvoke``/``astream``/``abatch``; a separate client with
+            its own breaker, window, budget and stats. ``None``: as for ``client``.
         pass_model: send LangChain's ``model`` to the primary.
         **kwargs: more ``ChatOpenAI`` arguments; ``max_retries`` is always 0.
 
     Raises:
         ValueError: neither client was given.
+        ImportError: langchain-openai is missing (``pip install 'herdless[langchain]'``).
     """
-    from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
-
+    langchain_openai = import_extra(
+        "langchain_openai", package="langchain-openai", extra="langchain", needed_by="chat_openai()"
+    )
     if client is None and async_client is None:
         raise ValueError("chat_openai() needs a herdless Client, an AsyncClient, or both")
     if client is not None:
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
+    else:
+        missing = "chat_openai() was given no herdless Client: invoke/stream/batch need one"
+        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
     if async_client is not None:
         kwargs["http_async_client"] = async_http_client(async_client, pass_model=pass_model)
+    else:
+        missing = "chat_openai() was given no herdless AsyncClient: ainvoke/astream/abatch need one"
+        kwargs.setdefault("http_async_client", _unserved_http_client(missing, asynchronous=True))
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs.setdefault("model", "herdless")
     kwargs["max_retries"] = 0
-    return ChatOpenAI(**kwargs)
+    chat: ChatOpenAI = langchain_openai.ChatOpenAI(**kwargs)
+    return chat

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
-from herdless.integrations.openai import async_http_client, http_client
+from herdless.integrations._extras import import_extra
+from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
 
 if TYPE_CHECKING:
     from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -35,23 +36,40 @@ def openai_llm(
     """A ``llama_index.llms.openai.OpenAI`` whose requests go through herdless.
 
     Args:
-        client: serves ``complete``/``chat``/``stream_*``.
-        async_client: serves ``acomplete``/``achat``/``astream_*``.
+        client: serves ``complete``/``chat``/``stream_*``; with ``None`` they fail at
+            once (``501``, nothing sent), unless ``http_client`` is in ``kwargs``.
+        async_client: serves ``acomplete``/``achat``/``astream_*``; a separate client
+            with its own breaker, window, budget and stats. ``None``: as for ``client``.
         pass_model: send LlamaIndex's ``model`` to the primary.
         **kwargs: more ``OpenAI`` arguments; ``max_retries`` is always 0.
 
     Raises:
         ValueError: neither client was given.
+        ImportError: llama-index-llms-openai is missing
+            (``pip install 'herdless[llamaindex]'``).
     """
-    from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
-
+    llms_openai = import_extra(
+        "llama_index.llms.openai",
+        package="llama-index-llms-openai",
+        extra="llamaindex",
+        needed_by="openai_llm()",
+    )
     if client is None and async_client is None:
         raise ValueError("openai_llm() needs a herdless Client, an AsyncClient, or both")
     if client is not None:
         kwargs["http_client"] = http_client(client, pass_model=pass_model)
+    else:
+        missing = "openai_llm() was given no herdless Client: complete/chat/stream_* need one"
+        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
     if async_client is not None:
         kwargs["async_http_client"] = async_http_client(async_client, pass_model=pass_model)
+    else:
+        missing = (
+            "openai_llm() was given no herdless AsyncClient: acomplete/achat/astream_* need one"
+        )
+        kwargs.setdefault("async_http_client", _unserved_http_client(missing, asynchronous=True))
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("api_base", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
-    return OpenAI(**kwargs)
+    llm: OpenAI = llms_openai.OpenAI(**kwargs)
+    return llm

@@ -4,8 +4,11 @@
 itself. It turns each ``POST .../chat/completions`` into one call of a herdless client,
 which retries, waits, breaks and falls back as configured, with each backend's own URL,
 API key and model (the URL, key and model the openai client was given are not used).
-openai's own retries are switched off (``max_retries=0`` and ``x-should-retry: false``)
-so they never stack on herdless's::
+openai's own retries never stack on herdless's: answers carry ``x-should-retry:
+false``, and a call herdless gave up on without an answer raises openai's own
+``APIConnectionError`` / ``APITimeoutError``, which openai does not retry (an openai
+older than 2.31 gets a ``502``/``504`` answer instead), so even an app that keeps
+``max_retries`` above zero makes one herdless call per ``create()``::
 
     import herdless
     from herdless.integrations.openai import openai_client
@@ -33,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import re
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -52,7 +56,9 @@ from herdless.integrations._bridge import (
     reply_for_result,
     reply_for_stream,
     sse,
+    unserved,
 )
+from herdless.integrations._extras import import_extra
 
 if TYPE_CHECKING:
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -74,12 +80,56 @@ __all__ = [
 Flavor = Literal["httpx", "httpx2"]
 
 
-def _answer(mod: Any, reply: Reply | Failure, request: Any) -> Any:
-    """The library's response for ``reply``, or its exception for a ``Failure``."""
-    if isinstance(reply, Failure):
-        error = mod.ReadTimeout if reply.timeout else mod.ConnectError
-        raise error(reply.message, request=request)
-    return mod.Response(reply.status, headers=reply.headers, content=reply.body)
+# openai-python stamps every request with this header (its attempt number).
+_OPENAI_ATTEMPT_HEADER = "x-stainless-retry-count"
+# The first openai release that lets an OpenAIError raised by the transport through
+# as it is; earlier ones retry anything the transport raises (max_retries times).
+_OPENAI_PASSES_ITS_ERRORS = (2, 31)
+
+
+@functools.cache
+def _openai_errors() -> tuple[type[openai.APIConnectionError], type[openai.APITimeoutError]] | None:
+    """openai's ``APIConnectionError`` and ``APITimeoutError`` when the installed
+    openai passes them through un-retried; ``None`` when it is older (or absent)."""
+    try:
+        version = importlib.metadata.version("openai")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release < _OPENAI_PASSES_ITS_ERRORS:
+        return None
+    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
+
+    return openai.APIConnectionError, openai.APITimeoutError
+
+
+def _answer(mod: Any, reply: Reply | Failure, request: Any, cause: Exception | None = None) -> Any:
+    """The library's response for ``reply``, or the exception for a ``Failure``.
+
+    herdless already retried and fell back: whoever called must not do it again. An
+    exception from the transport is something openai retries (``max_retries`` times,
+    with its own sleeps), unless it is openai's own error (2.31 and later). So a
+    request from openai gets openai's ``APIConnectionError`` / ``APITimeoutError``
+    raised here, or, from an older openai, a ``502``/``504`` answer marked
+    ``x-should-retry: false``. Anything else gets httpx's ``ConnectError`` /
+    ``ReadTimeout``. Either way the chain is ``library error <- httpx error (with
+    herdless's message) <- the herdless error``.
+    """
+    if not isinstance(reply, Failure):
+        return mod.Response(reply.status, headers=reply.headers, content=reply.body)
+    transport_error = (mod.ReadTimeout if reply.timeout else mod.ConnectError)(
+        reply.message, request=request
+    )
+    transport_error.__cause__ = cause
+    if _OPENAI_ATTEMPT_HEADER not in request.headers:
+        raise transport_error
+    errors = _openai_errors()
+    if errors is None:
+        return _answer(mod, reply.as_reply(), request)
+    connection_error, timeout_error = errors
+    if reply.timeout:
+        raise timeout_error(request=request) from transport_error
+    raise connection_error(message=reply.message, request=request) from transport_error
 
 
 @functools.cache
@@ -148,7 +198,7 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
                 result = self.client.chat(call.messages, stream=False, **call.kwargs)
                 return _answer(mod, reply_for_result(result), request)
             except HerdlessError as exc:
-                return _answer(mod, reply_for_error(exc), request)
+                return _answer(mod, reply_for_error(exc), request, exc)
 
         def close(self) -> None:
             # The library closes its http client, hence this transport: the herdless
@@ -181,7 +231,7 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
                 result = await self.client.chat(call.messages, stream=False, **call.kwargs)
                 return _answer(mod, reply_for_result(result), request)
             except HerdlessError as exc:
-                return _answer(mod, reply_for_error(exc), request)
+                return _answer(mod, reply_for_error(exc), request, exc)
 
         async def aclose(self) -> None:
             await self.client.aclose()
@@ -192,7 +242,11 @@ def _classes(mod: ModuleType) -> tuple[type[Any], type[Any]]:
 def _module(flavor: Flavor) -> ModuleType:
     if flavor not in ("httpx", "httpx2"):
         raise ValueError(f"flavor must be 'httpx' or 'httpx2', got {flavor!r}")
-    return httpx if flavor == "httpx" else importlib.import_module("httpx2")
+    if flavor == "httpx":
+        return httpx
+    return import_extra(
+        "httpx2", package="httpx2 (openai 3 brings it)", extra="openai", needed_by="flavor='httpx2'"
+    )
 
 
 def transport(client: Client, *, pass_model: bool = False, flavor: Flavor = "httpx") -> Any:
@@ -224,8 +278,9 @@ def http_client(client: Client, *, pass_model: bool = False, flavor: Flavor = "h
     """An ``httpx.Client`` (or ``httpx2.Client``) for ``openai.OpenAI(http_client=...)``,
     LangChain's ``ChatOpenAI(http_client=...)`` and LlamaIndex's ``OpenAI(http_client=...)``.
 
-    Set the library's ``max_retries=0`` as well: herdless retries; the library should not.
-    Closing the http client (or the openai client) closes ``client`` too.
+    openai's ``max_retries`` adds no attempt even when left above zero (see the module
+    docstring); ``max_retries=0`` says so in the app's code too. Closing the http client
+    (or the openai client) closes ``client`` too.
     """
     mod = _module(flavor)
     return mod.Client(transport=transport(client, pass_model=pass_model, flavor=flavor))
@@ -247,8 +302,32 @@ def async_http_client(
     return mod.AsyncClient(transport=async_transport(client, pass_model=pass_model, flavor=flavor))
 
 
+@overload
+def _unserved_http_client(message: str, *, asynchronous: Literal[False]) -> httpx.Client: ...
+@overload
+def _unserved_http_client(message: str, *, asynchronous: Literal[True]) -> httpx.AsyncClient: ...
+def _unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client | httpx.AsyncClient:
+    """An http client that sends nothing and answers every request ``501`` with
+    ``message``: for the path a framework wrapper was given no herdless client for, so
+    a call there fails at once, saying why, instead of trying the placeholder URL."""
+    reply = unserved(message)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
+
+    transport = httpx.MockTransport(answer)  # httpx's "answer with a function" transport
+    if asynchronous:
+        return httpx.AsyncClient(transport=transport)
+    return httpx.Client(transport=transport)
+
+
 def native_flavor() -> Flavor:
-    """The HTTP library the installed openai is built on: ``httpx2`` from 3.x."""
+    """The HTTP library the installed openai is built on: ``httpx2`` from 3.x.
+
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    import_extra("openai", package="openai", extra="openai", needed_by="the openai integration")
     major = int(importlib.metadata.version("openai").split(".")[0])
     return "httpx2" if major >= 3 else "httpx"
 
@@ -261,25 +340,34 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
         pass_model: see :func:`transport`.
         **kwargs: more ``openai.OpenAI`` arguments (``organization``, ``default_headers``,
             ...). ``max_retries`` is always 0.
-    """
-    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    mod = import_extra("openai", package="openai", extra="openai", needed_by="openai_client()")
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     # Typed loosely: openai 2.x wants an httpx client, 3.x an httpx2 one.
     http: Any = http_client(client, pass_model=pass_model, flavor=native_flavor())
-    return openai.OpenAI(http_client=http, **kwargs)
+    built: openai.OpenAI = mod.OpenAI(http_client=http, **kwargs)
+    return built
 
 
 def async_openai_client(
     client: AsyncClient, *, pass_model: bool = False, **kwargs: Any
 ) -> openai.AsyncOpenAI:
-    """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``."""
-    import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
+    """The async twin of :func:`openai_client`: an ``openai.AsyncOpenAI`` on ``client``.
 
+    Raises:
+        ImportError: openai is not installed (``pip install 'herdless[openai]'``).
+    """
+    mod = import_extra(
+        "openai", package="openai", extra="openai", needed_by="async_openai_client()"
+    )
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0
     http: Any = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
-    return openai.AsyncOpenAI(http_client=http, **kwargs)
+    built: openai.AsyncOpenAI = mod.AsyncOpenAI(http_client=http, **kwargs)
+    return built

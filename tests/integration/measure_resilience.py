@@ -9,7 +9,7 @@ Two emulated vLLMs on loopback (``primary`` and ``hosted``, speed x50). It measu
 2. the latency the open breaker adds per call: calls through the client whose primary's
    breaker is open, against calls of a client whose primary *is* the hosted backend,
    interleaved; plus the flow's own CPU time for a skipped primary, in-process;
-3. attempts per call at the primary when it answers 503 to everything, with the
+3. attempts per call at the primary when it answers 502 to everything, with the
    retry budget, with a fallback and without one;
 4. recovery: time from the primary answering again until calls are served by it.
 
@@ -227,11 +227,11 @@ def main() -> None:
         print("1. hang -> fallback:", hang_to_fallback(gpu, hosted))
         print("2. open breaker:", open_breaker_latency(gpu, hosted))
         print(
-            "3. attempts per call, primary 503s everything, with fallback:",
+            "3. attempts per call, primary 502s everything, with fallback:",
             round(attempts_per_call(gpu, hosted, 300), 3),
         )
         print(
-            "3. attempts per call, primary 503s everything, no fallback (2 s deadline):",
+            "3. attempts per call, primary 502s everything, no fallback (2 s deadline):",
             round(attempts_per_call(gpu, None, 100), 3),
         )
         print("   budget:", RetryPolicy())

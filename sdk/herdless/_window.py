@@ -19,7 +19,9 @@ first served; a call that leaves hands its slot to the next waiting call at once
               only when the window was full: a window nobody fills proves nothing
     refusal   threshold = size = max(minimum, min(size, in_use) * decrease)
               (a 429 or a busy 503), at most once per round: only the refusal of a
-              call let through since the last cut cuts again
+              call let through since the last cut cuts again. A refused call keeps
+              its slot, unless the window now holds more calls than its size: then
+              it gives the slot back and waits first in line.
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
 **How long a waiter will wait.** Slots free at the rate measured over the last
@@ -280,6 +282,29 @@ class Window:
         with self._lock:
             ticket._notify = notify
             self._listeners.append(ticket)
+
+    def requeue(self, ticket: SlotTicket) -> bool:
+        """``ticket``'s call was refused while the window holds more calls than its size
+        (it just shrank): give its slot back and put it first in line, so that it goes
+        again when the window has room, not into a full server. Returns whether it did."""
+        with self._lock:
+            if ticket.state != "granted" or self._in_use <= self._size:
+                return False
+            if ticket.refused:
+                ticket.refused = False
+                self._resting -= 1
+                if ticket in self._listeners:
+                    self._listeners.remove(ticket)
+            ticket.state = "waiting"
+            ticket._notify = None
+            self._in_use -= 1
+            self._waiting.appendleft(ticket)
+            return True
+
+    @property
+    def answer_time(self) -> float | None:
+        """An EWMA of the time from sending an attempt to its accepted answer, seconds."""
+        return self._answer
 
     def resend(self, ticket: SlotTicket) -> None:
         """``ticket``'s call sends again after a refusal."""

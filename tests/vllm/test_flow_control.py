@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.vllm]
 
 CALLS = 100
 SEQS = 4  # vLLM's --max-num-seqs in this session (herdless.testing.vllm_pytest.VLLM_ARGS)
-ANSWER = forced_answer(12, ending="length")  # every answer is exactly 12 tokens long
+ANSWER = forced_answer(4, ending="length")  # every answer is exactly 4 tokens long
 MESSAGES = [{"role": "user", "content": "Write a short status update."}]
 
 
@@ -65,7 +65,7 @@ async def _shared_crowd(base_url: str) -> tuple[float, float, herdless.ClientSta
         elapsed = time.monotonic() - start
         stats = client.stats()
     assert [r.backend for r in results] == ["gpu"] * CALLS
-    assert {r.usage.completion_tokens for r in results if r.usage} == {12}
+    assert {r.usage.completion_tokens for r in results if r.usage} == {4}
     return sent[0] / CALLS, elapsed, stats
 
 

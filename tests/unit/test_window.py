@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import herdless
+from herdless._breaker import BreakerPolicy, CircuitBreaker
 from herdless._window import SlotTicket, Window, WindowPolicy
 from herdless.testing import FakeClock
 
@@ -320,3 +321,30 @@ def test_policy_validation() -> None:
         WindowPolicy(initial=2, minimum=4)
     with pytest.raises(ValueError, match="initial"):
         WindowPolicy(initial=0)
+
+
+def test_a_refused_call_beyond_a_shrunk_window_waits_first_in_line() -> None:
+    win, _ = window(initial=4)
+    tickets = fill(win, 4)
+    newcomer = win.acquire(end=END)
+    assert win.refused(tickets[0]) is True  # 4 -> 3: the window holds one call too many
+    assert win.requeue(tickets[0]) is True
+    assert tickets[0].state == "waiting"
+    assert win.requeue(tickets[1]) is False  # 3 in use, 3 wide: the others keep their slots
+    win.release(tickets[2])
+    assert (tickets[0].state, newcomer.state) == ("granted", "waiting")  # first in line
+
+
+def test_a_bare_503_counts_only_after_a_few_answer_times_without_success() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        BreakerPolicy(min_calls=2, open_for=5.0), clock=clock, rng=random.Random(0)
+    )
+    breaker.record_success(breaker.acquire()[0])
+    clock.advance(10.0)  # 10 s without a success, but answers here take 7 s: still busy
+    for _ in range(4):
+        assert breaker.record_refusal(breaker.acquire()[0], answer_time=7.0) is None
+    clock.advance(20.0)  # 30 s: over four answer times, the refusal counts
+    opened = breaker.record_refusal(breaker.acquire()[0], answer_time=7.0)
+    assert opened is not None
+    assert opened.reason == "failure_rate"

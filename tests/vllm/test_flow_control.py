@@ -55,11 +55,14 @@ async def _shared_crowd(base_url: str) -> tuple[float, float, herdless.ClientSta
     sent = [0]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     http = httpx.AsyncClient(event_hooks=_counting(sent), limits=limits)
-    async with http, herdless.AsyncClient(
-        primary=herdless.Backend(name="gpu", base_url=base_url, model=MODEL_NAME),
-        deadline=600,
-        http_client=http,
-    ) as client:
+    async with (
+        http,
+        herdless.AsyncClient(
+            primary=herdless.Backend(name="gpu", base_url=base_url, model=MODEL_NAME),
+            deadline=600,
+            http_client=http,
+        ) as client,
+    ):
         start = time.monotonic()
         results = await asyncio.gather(*(client.chat(MESSAGES, **ANSWER) for _ in range(CALLS)))
         elapsed = time.monotonic() - start

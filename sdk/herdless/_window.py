@@ -17,11 +17,13 @@ first served; a call that leaves hands its slot to the next waiting call at once
     success   size += 1           while size < threshold   (slow start)
               size += 1 / size    after                    (one more per round)
               only when the window was full: a window nobody fills proves nothing
-    refusal   threshold = size = max(minimum, min(size, in_use) * decrease)
-              (a 429 or a busy 503), at most once per round: only the refusal of a
-              call let through since the last cut cuts again. A refused call keeps
-              its slot, unless the window now holds more calls than its size: then
-              it gives the slot back and waits first in line.
+    refusal   (a 429 or a busy 503)
+              size = min(size, max(minimum, in_use - refused))   what the backend holds
+              threshold = size = max(minimum, min(size, in_use) * decrease)
+                  at most once per round: only the refusal of a call let through
+                  since the last cut cuts again
+              a refused call keeps its slot, unless the window now holds more calls
+              than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
 **How long a waiter will wait.** Slots free at the rate measured over the last
@@ -261,19 +263,27 @@ class Window:
                 self._hand_over(self._clock.monotonic())
 
     def refused(self, ticket: SlotTicket) -> bool:
-        """An attempt of ``ticket``'s call was refused (a 429, a busy 503): shrink, once
-        per round. Returns whether the window shrank."""
+        """An attempt of ``ticket``'s call was refused (a 429, a busy 503): shrink to what
+        the backend holds of this client now, and by ``decrease`` once per round.
+        Returns whether the window shrank."""
         with self._lock:
             if not ticket.refused:
                 ticket.refused = True
                 self._resting += 1
-            if ticket.epoch != self._epoch or not self._policy.enabled:
-                return False  # let through before the last cut: that cut answered it
+            if not self._policy.enabled:
+                return False
             policy = self._policy
-            size = max(policy.minimum, math.floor(min(self._size, self._in_use) * policy.decrease))
-            self._size = self._threshold = float(size)
-            self._epoch += 1
-            return True
+            before = self._size
+            # What the backend holds of ours right now, the calls it did not refuse: a
+            # measurement, not a guess, and so never a cascade below the server's room.
+            held = max(policy.minimum, self._in_use - self._resting)
+            if held < self._size:
+                self._size = self._threshold = float(held)
+            if ticket.epoch == self._epoch:  # let through since the last cut: cut again
+                size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
+                self._size = self._threshold = float(min(self._size, size))
+                self._epoch += 1
+            return self._size < before
 
     def on_release(self, ticket: SlotTicket, notify: Callable[[], None]) -> None:
         """Call ``notify`` (once, from any thread) when another call leaves the backend:

@@ -93,16 +93,27 @@ def test_a_refusal_shrinks_it_once_per_round_then_it_grows_one_per_round() -> No
     tickets = backlog[:8]
     assert win.refused(tickets[0]) is True
     assert win.size == 4  # min(size, in use) * decrease
-    # The other seven were let through before the cut: the cut already answered them.
-    assert [win.refused(t) for t in tickets[1:]] == [False] * 7
+    # Three more refused, let through before the cut: no second cut by the factor...
+    assert [win.refused(t) for t in tickets[1:4]] == [False] * 3
     assert win.size == 4
-    for ticket in tickets:
+    # ...but the window follows what the backend holds of ours: 3 of 8 now.
+    assert win.refused(tickets[4]) is True
+    assert win.size == 3
+    for ticket in tickets[:5]:
         win.resend(ticket)
-    _round(win, backlog)  # (all eight answered: the window was over-full)
     _round(win, backlog)
-    assert 4 < win.size < 8  # about one more per round: no longer doubling (16 by now)
+    _round(win, backlog)
+    assert 3 < win.size < 8  # about one more per answer-round: no longer doubling (12)
     later = next(t for t in backlog if t.state == "granted")
     assert win.refused(later) is True  # let through after the cut: it cuts again
+
+
+def test_the_window_follows_what_the_backend_holds() -> None:
+    win, _ = window(initial=16)
+    tickets = fill(win, 16)
+    for ticket in tickets[8:]:  # the backend took 8 and refused 8
+        win.refused(ticket)
+    assert win.size == 8
 
 
 def test_it_never_shrinks_below_its_minimum() -> None:

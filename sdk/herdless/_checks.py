@@ -242,7 +242,7 @@ def send(call: Call, stay: Stay, now: float) -> Send:
     stay.sent += 1
     stay.scheduled = False
     if stay.slot is not None:
-        stay.window.resend(stay.slot)
+        stay.window.sent(stay.slot)
     attempt = call.next_attempt()
     model = call.model_for(backend)
     call.attempt_started(backend, attempt, model, now)

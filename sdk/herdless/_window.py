@@ -16,12 +16,15 @@ first served; a call that leaves hands its slot to the next waiting call at once
     start     size = initial, or the server's advertised capacity (X-Herdless-Capacity)
     success   size += 1           while size < threshold   (slow start)
               size += 1 / size    after                    (one more per round)
-              only when the window was full: a window nobody fills proves nothing
+              only when the window was full and none of its calls is refused now;
+              toward a level the backend refused before, ``patience`` times slower
+              (doubling each time it refuses that level again, up to 64)
     refusal   (a 429 or a busy 503)
-              size = min(size, max(minimum, in_use - refused))   what the backend holds
-              threshold = size = max(minimum, min(size, in_use) * decrease)
-                  at most once per round: only the refusal of a call let through
-                  since the last cut cuts again
+              threshold = size = min(size, max(minimum, held))
+                  held: the calls sent and not refused, what the backend holds of
+                  this client now: a measurement
+              when that says nothing new (the window holds more calls than its size):
+                  size *= decrease, once per round
               a refused call keeps its slot, unless the window now holds more calls
               than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
@@ -60,6 +63,8 @@ __all__ = ["SlotTicket", "Window", "WindowPolicy"]
 
 # Weight of the newest sample in the answer EWMA: about the last ten answers.
 _EWMA = 0.2
+# How much slower, at most, the window probes a level the backend keeps refusing.
+_MAX_PATIENCE = 64.0
 # Releases the rate is measured over: several rounds of a GPU that finishes a whole batch
 # at once, few enough to follow a change within seconds.
 _RATE_SAMPLES = 32
@@ -112,7 +117,7 @@ class SlotTicket:
     longest wait it accepts, ``epoch`` the window's round when its slot was granted.
     """
 
-    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "state")
+    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "sent", "state")
 
     def __init__(self, end: float, max_wait: float) -> None:
         self.end = end
@@ -120,6 +125,7 @@ class SlotTicket:
         self.state: TicketState = "waiting"
         self.epoch = -1  # the window's round when the slot was granted
         self.refused = False  # refused, and waiting to retry in its slot
+        self.sent = 0  # the window's count of sends when its last attempt went (0: none)
         self._notify: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
@@ -144,12 +150,16 @@ class Window:
         "_ceiling",
         "_clock",
         "_epoch",
+        "_failed_at",
         "_freed",
+        "_granted",
         "_in_use",
         "_listeners",
         "_lock",
+        "_patience",
         "_policy",
         "_resting",
+        "_sends",
         "_size",
         "_threshold",
         "_waiting",
@@ -162,9 +172,13 @@ class Window:
         self._size = float(policy.initial) if policy.enabled else math.inf
         self._threshold = math.inf  # slow start until the first refusal
         self._ceiling = float(policy.maximum) if policy.enabled else math.inf
-        self._epoch = 0  # cuts so far: a refusal cuts only if sent in the current epoch
+        self._epoch = 0  # cuts so far: a refusal cuts by the factor only in the current one
+        self._failed_at = math.inf  # the most calls at the backend when it last refused
+        self._patience = 1.0  # how much slower the window probes that level again
         self._in_use = 0
         self._resting = 0  # slot holders refused and waiting to retry
+        self._sends = 0  # attempts sent: orders them (who was at the backend before whom)
+        self._granted: set[SlotTicket] = set()  # the calls holding a slot
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
         self._freed: deque[float] = deque(maxlen=_RATE_SAMPLES)  # when slots were freed
@@ -206,7 +220,7 @@ class Window:
         wait already does not fit)."""
         ticket = SlotTicket(end, max_wait)
         with self._lock:
-            if not self._waiting and self._in_use < self._size:
+            if not self._waiting and self._in_use < self._slots():
                 self._grant(ticket)
                 return ticket
             if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
@@ -234,6 +248,7 @@ class Window:
                 self._waiting.remove(ticket)
             elif state == "granted":
                 self._in_use -= 1
+                self._granted.discard(ticket)
                 self._resting -= ticket.refused
                 if ticket.refused and ticket in self._listeners:
                     self._listeners.remove(ticket)
@@ -256,10 +271,14 @@ class Window:
                 elapsed if self._answer is None else self._answer + _EWMA * (elapsed - self._answer)
             )
             # Grow only when the window is full and nobody it let through is refused now.
-            full = self._in_use >= self._size - 1 and not self._resting
+            full = self._in_use >= self._slots() - 1 and not self._resting
             if full and self._size < self._ceiling:
                 grow = 1.0 if self._size < self._threshold else 1.0 / self._size
+                if self._size + 1 >= self._failed_at:  # probing the level refused before
+                    grow /= self._patience
                 self._size = min(self._ceiling, self._size + grow)
+                if self._size >= self._failed_at:  # that level holds now: forget it
+                    self._failed_at, self._patience = math.inf, 1.0
                 self._hand_over(self._clock.monotonic())
 
     def refused(self, ticket: SlotTicket) -> bool:
@@ -267,21 +286,36 @@ class Window:
         the backend holds of this client now, and by ``decrease`` once per round.
         Returns whether the window shrank."""
         with self._lock:
+            if not self._policy.enabled:
+                return False
+            # The level that failed: refused again at (or below) the one refused last
+            # time, the window probes it more patiently (rounds double, up to a cap).
+            failed_at = float(self._in_use)
+            if failed_at <= self._failed_at:
+                self._patience = min(self._patience * 2, _MAX_PATIENCE)
+            else:
+                self._patience = 1.0
+            self._failed_at = failed_at
             if not ticket.refused:
                 ticket.refused = True
                 self._resting += 1
-            if not self._policy.enabled:
-                return False
             policy = self._policy
             before = self._size
-            # What the backend holds of ours right now, the calls it did not refuse: a
-            # measurement, not a guess, and so never a cascade below the server's room.
-            held = max(policy.minimum, self._in_use - self._resting)
+            # What the backend holds of ours now: the calls sent and not refused (a call
+            # granted but not sent yet holds nothing there). A measurement, not a guess:
+            # the refusals of one burst bring it down to what the server took, no lower.
+            held = max(
+                policy.minimum,
+                sum(1 for t in self._granted if t.sent and not t.refused),
+            )
             if held < self._size:
                 self._size = self._threshold = float(held)
-            if ticket.epoch == self._epoch:  # let through since the last cut: cut again
+            elif ticket.epoch == self._epoch:
+                # Nothing new measured (the window holds more calls than its size, as when
+                # its ceiling just fell): shrink by the factor, once per round.
                 size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
                 self._size = self._threshold = float(min(self._size, size))
+            if self._size < before:
                 self._epoch += 1
             return self._size < before
 
@@ -298,7 +332,7 @@ class Window:
         (it just shrank): give its slot back and put it first in line, so that it goes
         again when the window has room, not into a full server. Returns whether it did."""
         with self._lock:
-            if ticket.state != "granted" or self._in_use <= self._size:
+            if ticket.state != "granted" or self._in_use <= self._slots():
                 return False
             if ticket.refused:
                 ticket.refused = False
@@ -308,6 +342,7 @@ class Window:
             ticket.state = "waiting"
             ticket._notify = None
             self._in_use -= 1
+            self._granted.discard(ticket)
             self._waiting.appendleft(ticket)
             return True
 
@@ -316,10 +351,12 @@ class Window:
         """An EWMA of the time from sending an attempt to its accepted answer, seconds."""
         return self._answer
 
-    def resend(self, ticket: SlotTicket) -> None:
-        """``ticket``'s call sends again after a refusal."""
-        if ticket.refused:
-            with self._lock:
+    def sent(self, ticket: SlotTicket) -> None:
+        """``ticket``'s call sends an attempt (again, after a refusal)."""
+        with self._lock:
+            self._sends += 1
+            ticket.sent = self._sends
+            if ticket.refused:
                 ticket.refused = False
                 self._resting -= 1
                 if ticket in self._listeners:  # its backoff ended before any release
@@ -340,16 +377,21 @@ class Window:
 
     # -- under the lock -----------------------------------------------------------------------
 
+    def _slots(self) -> float:
+        """Whole calls the window lets through: it grows by fractions, calls come whole."""
+        return math.floor(self._size) if self._size != math.inf else math.inf
+
     def _grant(self, ticket: SlotTicket) -> None:
         ticket.state = "granted"
         ticket.epoch = self._epoch
         self._in_use += 1
+        self._granted.add(ticket)
 
     def _hand_over(self, now: float) -> None:
         """Give free slots to the oldest waiters; tell those whose wait no longer fits."""
         waiting = self._waiting
         woken: list[SlotTicket] = []
-        while waiting and self._in_use < self._size:
+        while waiting and self._in_use < self._slots():
             ticket = waiting.popleft()
             self._grant(ticket)
             woken.append(ticket)

@@ -24,7 +24,12 @@ def window(**policy: object) -> tuple[Window, FakeClock]:
 
 
 def fill(win: Window, n: int) -> list[SlotTicket]:
-    return [win.acquire(end=END) for _ in range(n)]
+    """``n`` calls ask for a slot; those granted send their attempt, as a call does."""
+    tickets = [win.acquire(end=END) for _ in range(n)]
+    for ticket in tickets:
+        if ticket.state == "granted":
+            win.sent(ticket)
+    return tickets
 
 
 def test_calls_beyond_the_window_wait_and_get_slots_first_come_first_served() -> None:
@@ -62,11 +67,15 @@ def test_listen_wakes_once_when_the_place_is_decided() -> None:
 
 
 def _round(win: Window, backlog: list[SlotTicket]) -> None:
-    """One round: every call holding a slot now is answered and leaves; waiters refill it."""
+    """One round: every call holding a slot now is answered and leaves; waiters refill it
+    and send."""
     holding = [t for t in backlog if t.state == "granted"]
     for ticket in holding:
         win.answered(0.5)
         win.release(ticket)
+    for ticket in backlog:
+        if ticket.state == "granted" and not ticket.sent:
+            win.sent(ticket)
 
 
 def test_slow_start_doubles_the_window_each_round_while_full() -> None:
@@ -87,33 +96,38 @@ def test_a_window_nobody_fills_does_not_grow() -> None:
     win.release(ticket)
 
 
-def test_a_refusal_shrinks_it_once_per_round_then_it_grows_one_per_round() -> None:
-    win, _ = window(initial=8, decrease=0.5)
+def test_a_refusal_shrinks_it_to_what_the_backend_held_then_it_grows_one_per_round() -> None:
+    win, _ = window(initial=8)
     backlog = fill(win, 100)
-    tickets = backlog[:8]
-    assert win.refused(tickets[0]) is True
-    assert win.size == 4  # min(size, in use) * decrease
-    # Three more refused, let through before the cut: no second cut by the factor...
-    assert [win.refused(t) for t in tickets[1:4]] == [False] * 3
-    assert win.size == 4
-    # ...but the window follows what the backend holds of ours: 3 of 8 now.
-    assert win.refused(tickets[4]) is True
-    assert win.size == 3
-    for ticket in tickets[:5]:
-        win.resend(ticket)
+    sent = backlog[:8]
+    assert win.refused(sent[6]) is True
+    assert win.size == 7  # what the backend holds now: the seven others, not refused yet
+    assert win.refused(sent[7]) is True  # the last refusal of the burst: six, exactly
+    assert win.size == 6
+    for ticket in sent[6:]:
+        assert win.requeue(ticket)  # beyond the window now: first in line
     _round(win, backlog)
     _round(win, backlog)
-    assert 3 < win.size < 8  # about one more per answer-round: no longer doubling (12)
-    later = next(t for t in backlog if t.state == "granted")
-    assert win.refused(later) is True  # let through after the cut: it cuts again
+    assert 6 < win.size < 8  # about one more per round: no longer doubling
 
 
 def test_the_window_follows_what_the_backend_holds() -> None:
     win, _ = window(initial=16)
     tickets = fill(win, 16)
-    for ticket in tickets[8:]:  # the backend took 8 and refused 8
+    for ticket in tickets[8:]:  # the backend took the first 8 and refused the others
         win.refused(ticket)
     assert win.size == 8
+
+
+def test_a_window_over_its_size_shrinks_by_its_factor_once_per_round() -> None:
+    win, _ = window(initial=8, maximum=8, decrease=0.5)
+    tickets = fill(win, 8)
+    win.advertise(4)  # the backend's capacity fell below what is in use
+    assert win.size == 4
+    assert win.refused(tickets[7]) is True  # what it held (7) says nothing new: factor
+    assert win.size == 2
+    assert win.refused(tickets[6]) is False  # the same round: once
+    assert win.size == 2
 
 
 def test_it_never_shrinks_below_its_minimum() -> None:
@@ -132,24 +146,22 @@ def test_no_growth_while_a_refused_call_waits_to_retry() -> None:
     size = win.size
     win.answered(0.5)
     assert win.size == size
-    win.resend(refused)
+    win.sent(refused)
     win.answered(0.5)
     assert win.size > size
 
 
-def test_a_freed_place_goes_to_a_refused_call_before_a_new_one() -> None:
-    win, _ = window(initial=3)
-    refused, served, other = fill(win, 3)
+def test_a_refused_call_at_the_minimum_keeps_its_slot_and_retries_at_a_release() -> None:
+    win, _ = window(initial=1, maximum=2)
+    (alone,) = fill(win, 1)
     waiting = win.acquire(end=END)
-    win.refused(refused)
+    win.refused(alone)  # the backend held nothing of ours: the window stays at 1
+    assert win.requeue(alone) is False  # at the minimum: it keeps its place
     woken: list[str] = []
-    win.on_release(refused, lambda: woken.append("retry"))
-    win.release(served)
-    assert woken == ["retry"]
-    assert waiting.state == "waiting"  # the freed place was the refused call's
-    win.resend(refused)
-    win.release(other)
-    assert waiting.state == "granted"
+    win.on_release(alone, lambda: woken.append("retry"))
+    win.sent(alone)  # its backoff ended first: the release listener is dropped
+    assert woken == []
+    assert waiting.state == "waiting"
 
 
 def test_the_advertised_capacity_is_the_start_and_the_ceiling() -> None:
@@ -243,7 +255,7 @@ def test_threads_hammering_one_window_never_exceed_it_and_lose_no_call() -> None
                 peak = max(peak, at_once)
             if rng.random() < 0.1:
                 win.refused(ticket)
-                win.resend(ticket)
+                win.sent(ticket)
             else:
                 win.answered(0.01)
             with lock:
@@ -338,12 +350,12 @@ def test_a_refused_call_beyond_a_shrunk_window_waits_first_in_line() -> None:
     win, _ = window(initial=4)
     tickets = fill(win, 4)
     newcomer = win.acquire(end=END)
-    assert win.refused(tickets[0]) is True  # 4 -> 3: the window holds one call too many
-    assert win.requeue(tickets[0]) is True
-    assert tickets[0].state == "waiting"
-    assert win.requeue(tickets[1]) is False  # 3 in use, 3 wide: the others keep their slots
+    assert win.refused(tickets[3]) is True  # 4 -> 3: it held the three before it
+    assert win.requeue(tickets[3]) is True
+    assert tickets[3].state == "waiting"
+    assert win.requeue(tickets[1]) is False  # 3 in use, 3 wide: the others keep theirs
     win.release(tickets[2])
-    assert (tickets[0].state, newcomer.state) == ("granted", "waiting")  # first in line
+    assert (tickets[3].state, newcomer.state) == ("granted", "waiting")  # first in line
 
 
 def test_a_bare_503_counts_only_after_a_few_answer_times_without_success() -> None:

@@ -59,7 +59,12 @@ def rate_panels(
             ax.axvline(mark, color="#55a868", linewidth=1)
         ax.set_ylabel("req/s")
         ax.set_title(name, fontsize=9, loc="left")
-    axes[-1].set_xlabel("seconds (green: server recovers; red dashed: capacity)")
+    legend = (
+        "green: server recovers; red dashed: capacity"
+        if mark is not None
+        else "red dashed: capacity"
+    )
+    axes[-1].set_xlabel(f"seconds ({legend})")
     axes[-1].set_xlim(0, end)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

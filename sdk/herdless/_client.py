@@ -12,46 +12,81 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import logging
+import math
 import os
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Unpack, overload
 
 import httpx
 
-from herdless._actions import Accepted, Outcome, Send, Sleep, SlotWait
-from herdless._backend import Backend
+from herdless._actions import Accepted, Outcome, Response, Send, Sleep, SlotWait
+from herdless._backend import Backend, Timeouts
 from herdless._clock import SYSTEM_CLOCK
-from herdless._config import ClientConfig, ClientOptions
+from herdless._config import ClientConfig, ClientOptions, derived_config
 from herdless._flow import CallFlow
 from herdless._state import ClientState
+from herdless._stats import response_received
 from herdless._stream import AsyncStream, Stream, _StreamState
 from herdless._transport import (
     ERROR_BODY_CAP,
+    AttemptLimit,
     Endpoints,
     OpenStream,
     accept,
+    bounded_http_client,
     failure,
     stream_waits,
 )
 from herdless._types import ChatResult
-from herdless._wire import Completion, build_body
+from herdless._wire import Completion, build_body, check_extra_headers
 
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Self
 
+    from herdless._retry import RetryPolicy
+    from herdless._routing import FallbackPolicy
     from herdless._stats import ClientStats
     from herdless.events import Event
 
 __all__ = ["AsyncClient", "Client"]
 
 logger = logging.getLogger("herdless")
+
+Hook: TypeAlias = Callable[["Event"], Any]
+SyncHooks: TypeAlias = Callable[["Event"], None] | Sequence[Callable[["Event"], None]]
+AsyncHooks: TypeAlias = (
+    Callable[["Event"], Awaitable[None] | None]
+    | Sequence[Callable[["Event"], Awaitable[None] | None]]
+)
+
+
+def _hooks(on_event: Hook | Sequence[Hook] | None) -> tuple[Hook, ...]:
+    """``on_event`` as a tuple of hooks: one callable, or a sequence of them."""
+    if on_event is None:
+        return ()
+    hooks = (on_event,) if callable(on_event) else tuple(on_event)
+    for hook in hooks:
+        if not callable(hook):
+            raise TypeError(f"on_event takes a callable or a sequence of them, got {hook!r}")
+    return hooks
+
+
+def _is_async(hook: Hook) -> bool:
+    return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
+        getattr(hook, "__call__", None)  # noqa: B004 -- an object whose __call__ is async
+    )
+
+
+def _too_slow(what: str) -> httpx.ReadTimeout:
+    return httpx.ReadTimeout(f"{what} arrived too slowly: the attempt's time ran out")
 
 
 def _warn_unclosed(closed: list[bool], name: str) -> None:
@@ -93,7 +128,7 @@ class _BaseClient:
     def __init__(
         self,
         primary: str | Backend | Sequence[str | Backend] | None,
-        on_event: Callable[[Event], Any] | None,
+        hooks: tuple[Hook, ...],
         options: ClientOptions,
     ) -> None:
         config = ClientConfig.build(primary, options)
@@ -101,9 +136,11 @@ class _BaseClient:
             config, clock=options.get("clock", SYSTEM_CLOCK), rng=options.get("rng")
         )
         self._clock = self._state.clock
-        self._on_event = on_event
-        self._state.keep_events = on_event is not None  # nobody to hand events to
+        self._hooks = hooks
+        self._state.keep_events = bool(hooks)  # nobody to hand events to
         self._endpoints = Endpoints(config.backends, config.timeouts)
+        self._allow_fallback = True  # with_options(allow_fallback=False) turns it off
+        self._closes_http = True  # a with_options() client shares its parent's, never closes it
         # A shared flag, not self: the finalizer must not keep the client alive. It warns
         # when an open client is garbage-collected (a leak), not at interpreter exit, where
         # a module-level client that lives as long as the process is fine.
@@ -131,8 +168,70 @@ class _BaseClient:
 
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
-        states and latency percentiles, computed from this client's events."""
+        states, latency percentiles, tokens and cost, computed from this client's events."""
         return self._state.stats()
+
+    def with_options(
+        self,
+        *,
+        model: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeouts: Timeouts | None = None,
+        deadline: float | None = None,
+        stream_deadline: float | None = None,
+        fallback_policy: FallbackPolicy | None = None,
+        allow_fallback: bool | None = None,
+    ) -> Self:
+        """A client with other per-call defaults, sharing this one's connections and state.
+
+        The new client sends through the same connection pool and shares everything this
+        client learns: the breakers, windows, retry budgets, pacers, backend holds, spend
+        guard and ``stats()`` (and ``on_event``). Only the defaults below change; an
+        argument left ``None`` keeps this client's. Close this client, not the new one
+        (closing the new one does nothing): it uses this one's connections.
+
+        Args:
+            model: the model asked of the primary.
+            retry: retry and backoff policy. Its retry-budget fields (``budget_ratio``,
+                ``budget_floor``, ``budget_window``) must stay this client's: the budgets
+                are shared state.
+            timeouts: per-attempt limits for backends that set none.
+            deadline: seconds for a whole call, waits included.
+            stream_deadline: seconds from a streamed call's start to the stream's end
+                (``math.inf``: no limit).
+            fallback_policy: when to leave a backend, where a call may not go. Its spend
+                caps (``max_external_*``, ``spend_window``) and ``degraded_interval``
+                must stay this client's: the spend guard and the degraded signal are
+                shared state.
+            allow_fallback: ``False``: no call of the new client reaches a fallback, even
+                one that passes ``allow_fallback=True`` (a data guard for a whole module).
+
+        What cannot change here, because it is the state shared with this client: the
+        backends, the breaker, window and pacing policies, ``on_event``, the clock and
+        the HTTP client.
+
+        >>> strict = client.with_options(deadline=5, allow_fallback=False)  # doctest: +SKIP
+
+        Raises:
+            ValueError: an argument is out of range, or changes shared state (above).
+        """
+        config = derived_config(
+            self.config,
+            model=model,
+            retry=retry,
+            timeouts=timeouts,
+            deadline=deadline,
+            stream_deadline=stream_deadline,
+            fallback_policy=fallback_policy,
+        )
+        derived = copy.copy(self)  # the same HTTP client, hooks and sleep
+        derived._state = _derived_state(self._state, config)
+        derived._endpoints = Endpoints(config.backends, config.timeouts)
+        derived._closes_http = False
+        derived._closed = [False]  # no finalizer: it holds nothing of its own to close
+        if allow_fallback is not None:
+            derived._allow_fallback = self._allow_fallback and allow_fallback
+        return derived
 
     def _start(
         self,
@@ -143,32 +242,63 @@ class _BaseClient:
         temperature: float | None,
         stream: bool,
         deadline: float | None,
+        stream_deadline: float | None,
         allow_fallback: bool,
+        extra_body: Mapping[str, Any] | None,
         extra: Mapping[str, Any],
-    ) -> tuple[CallFlow, str]:
-        """The call's flow and request id."""
+    ) -> tuple[CallFlow, str, float | None]:
+        """The call's flow, request id and stream deadline."""
         body = build_body(
-            messages, max_tokens=max_tokens, temperature=temperature, stream=stream, extra=extra
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=stream,
+            extra=extra,
+            extra_body=extra_body,
         )
+        total = None
+        if stream:
+            total = self.config.stream_deadline if stream_deadline is None else stream_deadline
+            if total is not None:
+                if not total > 0:
+                    raise ValueError(f"stream_deadline must be > 0 seconds, got {total!r}")
+                # The first chunk cannot come later than the end of the whole stream.
+                deadline = min(self.config.deadline if deadline is None else deadline, total)
         # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
         request_id = os.urandom(16).hex()
-        return CallFlow(
+        flow = CallFlow(
             self._state,
             request_id=request_id,
             body=body,
             model=model,
             stream=stream,
             deadline=deadline,
-            allow_fallback=allow_fallback,
-        ), request_id
+            allow_fallback=allow_fallback and self._allow_fallback,
+        )
+        return flow, request_id, (None if total == math.inf else total)
 
-    def _call_hook(self, event: Event) -> Any:
-        """Run the hook on one event; a hook that raises is logged and never breaks the call."""
+    def _call_hook(self, hook: Hook, event: Event) -> Any:
+        """Run one hook on one event; a hook that raises is logged, never breaks the call."""
         try:
-            return self._on_event(event) if self._on_event is not None else None
+            return hook(event)
         except Exception:
             logger.exception("herdless on_event hook raised on %s", type(event).__name__)
             return None
+
+    @staticmethod
+    def _answered(flow: CallFlow, send: Send, outcome: Outcome) -> None:
+        """Count a whole answer's tokens before the flow accepts it (and emits
+        ``CallFinished``): ``ResponseReceived`` comes first."""
+        if type(outcome) is Response and outcome.stream is not None and not send.stream:
+            completion: Completion = outcome.stream
+            response_received(
+                flow,
+                send.backend,
+                usage=completion.usage,
+                model=completion.model,
+                finish_reason=completion.finish_reason,
+                response_id=_str(completion.raw.get("id")),
+            )
 
     @staticmethod
     def _result(accepted: Accepted, request_id: str) -> ChatResult:
@@ -182,6 +312,7 @@ class _BaseClient:
             fallback_reason=accepted.fallback_reason,
             request_id=request_id,
             finish_reason=completion.finish_reason,
+            tool_calls=completion.tool_calls,
             raw=completion.raw,
         )
 
@@ -200,8 +331,12 @@ class Client(_BaseClient):
         model: the model asked of the primary.
         retry: retry, backoff and retry-budget policy.
         breaker: circuit-breaker policy (one breaker per backend, per client).
-        deadline: seconds for a whole call, waits included (default 60).
-        on_event: called with every event (``herdless.events``); must be a plain callable.
+        deadline: seconds for a whole call, waits included (default 60); for a stream,
+            until its first chunk.
+        stream_deadline: seconds from a streamed call's start to the stream's end
+            (default: none; ``Timeouts.read`` bounds each silence).
+        on_event: called with every event (``herdless.events``): one callable or a
+            sequence of them, each a plain callable.
         timeouts: per-attempt limits for backends that set none.
         fallback_policy: when to leave a backend, where a call may not go.
         window: flow control: how many of this client's calls may be at one backend at
@@ -219,7 +354,8 @@ class Client(_BaseClient):
     ...     print(client.chat([{"role": "user", "content": "Hi"}]).content)
 
     Raises:
-        TypeError: ``on_event`` is a coroutine function (use ``AsyncClient``).
+        TypeError: a hook in ``on_event`` is a coroutine function (use ``AsyncClient``),
+            or an option is unknown (the message names the closest one).
         ConfigurationError: configured from the environment, and a variable is wrong.
         ValueError: an argument is out of range.
     """
@@ -228,23 +364,31 @@ class Client(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        on_event: Callable[[Event], None] | None = None,
+        on_event: SyncHooks | None = None,
         sleep: Callable[[float], None] = time.sleep,
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
-        if on_event is not None and (
-            inspect.iscoroutinefunction(on_event)
-            or inspect.iscoroutinefunction(getattr(on_event, "__call__", None))  # noqa: B004
-        ):
+        hooks = _hooks(on_event)
+        if any(_is_async(hook) for hook in hooks):
             raise TypeError(
-                "Client needs a plain on_event callable; use AsyncClient for async hooks"
+                "Client needs plain on_event callables; use AsyncClient for async hooks"
             )
-        super().__init__(primary, on_event, options)
+        super().__init__(primary, hooks, options)
         self._sleep = sleep
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(transport=transport)
+        # Its own HTTP client bounds every socket wait by the attempt's time (see
+        # herdless._transport); a client or transport of the user's cannot be.
+        self._limit: AttemptLimit | None = None
+        if http_client is not None:
+            self._http = http_client
+        elif transport is not None:
+            self._http = httpx.Client(transport=transport)
+        else:
+            limit = AttemptLimit()
+            self._http, bounded = bounded_http_client(limit)
+            self._limit = limit if bounded else None
 
     @overload
     def chat(
@@ -256,7 +400,10 @@ class Client(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[False] = ...,
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> ChatResult: ...
     @overload
@@ -269,7 +416,10 @@ class Client(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[True],
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> Stream: ...
     def chat(
@@ -281,7 +431,10 @@ class Client(_BaseClient):
         temperature: float | None = None,
         stream: bool = False,
         deadline: float | None = None,
+        stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
     ) -> ChatResult | Stream:
         """Ask for a chat completion (``POST {base_url}/chat/completions``).
@@ -292,29 +445,44 @@ class Client(_BaseClient):
             max_tokens: the most tokens to generate.
             temperature: sampling temperature.
             stream: return a ``Stream`` of chunks, once the first one arrived.
-            deadline: seconds for this call, waits included (the client's by default).
+            deadline: seconds for this call, waits included (the client's by default);
+                for a stream, until its first chunk.
+            stream_deadline: seconds from this streamed call's start to the stream's end
+                (the client's by default: none); past it the stream is closed and
+                ``StreamDeadlineExceeded`` raised.
             allow_fallback: ``False`` keeps the call off fallbacks (data guard).
-            **extra: other OpenAI fields (``seed``, ``stop``, ``response_format``, ...),
-                sent unchanged.
+            extra_body: request fields herdless does not know, sent unchanged (as
+                openai-python's ``extra_body``).
+            extra_headers: headers sent with every attempt of this call, to every
+                backend it tries; not ``Authorization`` (each backend has its key) nor
+                the headers herdless sets itself.
+            **extra: the OpenAI and vLLM request fields herdless knows (``seed``,
+                ``stop``, ``response_format``, ``tools``, ``tool_choice``, ``top_p``,
+                ``n``, ``user``, ``logit_bias``, ``min_tokens``, ``ignore_eos``, ...;
+                ``herdless._wire.BODY_FIELDS`` lists them), sent unchanged.
 
         Returns:
             A ``ChatResult``, or a ``Stream`` with ``stream=True``.
 
         Raises:
+            TypeError: an unknown keyword argument (the message names the closest one).
             HerdlessError: a subclass saying what failed (``herdless.errors``).
         """
-        flow, request_id = self._start(
+        headers = check_extra_headers(extra_headers)
+        flow, request_id, total = self._start(
             messages,
             model=model,
             max_tokens=max_tokens,
             temperature=temperature,
             stream=stream,
             deadline=deadline,
+            stream_deadline=stream_deadline,
             allow_fallback=allow_fallback,
+            extra_body=extra_body,
             extra=extra,
         )
         steps = flow.run()
-        hooked = self._on_event is not None
+        hooked = bool(self._hooks)
         try:
             action = next(steps)
             while True:
@@ -329,7 +497,9 @@ class Client(_BaseClient):
                     woken.wait(action.timeout)
                     action = steps.send(None)
                 else:
-                    action = steps.send(self._perform(action))
+                    outcome = self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
@@ -337,48 +507,71 @@ class Client(_BaseClient):
             if hooked:
                 self._dispatch(flow.take_events())
         if stream:
-            return Stream(_StreamState(flow, accepted, request_id), self._dispatch)
+            state = _StreamState(
+                flow, accepted, request_id, stream_deadline=total, limit=self._limit
+            )
+            return Stream(state, self._dispatch)
         return self._result(accepted, request_id)
 
-    def _perform(self, send: Send) -> Outcome:
+    def _perform(self, send: Send, headers: Mapping[str, str] | None = None) -> Outcome:
         start = self._clock.monotonic()
+        end = start + send.timeouts.first_byte  # the whole attempt, as AsyncClient's timer
+        limit = self._limit
+        if limit is not None:
+            limit.end = time.monotonic() + send.timeouts.first_byte
         response = None
         try:
-            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            request = self._endpoints.request(
+                self._http, send, own=self._owns_http, extra_headers=headers
+            )
             response = self._http.send(request, stream=True)
             if send.stream and response.is_success:
-                opened = OpenStream(response, response.iter_bytes())
+                idle = None
+                if limit is not None:  # the limit bounds the first event, the socket a gap
+                    _, idle = stream_waits(response, send.timeouts)
+                opened = OpenStream(response, response.iter_bytes(), idle=idle)
                 while not opened.feed(next(opened.raw)):
-                    pass
+                    if self._clock.monotonic() > end:
+                        raise _too_slow("the stream's first event")
                 return opened.outcome(elapsed=self._clock.monotonic() - start)
-            if response.is_success:
-                body = response.read()  # the whole answer; read() closes the response
-            else:
-                body = b""
-                for part in response.iter_bytes():
-                    body += part
-                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
-                        break
-                response.close()
+            # Piece by piece, not read(): a body that trickles in must not outlast the
+            # attempt (each read alone is bounded by the socket, not their sum).
+            parts: list[bytes] = []
+            size = 0
+            for part in response.iter_bytes():
+                parts.append(part)
+                size += len(part)
+                if size > ERROR_BODY_CAP and not response.is_success:
+                    break  # an error body is read for its message only
+                if self._clock.monotonic() > end:
+                    raise _too_slow("the answer")
+            response.close()
             return accept(
-                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+                response,
+                b"".join(parts),
+                stream=send.stream,
+                elapsed=self._clock.monotonic() - start,
             )
         except (httpx.RequestError, ValueError, StopIteration) as exc:
             if response is not None:
                 response.close()
             return failure(exc, elapsed=self._clock.monotonic() - start)
+        finally:
+            if limit is not None:
+                limit.end = math.inf  # never past the attempt: other I/O of this thread
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            result = self._call_hook(event)
-            if inspect.iscoroutine(result):  # a lambda returning a coroutine slipped through
-                result.close()
-                logger.error("herdless on_event hook returned an awaitable; use AsyncClient")
+            for hook in self._hooks:
+                result = self._call_hook(hook, event)
+                if inspect.iscoroutine(result):  # a lambda returning a coroutine slipped through
+                    result.close()
+                    logger.error("herdless on_event hook returned an awaitable; use AsyncClient")
 
     def close(self) -> None:
         """Close the connections (idempotent)."""
         self._closed[0] = True
-        if self._owns_http:
+        if self._owns_http and self._closes_http:
             self._http.close()
 
     def __enter__(self) -> Self:
@@ -390,7 +583,7 @@ class Client(_BaseClient):
 
 class AsyncClient(_BaseClient):
     """An asyncio herdless client; the arguments are ``Client``'s, except that ``on_event``
-    may also be a coroutine function, ``sleep`` is awaited (``asyncio.sleep``;
+    may also be (or hold) coroutine functions, ``sleep`` is awaited (``asyncio.sleep``;
     ``FakeClock.asleep`` in tests), and ``http_client`` / ``transport`` are async.
 
     >>> async with AsyncClient(primary="http://127.0.0.1:8080/v1") as client:  # doctest: +SKIP
@@ -401,13 +594,13 @@ class AsyncClient(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        on_event: Callable[[Event], Awaitable[None] | None] | None = None,
+        on_event: AsyncHooks | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(primary, on_event, options)
+        super().__init__(primary, _hooks(on_event), options)
         self._sleep = sleep
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(transport=transport)
@@ -422,7 +615,10 @@ class AsyncClient(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[False] = ...,
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> ChatResult: ...
     @overload
@@ -435,7 +631,10 @@ class AsyncClient(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[True],
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> AsyncStream: ...
     async def chat(
@@ -447,22 +646,28 @@ class AsyncClient(_BaseClient):
         temperature: float | None = None,
         stream: bool = False,
         deadline: float | None = None,
+        stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
     ) -> ChatResult | AsyncStream:
         """Ask for a chat completion; see ``Client.chat``."""
-        flow, request_id = self._start(
+        headers = check_extra_headers(extra_headers)
+        flow, request_id, total = self._start(
             messages,
             model=model,
             max_tokens=max_tokens,
             temperature=temperature,
             stream=stream,
             deadline=deadline,
+            stream_deadline=stream_deadline,
             allow_fallback=allow_fallback,
+            extra_body=extra_body,
             extra=extra,
         )
         steps = flow.run()
-        hooked = self._on_event is not None
+        hooked = bool(self._hooks)
         try:
             action = next(steps)
             while True:
@@ -475,7 +680,9 @@ class AsyncClient(_BaseClient):
                     await _slot_wait(action)
                     action = steps.send(None)
                 else:
-                    action = steps.send(await self._perform(action))
+                    outcome = await self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
@@ -483,10 +690,11 @@ class AsyncClient(_BaseClient):
             if hooked:
                 await self._dispatch(flow.take_events())
         if stream:
-            return AsyncStream(_StreamState(flow, accepted, request_id), self._dispatch)
+            state = _StreamState(flow, accepted, request_id, stream_deadline=total)
+            return AsyncStream(state, self._dispatch)
         return self._result(accepted, request_id)
 
-    async def _perform(self, send: Send) -> Outcome:
+    async def _perform(self, send: Send, headers: Mapping[str, str] | None = None) -> Outcome:
         start = self._clock.monotonic()
         limit = send.timeouts.first_byte
         # The whole attempt (pool wait, connect, send, first answer) within the time the
@@ -496,13 +704,13 @@ class AsyncClient(_BaseClient):
         # timer's cost, about 1 % of an async call's CPU (herdless.bench.sdk_overhead).
         task = asyncio.current_task()
         if task is None:  # not in a task (a bare coroutine driven by hand): no timer
-            return await self._attempt(send, start)
+            return await self._attempt(send, start, headers)
         loop = asyncio.get_running_loop()
         cancelling = task.cancelling()
         fired: list[bool] = []
         timer = loop.call_at(loop.time() + limit, _expire, task, fired)
         try:
-            return await self._attempt(send, start)
+            return await self._attempt(send, start, headers)
         except asyncio.CancelledError:
             # Ours, unless someone else cancelled the task too: then theirs wins.
             if fired and task.uncancel() <= cancelling:
@@ -512,10 +720,15 @@ class AsyncClient(_BaseClient):
         finally:
             timer.cancel()
 
-    async def _attempt(self, send: Send, start: float) -> Outcome:
+    async def _attempt(
+        self, send: Send, start: float, headers: Mapping[str, str] | None = None
+    ) -> Outcome:
+        end = start + send.timeouts.first_byte  # the timer's limit, on the client's clock
         response = None
         try:
-            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            request = self._endpoints.request(
+                self._http, send, own=self._owns_http, extra_headers=headers
+            )
             response = await self._http.send(request, stream=True)
             if send.stream and response.is_success:
                 first, idle = stream_waits(response, send.timeouts)
@@ -523,21 +736,26 @@ class AsyncClient(_BaseClient):
                 try:
                     async with asyncio.timeout(first):
                         while not opened.feed(await anext(opened.raw)):
-                            pass
+                            if self._clock.monotonic() > end:
+                                raise _too_slow("the stream's first event")
                 except TimeoutError:
                     raise httpx.ReadTimeout(f"no first event within {first:g} s") from None
                 return opened.outcome(elapsed=self._clock.monotonic() - start)
-            if response.is_success:
-                body = await response.aread()  # the whole answer; aread() closes the response
-            else:
-                body = b""
-                async for part in response.aiter_bytes():
-                    body += part
-                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
-                        break
-                await response.aclose()
+            parts: list[bytes] = []
+            size = 0
+            async for part in response.aiter_bytes():
+                parts.append(part)
+                size += len(part)
+                if size > ERROR_BODY_CAP and not response.is_success:
+                    break  # an error body is read for its message only
+                if self._clock.monotonic() > end:
+                    raise _too_slow("the answer")
+            await response.aclose()
             return accept(
-                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+                response,
+                b"".join(parts),
+                stream=send.stream,
+                elapsed=self._clock.monotonic() - start,
             )
         except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
             if response is not None:
@@ -550,17 +768,20 @@ class AsyncClient(_BaseClient):
 
     async def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            result = self._call_hook(event)
-            if inspect.isawaitable(result):
-                try:
-                    await result
-                except Exception:
-                    logger.exception("herdless on_event hook raised on %s", type(event).__name__)
+            for hook in self._hooks:
+                result = self._call_hook(hook, event)
+                if inspect.isawaitable(result):
+                    try:
+                        await result
+                    except Exception:
+                        logger.exception(
+                            "herdless on_event hook raised on %s", type(event).__name__
+                        )
 
     async def aclose(self) -> None:
         """Close the connections (idempotent)."""
         self._closed[0] = True
-        if self._owns_http:
+        if self._owns_http and self._closes_http:
             await self._http.aclose()
 
     async def __aenter__(self) -> Self:
@@ -568,3 +789,18 @@ class AsyncClient(_BaseClient):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _derived_state(state: ClientState, config: ClientConfig) -> ClientState:
+    """``state`` seen through a derived ``config`` (``with_options``): the same breakers,
+    budgets, windows, pacers, gate, spend guard and counters, shared, not copied."""
+    derived = copy.copy(state)  # a shallow copy: every per-backend object is the same one
+    derived.config = config
+    if config.fallback_policy.allow_external != state.config.fallback_policy.allow_external:
+        # The route a one-primary client plans once depends on allow_external: plan anew.
+        derived._routes = {allowed: derived._plan(allowed) for allowed in (True, False)}
+    return derived

@@ -17,21 +17,34 @@ until 0.4.2, which splits on ``\\r\\n``, ``\\r`` and ``\\n`` only, as the decode
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-from herdless._types import Chunk, Usage
+from herdless._types import (
+    Chunk,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 __all__ = [
+    "BODY_FIELDS",
+    "CHAT_PARAMETERS",
     "DONE",
     "Completion",
     "SSEDecoder",
     "build_body",
+    "check_extra_headers",
     "encode_body",
     "parse_chunk",
     "parse_completion",
+    "split_fields",
+    "unknown_argument",
     "with_model",
 ]
 
@@ -39,6 +52,171 @@ DONE: Final = "[DONE]"
 """The data of the event that ends an OpenAI stream."""
 
 _STREAM_OPTIONS: Final = {"include_usage": True}
+
+OPENAI_FIELDS: Final = frozenset(
+    {
+        # The OpenAI chat-completions request (openai-python's CompletionCreateParams),
+        # less messages / model / stream, which are chat()'s own arguments.
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "moderation",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    }
+)
+"""The OpenAI chat-completions fields ``chat()`` takes as keyword arguments."""
+
+VLLM_FIELDS: Final = frozenset(
+    {
+        # vLLM's extra sampling parameters of /v1/chat/completions (its
+        # "chat-completion-sampling-params" block).
+        "allowed_token_ids",
+        "bad_words",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "length_penalty",
+        "min_p",
+        "min_tokens",
+        "prompt_logprobs",
+        "repetition_penalty",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stop_token_ids",
+        "top_k",
+        "truncate_prompt_tokens",
+        "use_beam_search",
+        # Its extra chat parameters that apps use (chat template, structured output,
+        # reasoning, token ids, prefix-cache salt). vLLM's ``priority`` and
+        # ``request_id`` are left out: herdless has its own priority and request id.
+        "add_generation_prompt",
+        "add_special_tokens",
+        "cache_salt",
+        "chat_template",
+        "chat_template_kwargs",
+        "continue_final_message",
+        "documents",
+        "echo",
+        "include_reasoning",
+        "mm_processor_kwargs",
+        "return_token_ids",
+        "return_tokens_as_token_ids",
+        "structured_outputs",
+        "vllm_xargs",
+    }
+)
+"""vLLM's own request fields ``chat()`` takes as keyword arguments (vLLM 0.32)."""
+
+BODY_FIELDS: Final = OPENAI_FIELDS | VLLM_FIELDS
+"""Every body field ``chat()`` takes as a keyword argument; anything else goes in
+``extra_body``."""
+
+CHAT_PARAMETERS: Final = (
+    "messages",
+    "model",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "deadline",
+    "stream_deadline",
+    "allow_fallback",
+    "extra_body",
+    "extra_headers",
+)
+"""``chat()``'s own parameters."""
+
+# Headers herdless sets itself on every attempt: an extra header may not replace them
+# (``Authorization`` would send one backend's key to every backend, fallbacks included).
+_OWN_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "content-type",
+        "content-length",
+        "accept",
+        "host",
+        "transfer-encoding",
+        "x-request-id",
+        "x-herdless-attempt",
+        "x-herdless-deadline-ms",
+    }
+)
+_RESERVED: Final = frozenset({"model", "messages", "stream"})
+
+
+def unknown_argument(name: str, *, where: str = "chat()") -> str:
+    """The ``TypeError`` message for an unknown keyword argument of ``chat()``: the
+    closest known parameter or field, and where fields herdless does not know go."""
+    close = difflib.get_close_matches(name, [*CHAT_PARAMETERS, *sorted(BODY_FIELDS)], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"{where} got an unexpected keyword argument {name!r}{hint} A request field "
+        f"herdless does not know goes in extra_body={{{name!r}: ...}}."
+    )
+
+
+def split_fields(fields: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``fields`` of a request body as ``(keyword arguments, extra_body)``: the fields
+    ``chat()`` knows, and the others (for a body built by another library)."""
+    known: dict[str, Any] = {}
+    other: dict[str, Any] = {}
+    for name, value in fields.items():
+        (known if name in BODY_FIELDS else other)[name] = value
+    return known, other
+
+
+def check_extra_headers(headers: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``extra_headers`` as a plain dict (``None`` when empty), checked.
+
+    Raises:
+        TypeError: not a mapping of strings.
+        ValueError: it sets a header herdless sets itself (``Authorization``, ...).
+    """
+    if not headers:
+        return None
+    if not isinstance(headers, Mapping):
+        raise TypeError("extra_headers must be a mapping of header names to strings")
+    checked = {}
+    given: Mapping[Any, Any] = headers  # from untyped callers too: check every item
+    for name, value in given.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError("extra_headers must be a mapping of header names to strings")
+        if name.lower() in _OWN_HEADERS:
+            why = (
+                "each backend sends its own api_key (Backend.api_key)"
+                if name.lower() == "authorization"
+                else "herdless sets it on every attempt"
+            )
+            raise ValueError(f"extra_headers may not set {name}: {why}")
+        checked[name] = value
+    return checked
 
 
 def build_body(
@@ -48,30 +226,50 @@ def build_body(
     temperature: float | None,
     stream: bool,
     extra: Mapping[str, Any],
+    extra_body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The chat-completions body without ``model`` (each backend gets its own).
 
-    ``extra`` passes unknown OpenAI fields through unchanged. A stream asks for the usage
-    chunk unless the caller set ``stream_options`` themselves.
+    ``extra`` holds the other OpenAI and vLLM fields ``chat()`` knows (``BODY_FIELDS``),
+    sent unchanged; ``extra_body`` any other field, sent unchanged and last (as
+    openai-python's ``extra_body``). A stream asks for the usage chunk
+    (``stream_options.include_usage``) unless the caller set ``include_usage`` themselves.
 
     Raises:
-        TypeError: ``messages`` is not a list of mappings, or ``extra`` sets ``model``,
-            ``messages`` or ``stream``, which have their own arguments.
+        TypeError: ``messages`` is not a list of mappings; ``extra`` holds a field
+            ``chat()`` does not know (the message names the closest one); or
+            ``extra_body`` sets ``model``, ``messages`` or ``stream``, which have their
+            own arguments.
     """
     if not isinstance(messages, list | tuple):
         raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': ...}")
-    clash = {"model", "messages", "stream"} & extra.keys()
-    if clash:
-        raise TypeError(f"pass {', '.join(sorted(clash))} as chat() arguments, not as extra")
     body: dict[str, Any] = {"messages": [_message(m) for m in messages]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if temperature is not None:
         body["temperature"] = temperature
-    body.update(extra)
+    if extra:
+        unknown = extra.keys() - BODY_FIELDS
+        if unknown:
+            raise TypeError(unknown_argument(min(unknown)))
+        body.update(extra)
+    if extra_body:
+        if not isinstance(extra_body, Mapping):
+            raise TypeError("extra_body must be a mapping of request fields")
+        clash = _RESERVED & extra_body.keys()
+        if clash:
+            raise TypeError(
+                f"pass {', '.join(sorted(clash))} as chat() arguments, not in extra_body"
+            )
+        body.update(extra_body)
     if stream:
         body["stream"] = True
-        body.setdefault("stream_options", _STREAM_OPTIONS)
+        options = body.get("stream_options")
+        if options is None:
+            body["stream_options"] = _STREAM_OPTIONS
+        elif isinstance(options, Mapping) and "include_usage" not in options:
+            # Token accounting needs the usage chunk; the caller's other options stay.
+            body["stream_options"] = {**options, "include_usage": True}
     return body
 
 
@@ -127,6 +325,56 @@ class Completion(NamedTuple):
     usage: Usage | None
     finish_reason: str | None
     raw: dict[str, Any]
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _str(value: Any) -> str | None:
+    return value if type(value) is str else None
+
+
+def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
+    """A message's ``tool_calls``; entries that are not function calls are left to ``raw``."""
+    if type(value) is not list:
+        return ()
+    calls = []
+    for item in value:
+        function = item.get("function") if type(item) is dict else None
+        if type(function) is dict and _str(function.get("name")) is not None:
+            calls.append(
+                ToolCall(
+                    id=_str(item.get("id")) or "",
+                    type=_str(item.get("type")) or "function",
+                    function=FunctionCall(
+                        name=function["name"], arguments=_str(function.get("arguments")) or ""
+                    ),
+                )
+            )
+    return tuple(calls)
+
+
+def _tool_call_deltas(value: Any) -> tuple[ToolCallDelta, ...]:
+    """A stream delta's ``tool_calls`` pieces (malformed ones are left to ``raw``)."""
+    if type(value) is not list:
+        return ()
+    deltas = []
+    for position, item in enumerate(value):
+        if type(item) is not dict:
+            continue
+        index = item.get("index")
+        function = item.get("function")
+        deltas.append(
+            ToolCallDelta(
+                index=index if type(index) is int else position,
+                id=_str(item.get("id")),
+                type=_str(item.get("type")),
+                function=FunctionCallDelta(
+                    name=_str(function.get("name")), arguments=_str(function.get("arguments"))
+                )
+                if type(function) is dict
+                else None,
+            )
+        )
+    return tuple(deltas)
 
 
 def parse_completion(body: bytes) -> Completion:
@@ -140,12 +388,14 @@ def parse_completion(body: bytes) -> Completion:
     message = choice.get("message")
     content = message.get("content") if type(message) is dict else None
     model = data.get("model")
+    calls = message.get("tool_calls") if type(message) is dict else None
     return Completion(
         content if isinstance(content, str) else "",
         model if isinstance(model, str) else None,
         _usage(data),
         choice.get("finish_reason"),
         data,
+        _tool_calls(calls) if calls else (),
     )
 
 
@@ -165,10 +415,15 @@ def parse_chunk(data: str) -> Chunk:
         message = error.get("message") if isinstance(error, Mapping) else error
         raise ValueError(f"the server reported an error in the stream: {message}")
     choices = obj.get("choices")
+    calls = None
     if type(choices) is list and choices and type(choices[0]) is dict:
         choice = choices[0]
         delta = choice.get("delta")
-        content = delta.get("content") if type(delta) is dict else None
+        if type(delta) is dict:
+            content = delta.get("content")
+            calls = delta.get("tool_calls")
+        else:
+            content = None
         finish_reason = choice.get("finish_reason")
     else:
         content = finish_reason = None
@@ -176,6 +431,7 @@ def parse_chunk(data: str) -> Chunk:
         content=content if type(content) is str else "",
         finish_reason=finish_reason,
         usage=_usage(obj) if obj.get("usage") is not None else None,  # the last chunk only
+        tool_calls=_tool_call_deltas(calls) if calls else (),
         raw=obj,
     )
 

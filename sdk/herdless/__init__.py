@@ -1,6 +1,6 @@
 """herdless: run your own LLM next to a hosted one."""
 
-from herdless._backend import Backend, Timeouts
+from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import AsyncClient, Client
 from herdless._config import ClientOptions
@@ -9,7 +9,17 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._stats import ClientStats
 from herdless._stream import AsyncStream, Stream
-from herdless._types import AttemptRecord, ChatResult, Chunk, Message, Usage
+from herdless._types import (
+    AttemptRecord,
+    ChatResult,
+    Chunk,
+    FunctionCall,
+    FunctionCallDelta,
+    Message,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from herdless._version import __version__
 from herdless._window import WindowPolicy
 from herdless.errors import (
@@ -57,12 +67,15 @@ __all__ = [
     "DeadlineExceeded",
     "FallbackNotAllowed",
     "FallbackPolicy",
+    "FunctionCall",
+    "FunctionCallDelta",
     "HerdlessError",
     "InternalServerError",
     "Message",
     "NotFoundError",
     "PacingPolicy",
     "PermissionDeniedError",
+    "Price",
     "RateLimitError",
     "RetryPolicy",
     "ServiceUnavailableError",
@@ -71,6 +84,8 @@ __all__ = [
     "StreamDeadlineExceeded",
     "StreamInterrupted",
     "Timeouts",
+    "ToolCall",
+    "ToolCallDelta",
     "UnprocessableEntityError",
     "Usage",
     "WindowPolicy",

@@ -174,6 +174,16 @@ class _StreamState:
         self.by_total = idle is None or left <= idle
         return left if self.by_total else idle
 
+    def arrived(self) -> None:
+        """A piece of the body arrived: past ``stream_deadline`` it is not delivered (a
+        read is bounded by what is left of it, so only a clock that jumped gets here).
+
+        Raises:
+            StreamDeadlineExceeded: the piece came too late.
+        """
+        if self.end is not None and self.flow.state.clock.monotonic() > self.end:
+            raise self.deadline_exceeded()
+
     def read(self, raw: Iterator[bytes]) -> bytes | None:
         """The sync driver's next piece of the body (``None`` at its end), its socket
         waits clipped to ``wait()`` when the HTTP client is the driver's own.
@@ -361,6 +371,7 @@ class Stream(_StreamBase):
                 data = state.read(raw)
                 if data is None:
                     break
+                state.arrived()
                 yield from state.feed(data)
             yield from state.tail()
             state.complete()
@@ -420,6 +431,7 @@ class AsyncStream(_StreamBase):
                     break
                 except TimeoutError:
                     raise httpx.ReadTimeout(f"no chunk within {wait:g} s") from None
+                state.arrived()
                 for chunk in state.feed(data):
                     yield chunk
             for chunk in state.tail():

@@ -258,12 +258,13 @@ class _BaseClient:
         )
         total = None
         if stream:
-            total = self.config.stream_deadline if stream_deadline is None else stream_deadline
+            config = self._state.config
+            total = config.stream_deadline if stream_deadline is None else stream_deadline
             if total is not None:
                 if not total > 0:
                     raise ValueError(f"stream_deadline must be > 0 seconds, got {total!r}")
                 # The first chunk cannot come later than the end of the whole stream.
-                deadline = min(self.config.deadline if deadline is None else deadline, total)
+                deadline = min(config.deadline if deadline is None else deadline, total)
         # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
         request_id = os.urandom(16).hex()
         flow = CallFlow(
@@ -289,7 +290,7 @@ class _BaseClient:
     def _answered(flow: CallFlow, send: Send, outcome: Outcome) -> None:
         """Count a whole answer's tokens before the flow accepts it (and emits
         ``CallFinished``): ``ResponseReceived`` comes first."""
-        if type(outcome) is Response and outcome.stream is not None and not send.stream:
+        if not send.stream and type(outcome) is Response and outcome.stream is not None:
             completion: Completion = outcome.stream
             response_received(
                 flow,
@@ -297,7 +298,7 @@ class _BaseClient:
                 usage=completion.usage,
                 model=completion.model,
                 finish_reason=completion.finish_reason,
-                response_id=_str(completion.raw.get("id")),
+                raw=completion.raw,
             )
 
     @staticmethod
@@ -468,7 +469,7 @@ class Client(_BaseClient):
             TypeError: an unknown keyword argument (the message names the closest one).
             HerdlessError: a subclass saying what failed (``herdless.errors``).
         """
-        headers = check_extra_headers(extra_headers)
+        headers = check_extra_headers(extra_headers) if extra_headers else None
         flow, request_id, total = self._start(
             messages,
             model=model,
@@ -527,7 +528,8 @@ class Client(_BaseClient):
             response = self._http.send(request, stream=True)
             if send.stream and response.is_success:
                 idle = None
-                if limit is not None:  # the limit bounds the first event, the socket a gap
+                if limit is not None and send.timeouts.read != send.timeouts.first_byte:
+                    # The limit bounds the first event; the socket (or the limit) each gap.
                     _, idle = stream_waits(response, send.timeouts)
                 opened = OpenStream(response, response.iter_bytes(), idle=idle)
                 while not opened.feed(next(opened.raw)):
@@ -538,10 +540,11 @@ class Client(_BaseClient):
             # attempt (each read alone is bounded by the socket, not their sum).
             parts: list[bytes] = []
             size = 0
+            cap = math.inf if response.is_success else ERROR_BODY_CAP
             for part in response.iter_bytes():
                 parts.append(part)
                 size += len(part)
-                if size > ERROR_BODY_CAP and not response.is_success:
+                if size > cap:
                     break  # an error body is read for its message only
                 if self._clock.monotonic() > end:
                     raise _too_slow("the answer")
@@ -653,7 +656,7 @@ class AsyncClient(_BaseClient):
         **extra: Any,
     ) -> ChatResult | AsyncStream:
         """Ask for a chat completion; see ``Client.chat``."""
-        headers = check_extra_headers(extra_headers)
+        headers = check_extra_headers(extra_headers) if extra_headers else None
         flow, request_id, total = self._start(
             messages,
             model=model,
@@ -743,10 +746,11 @@ class AsyncClient(_BaseClient):
                 return opened.outcome(elapsed=self._clock.monotonic() - start)
             parts: list[bytes] = []
             size = 0
+            cap = math.inf if response.is_success else ERROR_BODY_CAP
             async for part in response.aiter_bytes():
                 parts.append(part)
                 size += len(part)
-                if size > ERROR_BODY_CAP and not response.is_success:
+                if size > cap:
                     break  # an error body is read for its message only
                 if self._clock.monotonic() > end:
                     raise _too_slow("the answer")
@@ -789,10 +793,6 @@ class AsyncClient(_BaseClient):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _derived_state(state: ClientState, config: ClientConfig) -> ClientState:

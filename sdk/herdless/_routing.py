@@ -174,6 +174,7 @@ class SpendGuard:
     __slots__ = (
         "_calls",
         "_clock",
+        "_count_calls",
         "_external",
         "_lock",
         "_max_cost",
@@ -200,6 +201,7 @@ class SpendGuard:
         self._usage: deque[tuple[float, int, float]] = deque()  # (when, tokens, cost)
         self._tokens = 0  # sums over _usage
         self._spent = 0.0
+        self._count_calls = self._share is not None or self._per_minute is not None
         self.active = any(
             cap is not None
             for cap in (self._share, self._per_minute, self._max_tokens, self._max_cost)
@@ -208,7 +210,7 @@ class SpendGuard:
 
     def record_call(self) -> None:
         """One logical call started (the share's denominator)."""
-        if self._share is not None or self._per_minute is not None:
+        if self._count_calls:
             with self._lock:
                 self._calls.append(self._clock.monotonic())
 

@@ -136,8 +136,8 @@ class StatsRecorder:
         self._waited = 0.0
         self._queued = 0
         self._queued_for = 0.0
-        self._tokens: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        self._cost: defaultdict[str, float] = defaultdict(float)
+        self._tokens: dict[str, list[int]] = {}  # [prompt, completion]: no Counter per call
+        self._cost: dict[str, float] = {}
 
     def record(self, event: Event) -> None:
         """Count one event."""
@@ -171,14 +171,16 @@ class StatsRecorder:
         cost: float | None,
     ) -> None:
         """Count a ``ResponseReceived`` (the fast path: the event may not exist)."""
-        if input_tokens is None and output_tokens is None and cost is None:
+        if input_tokens is None and output_tokens is None:
             return
         with self._lock:
-            tokens = self._tokens[backend]
-            tokens["prompt_tokens"] += input_tokens or 0
-            tokens["completion_tokens"] += output_tokens or 0
+            tokens = self._tokens.get(backend)
+            if tokens is None:
+                tokens = self._tokens[backend] = [0, 0]
+            tokens[0] += input_tokens or 0
+            tokens[1] += output_tokens or 0
             if cost is not None:
-                self._cost[backend] += cost
+                self._cost[backend] = self._cost.get(backend, 0.0) + cost
 
     def slot_waited(self, seconds: float) -> None:
         """A call got its slot after waiting ``seconds`` in the client (or gave up its place)."""
@@ -225,7 +227,10 @@ class StatsRecorder:
                 breakers=dict(breakers),
                 windows=dict(windows),
                 latency=latency,
-                tokens={name: dict(counts) for name, counts in self._tokens.items()},
+                tokens={
+                    name: {"prompt_tokens": prompt, "completion_tokens": completion}
+                    for name, (prompt, completion) in self._tokens.items()
+                },
                 cost=dict(self._cost),
             )
 
@@ -245,12 +250,16 @@ def response_received(
     usage: Usage | None,
     model: str | None,
     finish_reason: str | None,
-    response_id: str | None,
+    response_id: str | None = None,
+    raw: Mapping[str, Any] | None = None,
 ) -> None:
     """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
     the spend guard for an external backend), and emit ``ResponseReceived`` when someone
-    would see it (building it on every call showed in per-call CPU)."""
+    would see it (building it on every call showed in per-call CPU). The answer's id is
+    ``response_id``, or read from its ``raw`` JSON only then."""
     state = call.state
+    if usage is None and not call.public:
+        return  # nothing to count, nobody to tell
     input_tokens = output_tokens = None
     cost = None
     if usage is not None:
@@ -261,6 +270,9 @@ def response_received(
             state.spend.record_usage(input_tokens + output_tokens, cost)
     state.counts.response(backend.name, input_tokens, output_tokens, cost)
     if call.public:
+        if response_id is None and raw is not None:
+            ident = raw.get("id")
+            response_id = ident if isinstance(ident, str) else None
         host, port = _address(backend.base_url)
         call.publish(
             ResponseReceived(

@@ -367,12 +367,20 @@ class Stream(_StreamBase):
         try:
             yield from state.first()
             raw = state.opened.raw
-            while not state.done:
-                data = state.read(raw)
-                if data is None:
-                    break
-                state.arrived()
-                yield from state.feed(data)
+            if state.end is None and (state.limit is None or state.opened.idle is None):
+                # No limit of the driver's own on a read: the socket's timeout is the one
+                # (the common case, and the per-chunk path of every stream: kept bare).
+                for data in raw:
+                    yield from state.feed(data)
+                    if state.done:
+                        break
+            else:
+                while not state.done:
+                    data = state.read(raw)
+                    if data is None:
+                        break
+                    state.arrived()
+                    yield from state.feed(data)
             yield from state.tail()
             state.complete()
         except _BREAKS as exc:

@@ -135,12 +135,14 @@ class Endpoints:
                 headers={**fixed, **(extra_headers or {}), **send.headers},
                 extensions=extensions,
             )
-        extra = [(k.encode(), v.encode()) for k, v in (extra_headers or {}).items()]
-        if extra:  # they replace the HTTP client's own headers of the same names
+        extra = None
+        if extra_headers:  # they replace the HTTP client's own headers of the same names
+            extra = [(k.encode(), v.encode()) for k, v in extra_headers.items()]
             names = names | {name.lower() for name, _ in extra}
         headers = [item for item in http.headers.raw if item[0].lower() not in names]
         headers += fixed_raw
-        headers += extra
+        if extra:
+            headers += extra
         headers += [(k.encode(), v.encode()) for k, v in send.headers.items()]
         return httpx.Request("POST", url, content=content, headers=headers, extensions=extensions)
 
@@ -296,10 +298,25 @@ class _BoundedStream(httpcore.NetworkStream):
         self._limit = limit
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, self._limit.clip(timeout, httpcore.ReadTimeout))
+        # clip(), inlined: a read is on the per-chunk path of every stream.
+        end = self._limit.end
+        if end != math.inf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise httpcore.ReadTimeout("the call's time for this read ran out")
+            if timeout is None or timeout > left:
+                timeout = left
+        return self._stream.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, self._limit.clip(timeout, httpcore.WriteTimeout))
+        end = self._limit.end  # clip(), inlined: every request writes
+        if end != math.inf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise httpcore.WriteTimeout("the call's time for this write ran out")
+            if timeout is None or timeout > left:
+                timeout = left
+        self._stream.write(buffer, timeout)
 
     def close(self) -> None:
         self._stream.close()

@@ -113,7 +113,8 @@ async def test_a_stream_passing_its_stream_deadline_is_closed(harness: Harness) 
     harness.primary.script(_slow_stream(harness, chunks=200, step=0.25))  # exact in binary
     stream = await harness.chat(stream=True, deadline=3.0, stream_deadline=6.0)
     received: list[str] = []
-    with pytest.raises(herdless.StreamDeadlineExceeded) as caught:
+
+    async def read() -> None:
         if harness.kind == "sync":
             with stream:
                 received.extend(chunk.content for chunk in stream)
@@ -121,6 +122,9 @@ async def test_a_stream_passing_its_stream_deadline_is_closed(harness: Harness) 
             async with stream:
                 async for chunk in stream:
                     received.append(chunk.content)
+
+    with pytest.raises(herdless.StreamDeadlineExceeded) as caught:
+        await read()
     error = caught.value
     assert isinstance(error, herdless.StreamInterrupted)
     assert isinstance(error, herdless.DeadlineExceeded)

@@ -43,7 +43,11 @@ def test_fields_chat_does_not_know_travel_in_extra_body():
     payload = {"model": "m", "messages": [], "top_k": 5, "guided_json": {"type": "object"}}
     call = parse_call("POST", CHAT, {}, json.dumps(payload).encode(), pass_model=False)
     assert isinstance(call, Call)
-    assert call.kwargs == {"model": None, "top_k": 5, "extra_body": {"guided_json": {"type": "object"}}}
+    assert call.kwargs == {
+        "model": None,
+        "top_k": 5,
+        "extra_body": {"guided_json": {"type": "object"}},
+    }
 
 
 @pytest.mark.parametrize(

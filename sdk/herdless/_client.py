@@ -328,28 +328,35 @@ class Client(_BaseClient):
         primary: the primary's API root (``"http://gateway:8080/v1"``), a ``Backend``, or
             several (each call picks the less busy of two). ``None`` reads the environment
             (``HERDLESS_*``, see ``from_env``) for everything not given.
-        fallback: backends to fall back to, in order.
-        model: the model asked of the primary.
-        retry: retry, backoff and retry-budget policy.
-        breaker: circuit-breaker policy (one breaker per backend, per client).
-        deadline: seconds for a whole call, waits included (default 60); for a stream,
-            until its first chunk.
-        stream_deadline: seconds from a streamed call's start to the stream's end
-            (default: none; ``Timeouts.read`` bounds each silence).
         on_event: called with every event (``herdless.events``): one callable or a
             sequence of them, each a plain callable.
-        timeouts: per-attempt limits for backends that set none.
-        fallback_policy: when to leave a backend, where a call may not go.
-        window: flow control: how many of this client's calls may be at one backend at
-            once; the others wait in the client (``herdless.WindowPolicy``).
-        pacing: a rate the client never exceeds toward each backend (off by default).
-        clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
-        rng: random source for jitter (seeded in tests).
         sleep: how to wait (``time.sleep``; ``FakeClock.sleep`` in tests).
         http_client: an ``httpx.Client`` to send with (not closed by this client).
         transport: an httpx transport for the client's own ``httpx.Client``
             (``httpx.MockTransport`` in tests).
-        env_file: the ``.env`` file read when configuring from the environment.
+        **options: the options both clients share (``ClientOptions``), below.
+
+    Other Parameters:
+        fallback (Backend | Sequence[Backend] | None): backends to fall back to, in order.
+        model (str | None): the model asked of the primary.
+        retry (RetryPolicy | None): retry, backoff and retry-budget policy.
+        breaker (BreakerPolicy | None): circuit-breaker policy (one breaker per backend,
+            per client).
+        deadline (float | None): seconds for a whole call, waits included (default 60);
+            for a stream, until its first chunk.
+        stream_deadline (float | None): seconds from a streamed call's start to the
+            stream's end (default: none; ``Timeouts.read`` bounds each silence).
+        timeouts (Timeouts | None): per-attempt limits for backends that set none.
+        fallback_policy (FallbackPolicy | None): when to leave a backend, where a call may
+            not go.
+        window (WindowPolicy | None): flow control: how many of this client's calls may be
+            at one backend at once; the others wait in the client.
+        pacing (PacingPolicy | None): a rate the client never exceeds toward each backend
+            (off by default).
+        clock (Clock): monotonic clock (a ``herdless.testing.FakeClock`` in tests).
+        rng (random.Random | None): random source for jitter (seeded in tests).
+        env_file (str | Path | None): the ``.env`` file read when configuring from the
+            environment.
 
     >>> with Client(primary="http://127.0.0.1:8080/v1", model="gemma") as client:  # doctest: +SKIP
     ...     print(client.chat([{"role": "user", "content": "Hi"}]).content)

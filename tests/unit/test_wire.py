@@ -8,17 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from herdless._fields import BODY_FIELDS, check_extra_headers, split_fields
 from herdless._types import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage
 from herdless._wire import (
-    BODY_FIELDS,
     DONE,
     SSEDecoder,
     build_body,
-    check_extra_headers,
     encode_body,
     parse_chunk,
     parse_completion,
-    split_fields,
     with_model,
 )
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from herdless._fields import split_fields
 from herdless._stream import AsyncStream, Stream
 from herdless._types import ChatResult, Chunk
-from herdless._wire import split_fields
 from herdless.errors import (
     AllBackendsFailed,
     APIConnectionError,

@@ -73,6 +73,21 @@ async def test_extra_headers_may_not_carry_a_key(harness: Harness) -> None:
     assert harness.primary.requests == []
 
 
+async def test_a_404_from_a_base_url_without_v1_says_so(router: Any, client_kind: str) -> None:
+    from herdless.testing import MockBackend
+
+    MockBackend(router, "http://gpu.test").script(server_error(404, "Not Found"))
+    h = Harness(client_kind, router)
+    h.build(primary=herdless.Backend(name="primary", base_url="http://gpu.test"))
+    with pytest.raises(herdless.NotFoundError) as caught:
+        await h.chat()
+    await h.close()
+    assert isinstance(caught.value, herdless.BadRequestError)  # the old except still works
+    assert caught.value.status_code == 404
+    assert "does not end in /v1" in str(caught.value)
+    assert "try http://gpu.test/v1" in str(caught.value)
+
+
 # -- hooks ---------------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ def hooks_of(on_event: Hook | Sequence[Hook] | None) -> tuple[Hook, ...]:
 
 
 def is_async_hook(hook: Hook) -> bool:
+    """Whether ``hook`` is a coroutine function (or an object whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
         getattr(hook, "__call__", None)  # noqa: B004 -- an object whose __call__ is async
     )

@@ -216,20 +216,24 @@ class CircuitBreaker:
                 return self._open("closed", "failure_rate", self._period())
             return None
 
-    def record_refusal(self, permit: Permit) -> Transition | None:
+    def record_refusal(
+        self, permit: Permit, *, answer_time: float | None = None
+    ) -> Transition | None:
         """The backend refused without saying why or when (a bare 503, as vLLM's full
         queue). A busy backend serves calls all the time, a dead one behind a proxy
         never: so a refusal counts, toward the failure rate only (never the consecutive
-        count), once the backend has served nothing for ``open_for`` seconds. A refused
-        probe proves nothing either way: the next call probes again."""
+        count), once the backend has served nothing for ``open_for`` seconds, or four
+        of its answer times (``answer_time``) when those are longer. A refused probe
+        proves nothing either way: the next call probes again."""
         with self._lock:
             if permit is Permit.PROBE:
                 self._probing = False
                 return None
             if permit is not Permit.CALL or self._state != "closed":
                 return None
-            if self._clock.monotonic() - self._served_at < self._policy.open_for:
-                return None  # it served moments ago: busy, not dead
+            grace = max(self._policy.open_for, 4 * (answer_time or 0.0))
+            if self._clock.monotonic() - self._served_at < grace:
+                return None  # it served recently: busy, not dead
             failures, total = self._remember(True)
             policy = self._policy
             if total >= policy.min_calls and failures >= policy.failure_rate * total:

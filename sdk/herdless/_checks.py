@@ -43,6 +43,7 @@ from herdless.errors import HerdlessError
 from herdless.events import (
     AttemptFailed,
     BackpressureReceived,
+    RetryScheduled,
     SlotAwaited,
     WindowResized,
 )
@@ -261,8 +262,9 @@ def send(call: Call, stay: Stay, now: float) -> Send:
     )
 
 
-def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | Wait:
-    """What the attempt's outcome means: the answer, a move, the end, or a wait to retry.
+def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | Wait | None:
+    """What the attempt's outcome means: the answer, a move, the end, a wait to retry, or
+    ``None``: retry as soon as the checks let it (a refused call back in the window's line).
 
     Raises:
         HerdlessError: a request no backend can serve (400, 401, 403, ...).
@@ -300,7 +302,8 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
         if verdict.breaker_failure:
             call.transition(backend, stay.breaker.record_failure(permit))
         elif verdict.breaker_refusal:
-            call.transition(backend, stay.breaker.record_refusal(permit))
+            answer = stay.window.answer_time
+            call.transition(backend, stay.breaker.record_refusal(permit, answer_time=answer))
         else:
             call.transition(backend, stay.breaker.record_success(permit))
     error = stay.last_error = call.errors.attempt(backend, outcome, verdict)
@@ -317,8 +320,11 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
         capacity = parse_capacity(outcome.headers)
         if capacity is not None:
             _advertised(call, stay, capacity)
-    if verdict.busy and stay.slot is not None and stay.window.refused(stay.slot):
-        call.emit(WindowResized, backend=name, size=stay.window.size, reason="refused")
+    requeued = False
+    if verdict.busy and stay.slot is not None:
+        if stay.window.refused(stay.slot):
+            call.emit(WindowResized, backend=name, size=stay.window.size, reason="refused")
+        requeued = stay.window.requeue(stay.slot)
     if verdict.backend_wide:
         _hold_backend(call, stay, verdict)
         if not stay.last:
@@ -333,6 +339,11 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     if verdict.timeout and not stay.last:
         return Move("timeout", error)
     policy = state.config.fallback_policy
+    why = f"status_{verdict.status}" if verdict.status is not None else verdict.kind
+    if requeued:  # the window shrank below its calls: this one waits first in line
+        stay.scheduled = True
+        call.emit(RetryScheduled, backend=name, attempt=call.attempt, delay=0.0, reason=why)
+        return None
     if verdict.busy:
         ra = verdict.retry_after
         if ra is not None and not stay.last and policy.on_backpressure == "fallback":
@@ -351,7 +362,6 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     if not call.fits(now + delay, stay.end):
         too_long = verdict.retry_after is not None
         return give_up(call, stay, "retry_after_exceeds_deadline" if too_long else "deadline")
-    why = f"status_{verdict.status}" if verdict.status is not None else verdict.kind
     if verdict.retry_after is not None:  # the server invited this retry: no budget spent
         stay.scheduled = True
         return Wait(delay, why, retry=True)

@@ -41,6 +41,8 @@ def serve(call: Call, stay: Stay) -> Generator[Action, Outcome | None, Accepted 
                 if outcome is None:
                     raise TypeError("the driver must send the outcome of a Send action, not None")
                 decision = judge(call, stay, outcome)
+                if decision is None:  # retry as soon as the checks let it
+                    continue
             if isinstance(decision, Wait):
                 _announce(call, stay, decision)
                 if decision.until_release and stay.slot is not None:

@@ -17,9 +17,13 @@ first served; a call that leaves hands its slot to the next waiting call at once
     success   size += 1           while size < threshold   (slow start)
               size += 1 / size    after                    (one more per round)
               only when the window was full: a window nobody fills proves nothing
-    refusal   threshold = size = max(minimum, min(size, in_use) * decrease)
-              (a 429 or a busy 503), at most once per round: only the refusal of a
-              call let through since the last cut cuts again
+    refusal   (a 429 or a busy 503)
+              size = min(size, max(minimum, in_use - refused))   what the backend holds
+              threshold = size = max(minimum, min(size, in_use) * decrease)
+                  at most once per round: only the refusal of a call let through
+                  since the last cut cuts again
+              a refused call keeps its slot, unless the window now holds more calls
+              than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
 **How long a waiter will wait.** Slots free at the rate measured over the last
@@ -259,19 +263,27 @@ class Window:
                 self._hand_over(self._clock.monotonic())
 
     def refused(self, ticket: SlotTicket) -> bool:
-        """An attempt of ``ticket``'s call was refused (a 429, a busy 503): shrink, once
-        per round. Returns whether the window shrank."""
+        """An attempt of ``ticket``'s call was refused (a 429, a busy 503): shrink to what
+        the backend holds of this client now, and by ``decrease`` once per round.
+        Returns whether the window shrank."""
         with self._lock:
             if not ticket.refused:
                 ticket.refused = True
                 self._resting += 1
-            if ticket.epoch != self._epoch or not self._policy.enabled:
-                return False  # let through before the last cut: that cut answered it
+            if not self._policy.enabled:
+                return False
             policy = self._policy
-            size = max(policy.minimum, math.floor(min(self._size, self._in_use) * policy.decrease))
-            self._size = self._threshold = float(size)
-            self._epoch += 1
-            return True
+            before = self._size
+            # What the backend holds of ours right now, the calls it did not refuse: a
+            # measurement, not a guess, and so never a cascade below the server's room.
+            held = max(policy.minimum, self._in_use - self._resting)
+            if held < self._size:
+                self._size = self._threshold = float(held)
+            if ticket.epoch == self._epoch:  # let through since the last cut: cut again
+                size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
+                self._size = self._threshold = float(min(self._size, size))
+                self._epoch += 1
+            return self._size < before
 
     def on_release(self, ticket: SlotTicket, notify: Callable[[], None]) -> None:
         """Call ``notify`` (once, from any thread) when another call leaves the backend:
@@ -280,6 +292,29 @@ class Window:
         with self._lock:
             ticket._notify = notify
             self._listeners.append(ticket)
+
+    def requeue(self, ticket: SlotTicket) -> bool:
+        """``ticket``'s call was refused while the window holds more calls than its size
+        (it just shrank): give its slot back and put it first in line, so that it goes
+        again when the window has room, not into a full server. Returns whether it did."""
+        with self._lock:
+            if ticket.state != "granted" or self._in_use <= self._size:
+                return False
+            if ticket.refused:
+                ticket.refused = False
+                self._resting -= 1
+                if ticket in self._listeners:
+                    self._listeners.remove(ticket)
+            ticket.state = "waiting"
+            ticket._notify = None
+            self._in_use -= 1
+            self._waiting.appendleft(ticket)
+            return True
+
+    @property
+    def answer_time(self) -> float | None:
+        """An EWMA of the time from sending an attempt to its accepted answer, seconds."""
+        return self._answer
 
     def resend(self, ticket: SlotTicket) -> None:
         """``ticket``'s call sends again after a refusal."""

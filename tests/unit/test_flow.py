@@ -729,3 +729,15 @@ def test_without_a_hook_debug_logging_still_sees_every_event(
     records = [r for r in caplog.records if r.name == "herdless"]
     assert [r.getMessage().split()[0] for r in records] == ["AttemptStarted", "CallFinished"]
     assert driver.events == []
+
+
+def test_a_call_whose_deadline_passes_while_it_waits_for_a_slot_leaves_typed() -> None:
+    driver = make(window=WindowPolicy(initial=1, maximum=1))
+    holder = driver.start(request_id="holder").run()
+    assert isinstance(next(holder), Send)  # the only slot is taken, its answer pending
+    with pytest.raises(DeadlineExceeded, match="busy"):
+        driver.run(request_id="late", deadline=3.0)
+    # It waited for a slot, sent nothing, and left before its deadline.
+    assert driver.sent_to() == []
+    assert driver.clock.monotonic() - 1000 <= 3.0
+    assert driver.policies.window(PRIMARY).waiting == 0

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import herdless
+from herdless._breaker import BreakerPolicy, CircuitBreaker
 from herdless._window import SlotTicket, Window, WindowPolicy
 from herdless.testing import FakeClock
 
@@ -92,16 +93,27 @@ def test_a_refusal_shrinks_it_once_per_round_then_it_grows_one_per_round() -> No
     tickets = backlog[:8]
     assert win.refused(tickets[0]) is True
     assert win.size == 4  # min(size, in use) * decrease
-    # The other seven were let through before the cut: the cut already answered them.
-    assert [win.refused(t) for t in tickets[1:]] == [False] * 7
+    # Three more refused, let through before the cut: no second cut by the factor...
+    assert [win.refused(t) for t in tickets[1:4]] == [False] * 3
     assert win.size == 4
-    for ticket in tickets:
+    # ...but the window follows what the backend holds of ours: 3 of 8 now.
+    assert win.refused(tickets[4]) is True
+    assert win.size == 3
+    for ticket in tickets[:5]:
         win.resend(ticket)
-    _round(win, backlog)  # (all eight answered: the window was over-full)
     _round(win, backlog)
-    assert 4 < win.size < 8  # about one more per round: no longer doubling (16 by now)
+    _round(win, backlog)
+    assert 3 < win.size < 8  # about one more per answer-round: no longer doubling (12)
     later = next(t for t in backlog if t.state == "granted")
     assert win.refused(later) is True  # let through after the cut: it cuts again
+
+
+def test_the_window_follows_what_the_backend_holds() -> None:
+    win, _ = window(initial=16)
+    tickets = fill(win, 16)
+    for ticket in tickets[8:]:  # the backend took 8 and refused 8
+        win.refused(ticket)
+    assert win.size == 8
 
 
 def test_it_never_shrinks_below_its_minimum() -> None:
@@ -320,3 +332,30 @@ def test_policy_validation() -> None:
         WindowPolicy(initial=2, minimum=4)
     with pytest.raises(ValueError, match="initial"):
         WindowPolicy(initial=0)
+
+
+def test_a_refused_call_beyond_a_shrunk_window_waits_first_in_line() -> None:
+    win, _ = window(initial=4)
+    tickets = fill(win, 4)
+    newcomer = win.acquire(end=END)
+    assert win.refused(tickets[0]) is True  # 4 -> 3: the window holds one call too many
+    assert win.requeue(tickets[0]) is True
+    assert tickets[0].state == "waiting"
+    assert win.requeue(tickets[1]) is False  # 3 in use, 3 wide: the others keep their slots
+    win.release(tickets[2])
+    assert (tickets[0].state, newcomer.state) == ("granted", "waiting")  # first in line
+
+
+def test_a_bare_503_counts_only_after_a_few_answer_times_without_success() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        BreakerPolicy(min_calls=2, open_for=5.0), clock=clock, rng=random.Random(0)
+    )
+    breaker.record_success(breaker.acquire()[0])
+    clock.advance(10.0)  # 10 s without a success, but answers here take 7 s: still busy
+    for _ in range(4):
+        assert breaker.record_refusal(breaker.acquire()[0], answer_time=7.0) is None
+    clock.advance(20.0)  # 30 s: over four answer times, the refusal counts
+    opened = breaker.record_refusal(breaker.acquire()[0], answer_time=7.0)
+    assert opened is not None
+    assert opened.reason == "failure_rate"

@@ -81,7 +81,7 @@ def _shared(opts: BenchSettings, out: Path, progress: Progress) -> list[Scenario
     if opts.target:
         print("shared: measures local processes it configures itself; --target is not used")
     params = shared.SharedParams(repeats=opts.repeats, seed=opts.seed)
-    return shared.run(params, progress)
+    return shared.run(params, out, progress)
 
 
 def _spill(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:

@@ -32,10 +32,12 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import ratio
@@ -48,8 +50,9 @@ _GIVE_UP = 120.0  # seconds an arm without a stopping rule of its own keeps tryi
 
 Call = Callable[[], Awaitable[None]]
 """One logical chat; returns when answered, raises when its arm gave up."""
-Crowd = Callable[[str, int, list[int]], Awaitable[list[Call]]]
-"""``(base_url, n, sent) -> n calls``; every HTTP request they send counts in ``sent[0]``."""
+Crowd = Callable[[str, int, list[float]], Awaitable[list[Call]]]
+"""``(base_url, n, sent) -> n calls``; every HTTP request they send appends its time to
+``sent`` (``time.monotonic()``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,11 +84,11 @@ class GaveUp(Exception):
     """The arm stopped trying before the call was answered."""
 
 
-def _counting(sent: list[int]) -> dict[str, list[Callable[[Any], Awaitable[None]]]]:
-    """httpx (or httpx2) event hooks that count every request sent."""
+def _counting(sent: list[float]) -> dict[str, list[Callable[[Any], Awaitable[None]]]]:
+    """httpx (or httpx2) event hooks that note when every request is sent."""
 
     async def count(request: Any) -> None:
-        sent[0] += 1
+        sent.append(time.monotonic())
 
     return {"request": [count]}
 
@@ -95,7 +98,7 @@ def _body(model: str, tokens: int) -> dict[str, Any]:
 
 
 async def _openai_crowd(
-    url: str, n: int, sent: list[int], *, shared: bool, model: str, tokens: int
+    url: str, n: int, sent: list[float], *, shared: bool, model: str, tokens: int
 ) -> list[Call]:
     import httpx2  # lazy: the openai client's own httpx
     import openai
@@ -127,7 +130,7 @@ async def _openai_crowd(
 
 
 async def _tenacity_crowd(
-    url: str, n: int, sent: list[int], *, model: str, tokens: int
+    url: str, n: int, sent: list[float], *, model: str, tokens: int
 ) -> list[Call]:
     import httpx2
     import openai
@@ -159,7 +162,9 @@ async def _tenacity_crowd(
     return [call for _ in range(n)]
 
 
-async def _naive_crowd(url: str, n: int, sent: list[int], *, model: str, tokens: int) -> list[Call]:
+async def _naive_crowd(
+    url: str, n: int, sent: list[float], *, model: str, tokens: int
+) -> list[Call]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     client = httpx.AsyncClient(event_hooks=_counting(sent), timeout=600, limits=limits)
     body = _body(model, tokens)
@@ -178,7 +183,7 @@ async def _naive_crowd(url: str, n: int, sent: list[int], *, model: str, tokens:
 
 
 async def _herdless_crowd(
-    url: str, n: int, sent: list[int], *, shared: bool, model: str, tokens: int, seed: int
+    url: str, n: int, sent: list[float], *, shared: bool, model: str, tokens: int, seed: int
 ) -> list[Call]:
     import herdless  # lazy: keeps this module importable while the SDK grows
 
@@ -212,24 +217,24 @@ async def _herdless_crowd(
 def _arms(p: SharedParams, model: str, seed_base: int) -> dict[str, Crowd]:
     tokens = p.max_tokens
 
-    async def openai_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def openai_shared(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _openai_crowd(url, n, sent, shared=True, model=model, tokens=tokens)
 
-    async def openai_each(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def openai_each(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _openai_crowd(url, n, sent, shared=False, model=model, tokens=tokens)
 
-    async def tenacity_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def tenacity_shared(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _tenacity_crowd(url, n, sent, model=model, tokens=tokens)
 
-    async def naive_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def naive_shared(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _naive_crowd(url, n, sent, model=model, tokens=tokens)
 
-    async def herdless_shared(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def herdless_shared(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _herdless_crowd(
             url, n, sent, shared=True, model=model, tokens=tokens, seed=seed_base
         )
 
-    async def herdless_each(url: str, n: int, sent: list[int]) -> list[Call]:
+    async def herdless_each(url: str, n: int, sent: list[float]) -> list[Call]:
         return await _herdless_crowd(
             url, n, sent, shared=False, model=model, tokens=tokens, seed=seed_base
         )
@@ -244,9 +249,12 @@ def _arms(p: SharedParams, model: str, seed_base: int) -> dict[str, Crowd]:
     }
 
 
-async def _crowd(url: str, n: int, crowd: Crowd) -> dict[str, float]:
-    """Start ``n`` calls at once; their served share, attempts and makespan."""
-    sent = [0]
+async def _crowd(
+    url: str, n: int, crowd: Crowd, arrivals: list[float] | None = None
+) -> dict[str, float]:
+    """Start ``n`` calls at once; their served share, attempts and makespan. ``arrivals``
+    receives when each request was sent (seconds since the start)."""
+    sent: list[float] = []
     calls = await crowd(url, n, sent)
     start = time.monotonic()
     finished: list[float] = []
@@ -260,9 +268,11 @@ async def _crowd(url: str, n: int, crowd: Crowd) -> dict[str, float]:
         return True
 
     outcomes = await asyncio.gather(*(one(call) for call in calls))
+    if arrivals is not None:
+        arrivals.extend(t - start for t in sent)
     return {
         "served": sum(outcomes) / n,
-        "attempts": sent[0] / n,
+        "attempts": len(sent) / n,
         "makespan": max(finished, default=float("nan")),
     }
 
@@ -312,36 +322,65 @@ def _vllm_case(p: SharedParams, queued: int | None) -> Iterator[ServerProcess]:
 
 
 def _measure(
-    url: str, p: SharedParams, crowds: dict[str, Crowd], progress: Progress | None
+    url: str,
+    p: SharedParams,
+    crowds: dict[str, Crowd],
+    progress: Progress | None,
+    arrivals: dict[str, list[float]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
+    """Every arm, interleaved; ``arrivals`` gets each arm's send times of its first run."""
+
     def arm(name: str, crowd: Crowd) -> Arm:
-        return Arm(name=name, run=lambda seed: asyncio.run(_crowd(url, p.n, crowd)))
+        def measure(seed: int) -> dict[str, float]:
+            seen = None if arrivals is None or name in arrivals else arrivals.setdefault(name, [])
+            return asyncio.run(_crowd(url, p.n, crowd, seen))
+
+        return Arm(name=name, run=measure)
 
     arms = [arm(name, crowd) for name, crowd in crowds.items()]
     return run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
 
 
-def run(p: SharedParams, progress: Progress | None = None) -> list[ScenarioResult]:
-    """Both cases, every arm; returns one table per case."""
+def run(p: SharedParams, out: Path, progress: Progress | None = None) -> list[ScenarioResult]:
+    """Both cases, every arm; returns one table per case and writes their plots in ``out``."""
     model = "emulated-llama-3-8b"
     results = []
+    arrivals: dict[str, list[float]] = {}
     with _gateway_case(p) as url:
         service = asyncio.run(_service(url, p, model))
-        runs = _measure(url, p, _arms(p, model, p.seed), progress)
+        runs = _measure(url, p, _arms(p, model, p.seed), progress, arrivals)
     ideal = p.n / p.slots * service
-    results.append(_result("shared-gateway", p, runs, ideal, service, gateway=True))
+    result = _result("shared-gateway", p, runs, ideal, service, gateway=True)
+    result.plots.append(_plot(out / "shared-gateway.png", arrivals, p, service, result.title))
+    results.append(result)
 
     with _vllm_case(p, None) as vllm:
         url = f"{vllm.url}/v1"
         service = asyncio.run(_service(url, p, model))
-        unbounded = _measure(
-            url, p, {"unbounded queue": _arms(p, model, p.seed)["openai (shared)"]}, progress
-        )
+        reference = {"unbounded queue": _arms(p, model, p.seed)["openai (shared)"]}
+        unbounded = _measure(url, p, reference, progress)
     baseline = statistics.median(r["makespan"] for r in unbounded["unbounded queue"])
+    arrivals = {}
     with _vllm_case(p, p.vllm_queue) as vllm:
-        runs = _measure(f"{vllm.url}/v1", p, _arms(p, model, p.seed), progress)
-    results.append(_result("shared-vllm", p, runs, baseline, service, gateway=False))
+        runs = _measure(f"{vllm.url}/v1", p, _arms(p, model, p.seed), progress, arrivals)
+    result = _result("shared-vllm", p, runs, baseline, service, gateway=False)
+    result.plots.append(_plot(out / "shared-vllm.png", arrivals, p, service, result.title))
+    results.append(result)
     return results
+
+
+def _plot(
+    path: Path, arrivals: dict[str, list[float]], p: SharedParams, service: float, title: str
+) -> Path:
+    """Requests sent over time, one panel per shared-client arm."""
+    shown = {k: v for k, v in arrivals.items() if "shared" in k}
+    return rate_panels(
+        path,
+        shown,
+        title=f"requests sent over time: {title}",
+        capacity=p.slots / service,
+        until=max((max(t) for t in shown.values() if t), default=1.0) + 1,
+    )
 
 
 def _result(

@@ -26,7 +26,7 @@ from herdless.demo.plot import timeline_png
 from herdless.demo.settings import DemoSettings, parse_settings
 from herdless.demo.stack import running_stack
 from herdless.demo.tally import Tally
-from herdless.demo.view import accounting, live_panel, summary_table
+from herdless.demo.view import accounting, live_panel, phase_table, summary_table
 from herdless.testing.vllm import VllmHome, VllmUnavailable, prepare
 
 __all__ = ["main"]
@@ -145,6 +145,7 @@ def main(argv: Sequence[str]) -> int:
                 deadline=opts.deadline,
                 max_words=opts.max_words,
                 max_tokens=opts.max_tokens,
+                gpu_seqs=opts.gpu_seqs,
             )
             with Live(console=console, refresh_per_second=4, transient=False) as live:
 
@@ -159,6 +160,7 @@ def main(argv: Sequence[str]) -> int:
         console.print("interrupted: every demo server has been stopped.")
         return _INTERRUPTED
     console.print(summary_table(tally, primary=PRIMARY, fallback=fallback, started=crowd.started))
+    console.print(phase_table(tally, day, primary=PRIMARY, fallback=fallback))
     console.print(accounting(tally, started=crowd.started, primary=PRIMARY, fallback=fallback))
     backends = [PRIMARY] + ([FALLBACK] if fallback else [])
     png = timeline_png(

@@ -73,6 +73,7 @@ _WORDS = (
 # Answer lengths people ask for: mostly short, sometimes a page.
 _MAX_TOKENS = (64, 128, 128, 256, 256, 512)
 _METRIC = re.compile(r"^herdless_gateway_(queue_depth|inflight) (\S+)$", re.MULTILINE)
+_RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
 @dataclass(slots=True)
@@ -82,6 +83,7 @@ class Crowd:
     Attributes:
         max_words: caps the question lengths (15 to 300 words).
         max_tokens: caps the answer lengths employees ask for.
+        gpu_seqs: the GPU's ``max_num_seqs`` (its busy share is running / this).
         started: calls started (each ends served or failed: the accounting checks it).
     """
 
@@ -94,6 +96,7 @@ class Crowd:
     deadline: float = 20.0
     max_words: int = 300
     max_tokens: int = 512
+    gpu_seqs: int = 16
     started: int = 0
 
     def _client(self, index: int, http: httpx.AsyncClient) -> herdless.AsyncClient:
@@ -153,14 +156,21 @@ class Crowd:
                 (await admin.post(path)).raise_for_status()
 
     async def _gauges(self, stop: asyncio.Event) -> None:
-        """Polls the gateway's queue depth and running requests for the live view."""
-        async with httpx.AsyncClient(base_url=self.stack.gateway) as http:
+        """Polls the gateway's queue depth and running requests for the live view, and
+        the GPU's running sequences (vLLM's own gauge) for its busy share."""
+        async with httpx.AsyncClient() as http:
             while not stop.is_set():
                 with contextlib.suppress(httpx.HTTPError):
-                    text = (await http.get("/metrics")).text
+                    text = (await http.get(f"{self.stack.gateway}/metrics")).text
                     for name, value in _METRIC.findall(text):
                         self.tally.gauges[name] = float(value)
-                await _pause(stop, 0.5)
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await http.get(f"{self.stack.gpu}/metrics")).text
+                    running = _RUNNING.search(text)
+                    if running is not None:
+                        busy = min(1.0, float(running.group(1)) / self.gpu_seqs)
+                        self.tally.sample_gpu(time.monotonic(), busy)
+                await _pause(stop, 0.25)
 
     async def run(self, on_tick: Callable[[], None]) -> None:
         """Play the whole day, calling ``on_tick`` a few times a second; then let calls end."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from herdless.bench.stats import percentile
@@ -50,6 +51,9 @@ class Tally:
             few milliseconds late on a busy machine shows here, not as a lost call).
         attempts: attempts per finished call (served or failed).
         gauges: the latest value of external gauges (the gateway's queue depth).
+        spilled: per second, calls that moved from the primary to a fallback.
+        gpu_busy: per second, samples of the GPU's busy share (running sequences /
+            ``max_num_seqs``, read from vLLM's ``vllm:num_requests_running``).
     """
 
     start: float
@@ -70,6 +74,8 @@ class Tally:
     late_by: float = 0.0
     attempts: list[int] = field(default_factory=list)
     gauges: dict[str, float] = field(default_factory=dict)
+    spilled: Counter[int] = field(default_factory=Counter)
+    gpu_busy: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     _breaker_of: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def record(self, event: Event, *, client: int = 0) -> None:
@@ -97,6 +103,7 @@ class Tally:
                 self.waited += delay
             case FallbackUsed(reason=reason):
                 self.fallbacks_by[reason] += 1
+                self.spilled[second] += 1
             case BackpressureReceived(draining=True):
                 self.drains_seen += 1
             case BreakerStateChanged(backend=backend, new=new):
@@ -108,6 +115,15 @@ class Tally:
                 self.breakers[new] += 1
             case _:
                 pass
+
+    def sample_gpu(self, at: float, busy: float) -> None:
+        """One reading of the GPU's busy share (0 to 1) at monotonic time ``at``."""
+        self.gpu_busy[self.second(at)].append(busy)
+
+    def busy_share(self, seconds: Iterable[int]) -> float:
+        """The GPU's mean busy share over ``seconds`` (``nan`` without samples)."""
+        samples = [b for s in seconds for b in self.gpu_busy.get(s, ())]
+        return sum(samples) / len(samples) if samples else math.nan
 
     def _ended(self, latency: float) -> None:
         if latency > self.deadline:

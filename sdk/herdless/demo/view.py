@@ -10,10 +10,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from herdless.demo.day import Day
+from herdless.demo.day import PHASES, Day
 from herdless.demo.tally import Tally
 
-__all__ = ["accounting", "live_panel", "summary_table"]
+__all__ = ["accounting", "live_panel", "phase_table", "summary_table"]
 
 
 def live_panel(
@@ -118,3 +118,33 @@ def accounting(tally: Tally, *, started: int, primary: str, fallback: str | None
         if tally.late:
             line += f", by {tally.late_by:.2f} s at most"
     return Text(line + ")", style="bold green" if lost == 0 and tally.late == 0 else "bold red")
+
+
+def phase_table(tally: Tally, day: Day, *, primary: str, fallback: str | None) -> Table:
+    """Per phase of the day: who served, and how busy the GPU was, overall and in the
+    seconds in which calls spilled to the fallback. Outside maintenance a call should
+    go to the hosted model only while the GPU is full."""
+    table = Table(title="the day, phase by phase", show_header=True)
+    for header in ("phase", f"by {primary}", f"by {fallback or '-'}", "hosted share"):
+        table.add_column(header, justify="right")
+    table.add_column("GPU busy", justify="right")
+    table.add_column("GPU busy while spilling", justify="right")
+    for phase in PHASES:
+        seconds = range(math.floor(phase.start * day.length), math.ceil(phase.end * day.length))
+        by_primary = sum(tally.served[primary][s] for s in seconds)
+        by_fallback = sum(tally.served[fallback][s] for s in seconds) if fallback else 0
+        served = by_primary + by_fallback
+        spilling = [s for s in seconds if tally.spilled[s]]
+        table.add_row(
+            phase.name,
+            str(by_primary),
+            str(by_fallback),
+            f"{by_fallback / served:.1%}" if served else "n/a",
+            _percent(tally.busy_share(seconds)),
+            _percent(tally.busy_share(spilling)) if spilling else "no spill",
+        )
+    return table
+
+
+def _percent(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0%}"

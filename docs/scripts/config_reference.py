@@ -51,7 +51,13 @@ _SDK_CORE = {
     "HERDLESS_FALLBACK_MODEL": "the model asked of the fallback",
     "HERDLESS_FALLBACK_EXTERNAL": "data sent to the fallback leaves the company "
     "(calls with allow_fallback=False never reach it)",
-    "HERDLESS_DEADLINE": "seconds for a whole call, waits and fallback included",
+    "HERDLESS_FALLBACK_PRICE_INPUT": "the fallback's price per million prompt tokens "
+    "(for stats().cost and FallbackPolicy.max_external_cost; set both prices or neither)",
+    "HERDLESS_FALLBACK_PRICE_OUTPUT": "the fallback's price per million completion tokens",
+    "HERDLESS_DEADLINE": "seconds for a whole call, waits and fallback included (a stream: "
+    "until its first chunk)",
+    "HERDLESS_STREAM_DEADLINE": "seconds from a streamed call's start to the stream's end; "
+    "unset: no limit (Timeouts.read bounds each silence)",
 }
 # Secrets have no command-line flag (a command line is visible to every user), so no
 # --help text either.

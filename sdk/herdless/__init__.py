@@ -1,6 +1,6 @@
 """herdless: run your own LLM next to a hosted one."""
 
-from herdless._backend import Backend, Timeouts
+from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import AsyncClient, Client
 from herdless._config import ClientOptions
@@ -9,7 +9,17 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._stats import ClientStats
 from herdless._stream import AsyncStream, Stream
-from herdless._types import AttemptRecord, ChatResult, Chunk, Message, Usage
+from herdless._types import (
+    AttemptRecord,
+    ChatResult,
+    Chunk,
+    FunctionCall,
+    FunctionCallDelta,
+    Message,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from herdless._version import __version__
 from herdless._window import WindowPolicy
 from herdless.errors import (
@@ -20,14 +30,19 @@ from herdless.errors import (
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
+    ConflictError,
     DeadlineExceeded,
     FallbackNotAllowed,
     HerdlessError,
+    InternalServerError,
+    NotFoundError,
     PermissionDeniedError,
     RateLimitError,
     ServiceUnavailableError,
     SpendLimitExceeded,
+    StreamDeadlineExceeded,
     StreamInterrupted,
+    UnprocessableEntityError,
 )
 
 __all__ = [
@@ -48,20 +63,30 @@ __all__ = [
     "ClientOptions",
     "ClientStats",
     "ConfigurationError",
+    "ConflictError",
     "DeadlineExceeded",
     "FallbackNotAllowed",
     "FallbackPolicy",
+    "FunctionCall",
+    "FunctionCallDelta",
     "HerdlessError",
+    "InternalServerError",
     "Message",
+    "NotFoundError",
     "PacingPolicy",
     "PermissionDeniedError",
+    "Price",
     "RateLimitError",
     "RetryPolicy",
     "ServiceUnavailableError",
     "SpendLimitExceeded",
     "Stream",
+    "StreamDeadlineExceeded",
     "StreamInterrupted",
     "Timeouts",
+    "ToolCall",
+    "ToolCallDelta",
+    "UnprocessableEntityError",
     "Usage",
     "WindowPolicy",
     "__version__",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Backend", "Timeouts"]
+__all__ = ["Backend", "Price", "Timeouts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,11 +21,14 @@ class Timeouts:
             so a crowded pool cannot outlast the call's deadline.
         read: idle time allowed between two chunks of a stream, after the first one.
 
-    Sync streams: httpcore reads a response body under one socket timeout, fixed when the
-    body starts, so ``Client`` bounds every read of a stream's body (the first event and
-    each gap after it) by ``first_byte``; ``read`` applies only to ``AsyncClient``, which
-    bounds the first event by ``first_byte`` and each later gap by ``read`` on its own.
-    Give both the same value (the default) for the same behaviour in both clients.
+    Both clients bound a whole attempt (waiting for a pooled connection, connecting,
+    sending, the response head and a whole answer's body, or a stream's first event) by
+    ``first_byte``, clipped to the call's deadline, however slowly the server trickles
+    its bytes. ``Client`` does it on every socket operation of the HTTP client it makes
+    itself; with an ``http_client=`` or ``transport=`` of yours it checks the time
+    between the pieces of the body instead, so one stalled read can outlast the attempt
+    by up to its socket timeout, and a stream's gaps are bounded by ``first_byte`` (the
+    socket timeout httpcore fixes when the body starts), not ``read``.
     """
 
     connect: float = 3.0
@@ -40,6 +43,33 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Price:
+    """What a backend charges per million tokens, in one currency of your choice (the
+    spend guard's ``FallbackPolicy.max_external_cost`` counts in the same one).
+
+    Args:
+        input: the price of a million prompt (input) tokens.
+        output: the price of a million completion (output) tokens.
+
+    >>> Price(input=0.15, output=0.60).cost(input_tokens=1000, output_tokens=500)
+    0.00045
+    """
+
+    input: float
+    output: float
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"Price.{name} must be >= 0 per million tokens, got {value!r}")
+
+    def cost(self, *, input_tokens: int, output_tokens: int) -> float:
+        """The price of one answer: ``(input_tokens * input + output_tokens * output) / 1e6``."""
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Backend:
     """An OpenAI-compatible chat-completions endpoint.
 
@@ -51,6 +81,8 @@ class Backend:
         external: ``True`` when data sent to this backend leaves the company. A call with
             ``allow_fallback=False`` never reaches an external backend.
         timeouts: per-attempt limits for this backend; ``None`` uses the client's.
+        price: what the backend charges per million tokens (``Price``); ``None``: free
+            or unknown. ``client.stats().cost`` and the spend guard's money cap use it.
 
     >>> hosted = Backend(name="hosted", base_url="https://api.example.com/v1",
     ...                  api_key="sk-secret", model="gpt-4o-mini", external=True)
@@ -64,6 +96,7 @@ class Backend:
     model: str | None = None
     external: bool = False
     timeouts: Timeouts | None = None
+    price: Price | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -198,7 +198,7 @@ def spend(call: Call, stay: Stay, now: float) -> Decision:
     delay = call.state.spend.admit()
     if delay > 0:
         if not call.fits(now + delay, stay.end):
-            return Fail(call.errors.spend(stay.backend.name))
+            return Fail(call.errors.spend(stay.backend.name, call.state.spend))
         return Wait(delay, "spend")
     stay.admitted = True
     return None

@@ -4,8 +4,8 @@ Every decision (retry, wait, breaker, budget, fallback, deadline) is made by the
 sans-I/O ``CallFlow`` (``herdless._flow``). A driver only performs what the flow yields:
 ``Send`` with httpx, ``Sleep`` with the injected ``sleep``; it hands the flow's events to
 ``on_event`` after every step, so a hook hears of a wait before it starts. What both
-drivers share (arguments, environment, request body, result building, hook dispatch)
-lives in ``_BaseClient``; what differs is the ``await``.
+drivers share (arguments, environment, request body, result building, hooks,
+``with_options``) lives in ``herdless._base``; what differs is the ``await``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import os
+import math
 import threading
 import time
-import warnings
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
@@ -26,27 +24,24 @@ import httpx
 
 from herdless._actions import Accepted, Outcome, Send, Sleep, SlotWait
 from herdless._backend import Backend
-from herdless._clock import SYSTEM_CLOCK
-from herdless._config import ClientConfig, ClientOptions
-from herdless._flow import CallFlow
-from herdless._state import ClientState
+from herdless._base import AsyncHooks, SyncHooks, _BaseClient, hooks_of, is_async_hook
+from herdless._config import ClientOptions
+from herdless._fields import check_extra_headers
 from herdless._stream import AsyncStream, Stream, _StreamState
 from herdless._transport import (
     ERROR_BODY_CAP,
-    Endpoints,
+    AttemptLimit,
     OpenStream,
     accept,
+    bounded_http_client,
     failure,
     stream_waits,
 )
 from herdless._types import ChatResult
-from herdless._wire import Completion, build_body
 
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Self
 
-    from herdless._stats import ClientStats
     from herdless.events import Event
 
 __all__ = ["AsyncClient", "Client"]
@@ -54,13 +49,8 @@ __all__ = ["AsyncClient", "Client"]
 logger = logging.getLogger("herdless")
 
 
-def _warn_unclosed(closed: list[bool], name: str) -> None:
-    if not closed[0]:
-        warnings.warn(
-            f"{name} was not closed: use `with` / `async with`, or call close()",
-            ResourceWarning,
-            stacklevel=1,
-        )
+def _too_slow(what: str) -> httpx.ReadTimeout:
+    return httpx.ReadTimeout(f"{what} arrived too slowly: the attempt's time ran out")
 
 
 def _expire(task: asyncio.Task[Any], fired: list[bool]) -> None:
@@ -87,108 +77,6 @@ async def _slot_wait(action: SlotWait) -> None:
         await asyncio.wait_for(woken, action.timeout)
 
 
-class _BaseClient:
-    """Arguments, environment and everything per call that is not I/O."""
-
-    def __init__(
-        self,
-        primary: str | Backend | Sequence[str | Backend] | None,
-        on_event: Callable[[Event], Any] | None,
-        options: ClientOptions,
-    ) -> None:
-        config = ClientConfig.build(primary, options)
-        self._state = ClientState(
-            config, clock=options.get("clock", SYSTEM_CLOCK), rng=options.get("rng")
-        )
-        self._clock = self._state.clock
-        self._on_event = on_event
-        self._state.keep_events = on_event is not None  # nobody to hand events to
-        self._endpoints = Endpoints(config.backends, config.timeouts)
-        # A shared flag, not self: the finalizer must not keep the client alive. It warns
-        # when an open client is garbage-collected (a leak), not at interpreter exit, where
-        # a module-level client that lives as long as the process is fine.
-        self._closed = [False]
-        finalizer = weakref.finalize(self, _warn_unclosed, self._closed, type(self).__name__)
-        finalizer.atexit = False
-
-    @property
-    def config(self) -> ClientConfig:
-        """What the client was configured with (frozen)."""
-        return self._state.config
-
-    @classmethod
-    def from_env(cls, *, env_file: str | Path | None = ".env", **kwargs: Any) -> Self:
-        """A client configured by ``HERDLESS_*`` variables (and ``env_file``); keyword
-        arguments (``on_event=``, ``clock=``, ``fallback=``, ...) add to or override them.
-
-        Raises:
-            ConfigurationError: a variable is missing or malformed; ``.variable`` names it.
-        """
-        if "primary" in kwargs:
-            raise TypeError("from_env() reads the primary from HERDLESS_PRIMARY_URL")
-        # Client / AsyncClient take env_file among their options; this base does not.
-        return cls(env_file=env_file, **kwargs)  # type: ignore[call-arg]
-
-    def stats(self) -> ClientStats:
-        """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
-        states and latency percentiles, computed from this client's events."""
-        return self._state.stats()
-
-    def _start(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        stream: bool,
-        deadline: float | None,
-        allow_fallback: bool,
-        extra: Mapping[str, Any],
-    ) -> tuple[CallFlow, str]:
-        """The call's flow and request id."""
-        body = build_body(
-            messages, max_tokens=max_tokens, temperature=temperature, stream=stream, extra=extra
-        )
-        # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
-        request_id = os.urandom(16).hex()
-        return CallFlow(
-            self._state,
-            request_id=request_id,
-            body=body,
-            model=model,
-            stream=stream,
-            deadline=deadline,
-            allow_fallback=allow_fallback,
-        ), request_id
-
-    def _call_hook(self, event: Event) -> Any:
-        """Run the hook on one event; a hook that raises is logged and never breaks the call."""
-        try:
-            return self._on_event(event) if self._on_event is not None else None
-        except Exception:
-            logger.exception("herdless on_event hook raised on %s", type(event).__name__)
-            return None
-
-    @staticmethod
-    def _result(accepted: Accepted, request_id: str) -> ChatResult:
-        completion: Completion = accepted.response.stream
-        return ChatResult(
-            content=completion.content,
-            backend=accepted.backend.name,
-            model=completion.model,
-            usage=completion.usage,
-            attempts=accepted.attempts,
-            fallback_reason=accepted.fallback_reason,
-            request_id=request_id,
-            finish_reason=completion.finish_reason,
-            raw=completion.raw,
-        )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._state!r})"
-
-
 class Client(_BaseClient):
     """A synchronous herdless client. Thread-safe: share one per process.
 
@@ -196,30 +84,42 @@ class Client(_BaseClient):
         primary: the primary's API root (``"http://gateway:8080/v1"``), a ``Backend``, or
             several (each call picks the less busy of two). ``None`` reads the environment
             (``HERDLESS_*``, see ``from_env``) for everything not given.
-        fallback: backends to fall back to, in order.
-        model: the model asked of the primary.
-        retry: retry, backoff and retry-budget policy.
-        breaker: circuit-breaker policy (one breaker per backend, per client).
-        deadline: seconds for a whole call, waits included (default 60).
-        on_event: called with every event (``herdless.events``); must be a plain callable.
-        timeouts: per-attempt limits for backends that set none.
-        fallback_policy: when to leave a backend, where a call may not go.
-        window: flow control: how many of this client's calls may be at one backend at
-            once; the others wait in the client (``herdless.WindowPolicy``).
-        pacing: a rate the client never exceeds toward each backend (off by default).
-        clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
-        rng: random source for jitter (seeded in tests).
+        on_event: called with every event (``herdless.events``): one callable or a
+            sequence of them, each a plain callable.
         sleep: how to wait (``time.sleep``; ``FakeClock.sleep`` in tests).
         http_client: an ``httpx.Client`` to send with (not closed by this client).
         transport: an httpx transport for the client's own ``httpx.Client``
             (``httpx.MockTransport`` in tests).
-        env_file: the ``.env`` file read when configuring from the environment.
+        **options: the options both clients share (``ClientOptions``), below.
+
+    Other Parameters:
+        fallback (Backend | Sequence[Backend] | None): backends to fall back to, in order.
+        model (str | None): the model asked of the primary.
+        retry (RetryPolicy | None): retry, backoff and retry-budget policy.
+        breaker (BreakerPolicy | None): circuit-breaker policy (one breaker per backend,
+            per client).
+        deadline (float | None): seconds for a whole call, waits included (default 60);
+            for a stream, until its first chunk.
+        stream_deadline (float | None): seconds from a streamed call's start to the
+            stream's end (default: none; ``Timeouts.read`` bounds each silence).
+        timeouts (Timeouts | None): per-attempt limits for backends that set none.
+        fallback_policy (FallbackPolicy | None): when to leave a backend, where a call may
+            not go.
+        window (WindowPolicy | None): flow control: how many of this client's calls may be
+            at one backend at once; the others wait in the client.
+        pacing (PacingPolicy | None): a rate the client never exceeds toward each backend
+            (off by default).
+        clock (Clock): monotonic clock (a ``herdless.testing.FakeClock`` in tests).
+        rng (random.Random | None): random source for jitter (seeded in tests).
+        env_file (str | Path | None): the ``.env`` file read when configuring from the
+            environment.
 
     >>> with Client(primary="http://127.0.0.1:8080/v1", model="gemma") as client:  # doctest: +SKIP
     ...     print(client.chat([{"role": "user", "content": "Hi"}]).content)
 
     Raises:
-        TypeError: ``on_event`` is a coroutine function (use ``AsyncClient``).
+        TypeError: a hook in ``on_event`` is a coroutine function (use ``AsyncClient``),
+            or an option is unknown (the message names the closest one).
         ConfigurationError: configured from the environment, and a variable is wrong.
         ValueError: an argument is out of range.
     """
@@ -228,23 +128,31 @@ class Client(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        on_event: Callable[[Event], None] | None = None,
+        on_event: SyncHooks | None = None,
         sleep: Callable[[float], None] = time.sleep,
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
-        if on_event is not None and (
-            inspect.iscoroutinefunction(on_event)
-            or inspect.iscoroutinefunction(getattr(on_event, "__call__", None))  # noqa: B004
-        ):
+        hooks = hooks_of(on_event)
+        if any(is_async_hook(hook) for hook in hooks):
             raise TypeError(
-                "Client needs a plain on_event callable; use AsyncClient for async hooks"
+                "Client needs plain on_event callables; use AsyncClient for async hooks"
             )
-        super().__init__(primary, on_event, options)
+        super().__init__(primary, hooks, options)
         self._sleep = sleep
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(transport=transport)
+        # Its own HTTP client bounds every socket wait by the attempt's time (see
+        # herdless._transport); a client or transport of the user's cannot be.
+        self._limit: AttemptLimit | None = None
+        if http_client is not None:
+            self._http = http_client
+        elif transport is not None:
+            self._http = httpx.Client(transport=transport)
+        else:
+            limit = AttemptLimit()
+            self._http, bounded = bounded_http_client(limit)
+            self._limit = limit if bounded else None
 
     @overload
     def chat(
@@ -256,7 +164,10 @@ class Client(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[False] = ...,
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> ChatResult: ...
     @overload
@@ -269,7 +180,10 @@ class Client(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[True],
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> Stream: ...
     def chat(
@@ -281,7 +195,10 @@ class Client(_BaseClient):
         temperature: float | None = None,
         stream: bool = False,
         deadline: float | None = None,
+        stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
     ) -> ChatResult | Stream:
         """Ask for a chat completion (``POST {base_url}/chat/completions``).
@@ -292,29 +209,44 @@ class Client(_BaseClient):
             max_tokens: the most tokens to generate.
             temperature: sampling temperature.
             stream: return a ``Stream`` of chunks, once the first one arrived.
-            deadline: seconds for this call, waits included (the client's by default).
+            deadline: seconds for this call, waits included (the client's by default);
+                for a stream, until its first chunk.
+            stream_deadline: seconds from this streamed call's start to the stream's end
+                (the client's by default: none); past it the stream is closed and
+                ``StreamDeadlineExceeded`` raised.
             allow_fallback: ``False`` keeps the call off fallbacks (data guard).
-            **extra: other OpenAI fields (``seed``, ``stop``, ``response_format``, ...),
-                sent unchanged.
+            extra_body: request fields herdless does not know, sent unchanged (as
+                openai-python's ``extra_body``).
+            extra_headers: headers sent with every attempt of this call, to every
+                backend it tries; not ``Authorization`` (each backend has its key) nor
+                the headers herdless sets itself.
+            **extra: the OpenAI and vLLM request fields herdless knows (``seed``,
+                ``stop``, ``response_format``, ``tools``, ``tool_choice``, ``top_p``,
+                ``n``, ``user``, ``logit_bias``, ``min_tokens``, ``ignore_eos``, ...;
+                ``herdless._fields.BODY_FIELDS`` lists them), sent unchanged.
 
         Returns:
             A ``ChatResult``, or a ``Stream`` with ``stream=True``.
 
         Raises:
+            TypeError: an unknown keyword argument (the message names the closest one).
             HerdlessError: a subclass saying what failed (``herdless.errors``).
         """
-        flow, request_id = self._start(
+        headers = check_extra_headers(extra_headers) if extra_headers else None
+        flow, request_id, total = self._start(
             messages,
             model=model,
             max_tokens=max_tokens,
             temperature=temperature,
             stream=stream,
             deadline=deadline,
+            stream_deadline=stream_deadline,
             allow_fallback=allow_fallback,
+            extra_body=extra_body,
             extra=extra,
         )
         steps = flow.run()
-        hooked = self._on_event is not None
+        hooked = bool(self._hooks)
         try:
             action = next(steps)
             while True:
@@ -329,7 +261,9 @@ class Client(_BaseClient):
                     woken.wait(action.timeout)
                     action = steps.send(None)
                 else:
-                    action = steps.send(self._perform(action))
+                    outcome = self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
@@ -337,48 +271,73 @@ class Client(_BaseClient):
             if hooked:
                 self._dispatch(flow.take_events())
         if stream:
-            return Stream(_StreamState(flow, accepted, request_id), self._dispatch)
+            state = _StreamState(
+                flow, accepted, request_id, stream_deadline=total, limit=self._limit
+            )
+            return Stream(state, self._dispatch)
         return self._result(accepted, request_id)
 
-    def _perform(self, send: Send) -> Outcome:
+    def _perform(self, send: Send, headers: Mapping[str, str] | None = None) -> Outcome:
         start = self._clock.monotonic()
+        end = start + send.timeouts.first_byte  # the whole attempt, as AsyncClient's timer
+        limit = self._limit
+        if limit is not None:
+            limit.end = time.monotonic() + send.timeouts.first_byte
         response = None
         try:
-            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            request = self._endpoints.request(
+                self._http, send, own=self._owns_http, extra_headers=headers
+            )
             response = self._http.send(request, stream=True)
             if send.stream and response.is_success:
-                opened = OpenStream(response, response.iter_bytes())
+                idle = None
+                if limit is not None and send.timeouts.read != send.timeouts.first_byte:
+                    # The limit bounds the first event; the socket (or the limit) each gap.
+                    _, idle = stream_waits(response, send.timeouts)
+                opened = OpenStream(response, response.iter_bytes(), idle=idle)
                 while not opened.feed(next(opened.raw)):
-                    pass
+                    if self._clock.monotonic() > end:
+                        raise _too_slow("the stream's first event")
                 return opened.outcome(elapsed=self._clock.monotonic() - start)
-            if response.is_success:
-                body = response.read()  # the whole answer; read() closes the response
-            else:
-                body = b""
-                for part in response.iter_bytes():
-                    body += part
-                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
-                        break
-                response.close()
+            # Piece by piece, not read(): a body that trickles in must not outlast the
+            # attempt (each read alone is bounded by the socket, not their sum).
+            parts: list[bytes] = []
+            size = 0
+            cap = math.inf if response.is_success else ERROR_BODY_CAP
+            for part in response.iter_bytes():
+                parts.append(part)
+                size += len(part)
+                if size > cap:
+                    break  # an error body is read for its message only
+                if self._clock.monotonic() > end:
+                    raise _too_slow("the answer")
+            response.close()
             return accept(
-                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+                response,
+                b"".join(parts),
+                stream=send.stream,
+                elapsed=self._clock.monotonic() - start,
             )
         except (httpx.RequestError, ValueError, StopIteration) as exc:
             if response is not None:
                 response.close()
             return failure(exc, elapsed=self._clock.monotonic() - start)
+        finally:
+            if limit is not None:
+                limit.end = math.inf  # never past the attempt: other I/O of this thread
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            result = self._call_hook(event)
-            if inspect.iscoroutine(result):  # a lambda returning a coroutine slipped through
-                result.close()
-                logger.error("herdless on_event hook returned an awaitable; use AsyncClient")
+            for hook in self._hooks:
+                result = self._call_hook(hook, event)
+                if inspect.iscoroutine(result):  # a lambda returning a coroutine slipped through
+                    result.close()
+                    logger.error("herdless on_event hook returned an awaitable; use AsyncClient")
 
     def close(self) -> None:
         """Close the connections (idempotent)."""
         self._closed[0] = True
-        if self._owns_http:
+        if self._owns_http and self._closes_http:
             self._http.close()
 
     def __enter__(self) -> Self:
@@ -390,7 +349,7 @@ class Client(_BaseClient):
 
 class AsyncClient(_BaseClient):
     """An asyncio herdless client; the arguments are ``Client``'s, except that ``on_event``
-    may also be a coroutine function, ``sleep`` is awaited (``asyncio.sleep``;
+    may also be (or hold) coroutine functions, ``sleep`` is awaited (``asyncio.sleep``;
     ``FakeClock.asleep`` in tests), and ``http_client`` / ``transport`` are async.
 
     >>> async with AsyncClient(primary="http://127.0.0.1:8080/v1") as client:  # doctest: +SKIP
@@ -401,13 +360,13 @@ class AsyncClient(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        on_event: Callable[[Event], Awaitable[None] | None] | None = None,
+        on_event: AsyncHooks | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(primary, on_event, options)
+        super().__init__(primary, hooks_of(on_event), options)
         self._sleep = sleep
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(transport=transport)
@@ -422,7 +381,10 @@ class AsyncClient(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[False] = ...,
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> ChatResult: ...
     @overload
@@ -435,7 +397,10 @@ class AsyncClient(_BaseClient):
         temperature: float | None = ...,
         stream: Literal[True],
         deadline: float | None = ...,
+        stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
     ) -> AsyncStream: ...
     async def chat(
@@ -447,22 +412,28 @@ class AsyncClient(_BaseClient):
         temperature: float | None = None,
         stream: bool = False,
         deadline: float | None = None,
+        stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
     ) -> ChatResult | AsyncStream:
         """Ask for a chat completion; see ``Client.chat``."""
-        flow, request_id = self._start(
+        headers = check_extra_headers(extra_headers) if extra_headers else None
+        flow, request_id, total = self._start(
             messages,
             model=model,
             max_tokens=max_tokens,
             temperature=temperature,
             stream=stream,
             deadline=deadline,
+            stream_deadline=stream_deadline,
             allow_fallback=allow_fallback,
+            extra_body=extra_body,
             extra=extra,
         )
         steps = flow.run()
-        hooked = self._on_event is not None
+        hooked = bool(self._hooks)
         try:
             action = next(steps)
             while True:
@@ -475,7 +446,9 @@ class AsyncClient(_BaseClient):
                     await _slot_wait(action)
                     action = steps.send(None)
                 else:
-                    action = steps.send(await self._perform(action))
+                    outcome = await self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
@@ -483,10 +456,11 @@ class AsyncClient(_BaseClient):
             if hooked:
                 await self._dispatch(flow.take_events())
         if stream:
-            return AsyncStream(_StreamState(flow, accepted, request_id), self._dispatch)
+            state = _StreamState(flow, accepted, request_id, stream_deadline=total)
+            return AsyncStream(state, self._dispatch)
         return self._result(accepted, request_id)
 
-    async def _perform(self, send: Send) -> Outcome:
+    async def _perform(self, send: Send, headers: Mapping[str, str] | None = None) -> Outcome:
         start = self._clock.monotonic()
         limit = send.timeouts.first_byte
         # The whole attempt (pool wait, connect, send, first answer) within the time the
@@ -496,13 +470,13 @@ class AsyncClient(_BaseClient):
         # timer's cost, about 1 % of an async call's CPU (herdless.bench.sdk_overhead).
         task = asyncio.current_task()
         if task is None:  # not in a task (a bare coroutine driven by hand): no timer
-            return await self._attempt(send, start)
+            return await self._attempt(send, start, headers)
         loop = asyncio.get_running_loop()
         cancelling = task.cancelling()
         fired: list[bool] = []
         timer = loop.call_at(loop.time() + limit, _expire, task, fired)
         try:
-            return await self._attempt(send, start)
+            return await self._attempt(send, start, headers)
         except asyncio.CancelledError:
             # Ours, unless someone else cancelled the task too: then theirs wins.
             if fired and task.uncancel() <= cancelling:
@@ -512,10 +486,15 @@ class AsyncClient(_BaseClient):
         finally:
             timer.cancel()
 
-    async def _attempt(self, send: Send, start: float) -> Outcome:
+    async def _attempt(
+        self, send: Send, start: float, headers: Mapping[str, str] | None = None
+    ) -> Outcome:
+        end = start + send.timeouts.first_byte  # the timer's limit, on the client's clock
         response = None
         try:
-            request = self._endpoints.request(self._http, send, own=self._owns_http)
+            request = self._endpoints.request(
+                self._http, send, own=self._owns_http, extra_headers=headers
+            )
             response = await self._http.send(request, stream=True)
             if send.stream and response.is_success:
                 first, idle = stream_waits(response, send.timeouts)
@@ -523,21 +502,27 @@ class AsyncClient(_BaseClient):
                 try:
                     async with asyncio.timeout(first):
                         while not opened.feed(await anext(opened.raw)):
-                            pass
+                            if self._clock.monotonic() > end:
+                                raise _too_slow("the stream's first event")
                 except TimeoutError:
                     raise httpx.ReadTimeout(f"no first event within {first:g} s") from None
                 return opened.outcome(elapsed=self._clock.monotonic() - start)
-            if response.is_success:
-                body = await response.aread()  # the whole answer; aread() closes the response
-            else:
-                body = b""
-                async for part in response.aiter_bytes():
-                    body += part
-                    if len(body) > ERROR_BODY_CAP:  # an error body is read for its message only
-                        break
-                await response.aclose()
+            parts: list[bytes] = []
+            size = 0
+            cap = math.inf if response.is_success else ERROR_BODY_CAP
+            async for part in response.aiter_bytes():
+                parts.append(part)
+                size += len(part)
+                if size > cap:
+                    break  # an error body is read for its message only
+                if self._clock.monotonic() > end:
+                    raise _too_slow("the answer")
+            await response.aclose()
             return accept(
-                response, body, stream=send.stream, elapsed=self._clock.monotonic() - start
+                response,
+                b"".join(parts),
+                stream=send.stream,
+                elapsed=self._clock.monotonic() - start,
             )
         except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
             if response is not None:
@@ -550,17 +535,20 @@ class AsyncClient(_BaseClient):
 
     async def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            result = self._call_hook(event)
-            if inspect.isawaitable(result):
-                try:
-                    await result
-                except Exception:
-                    logger.exception("herdless on_event hook raised on %s", type(event).__name__)
+            for hook in self._hooks:
+                result = self._call_hook(hook, event)
+                if inspect.isawaitable(result):
+                    try:
+                        await result
+                    except Exception:
+                        logger.exception(
+                            "herdless on_event hook raised on %s", type(event).__name__
+                        )
 
     async def aclose(self) -> None:
         """Close the connections (idempotent)."""
         self._closed[0] = True
-        if self._owns_http:
+        if self._owns_http and self._closes_http:
             await self._http.aclose()
 
     async def __aenter__(self) -> Self:

@@ -9,6 +9,7 @@ the environment read (lazily: pydantic is imported only then) for what was not g
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import random
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._window import WindowPolicy
 
-__all__ = ["DEFAULT_DEADLINE", "ClientConfig", "ClientOptions"]
+__all__ = ["DEFAULT_DEADLINE", "ClientConfig", "ClientOptions", "derived_config"]
 
 # Seconds for a whole call, waits and fallback included. An LLM answer of a few hundred
 # tokens takes seconds to tens of seconds; a minute leaves room for a slow primary and
@@ -40,7 +41,10 @@ class ClientOptions(TypedDict, total=False):
         model: the model asked of the primary.
         retry: retry, backoff and retry-budget policy.
         breaker: circuit-breaker policy (one breaker per backend, per client).
-        deadline: seconds for a whole call, waits included (default 60).
+        deadline: seconds for a whole call, waits included (default 60); for a stream,
+            until its first chunk.
+        stream_deadline: seconds from a streamed call's start to the stream's end
+            (default: none, ``Timeouts.read`` bounds each silence).
         timeouts: per-attempt limits for backends that set none.
         fallback_policy: when to leave a backend, where a call may not go.
         window: flow control: how many calls may be at one backend at once.
@@ -55,6 +59,7 @@ class ClientOptions(TypedDict, total=False):
     retry: RetryPolicy | None
     breaker: BreakerPolicy | None
     deadline: float | None
+    stream_deadline: float | None
     timeouts: Timeouts | None
     fallback_policy: FallbackPolicy | None
     window: WindowPolicy | None
@@ -79,6 +84,7 @@ class ClientConfig:
     pacing: PacingPolicy | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     deadline: float = DEFAULT_DEADLINE
+    stream_deadline: float | None = None
 
     def __post_init__(self) -> None:
         if not self.primaries:
@@ -88,6 +94,8 @@ class ClientConfig:
             raise ValueError(f"backend names must be unique, got {names!r}")
         if not self.deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
+        if self.stream_deadline is not None and not self.stream_deadline > 0:
+            raise ValueError(f"stream_deadline must be > 0 seconds, got {self.stream_deadline!r}")
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -111,6 +119,7 @@ class ClientConfig:
         fallback = options.get("fallback")
         model = options.get("model")
         deadline = options.get("deadline")
+        stream_deadline = options.get("stream_deadline")
         timeouts = options.get("timeouts")
         retry = options.get("retry")
         breaker = options.get("breaker")
@@ -122,6 +131,7 @@ class ClientConfig:
             fallback = env.fallback if fallback is None else fallback
             model = env.model if model is None else model
             deadline = env.deadline if deadline is None else deadline
+            stream_deadline = env.stream_deadline if stream_deadline is None else stream_deadline
             timeouts = timeouts or env.timeouts
             retry = retry or env.retry
             breaker = breaker or env.breaker
@@ -136,7 +146,42 @@ class ClientConfig:
             pacing=options.get("pacing"),
             timeouts=timeouts or Timeouts(),
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
+            stream_deadline=stream_deadline,
         )
+
+
+# What with_options() may not change in a policy: the fields its shared state was built
+# from (the retry budgets; the spend guard and the degraded signal).
+_SHARED_FIELDS = {
+    "retry": ("budget_ratio", "budget_floor", "budget_window"),
+    "fallback_policy": (
+        "max_external_share",
+        "max_external_per_minute",
+        "max_external_tokens",
+        "max_external_cost",
+        "spend_window",
+        "degraded_interval",
+    ),
+}
+
+
+def derived_config(config: ClientConfig, **changes: object) -> ClientConfig:
+    """``config`` with ``changes`` (those not ``None``), for ``with_options``.
+
+    Raises:
+        ValueError: a change is out of range, or touches a field the client's shared state
+            was built from (``_SHARED_FIELDS``).
+    """
+    given = {name: value for name, value in changes.items() if value is not None}
+    for name, fields in _SHARED_FIELDS.items():
+        if name in given:
+            for shared in fields:
+                if getattr(given[name], shared) != getattr(getattr(config, name), shared):
+                    raise ValueError(
+                        f"with_options({name}=...) may not change {shared}: it is state the "
+                        "derived client shares with its parent; build another client for that"
+                    )
+    return dataclasses.replace(config, **given)  # type: ignore[arg-type]
 
 
 def _unknown_message(name: str) -> str:

@@ -8,7 +8,7 @@ says what happened and what to do; none contains an API key (``errors.status_err
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from herdless._actions import Outcome, Response
 from herdless._backend import Backend
@@ -24,6 +24,9 @@ from herdless.errors import (
     status_error,
     transport_error,
 )
+
+if TYPE_CHECKING:
+    from herdless._routing import SpendGuard
 
 __all__ = ["CallErrors"]
 
@@ -106,12 +109,22 @@ class CallErrors:
             **self._context(name),
         )
 
-    def spend(self, name: str) -> SpendLimitExceeded:
-        """The spend guard kept the call off the external ``name``."""
+    def spend(self, name: str, guard: SpendGuard | None = None) -> SpendLimitExceeded:
+        """The spend guard kept the call off the external ``name``; ``guard`` says which
+        of its caps did."""
+        blocking = guard.blocking() if guard is not None else None
+        if blocking is None:
+            return SpendLimitExceeded(
+                f"The spend limit for external backends is reached; the call was not sent to "
+                f"{name}. Raise the FallbackPolicy.max_external_* cap, or add primary "
+                "capacity.",
+                **self._context(name),
+            )
+        limit, why = blocking
         return SpendLimitExceeded(
-            f"The spend limit for external backends is reached; the call was not sent to "
-            f"{name}. Raise FallbackPolicy.max_external_share / max_external_per_minute, "
-            "or add primary capacity.",
+            f"The spend limit for external backends is reached ({why}); the call was not "
+            f"sent to {name}. Raise that cap, or add primary capacity.",
+            limit=limit,
             **self._context(name),
         )
 

@@ -15,7 +15,11 @@ Variables (all optional unless marked):
 ``HERDLESS_FALLBACK_API_KEY``          its key
 ``HERDLESS_FALLBACK_MODEL``            its model (required with a fallback URL)
 ``HERDLESS_FALLBACK_EXTERNAL``         data sent there leaves the company (default true)
-``HERDLESS_DEADLINE``                  seconds per call, waits included
+``HERDLESS_FALLBACK_PRICE_INPUT``      its price per million prompt tokens (``Price``)
+``HERDLESS_FALLBACK_PRICE_OUTPUT``     its price per million completion tokens
+``HERDLESS_DEADLINE``                  seconds per call, waits included (a stream: until
+                                       its first chunk)
+``HERDLESS_STREAM_DEADLINE``           seconds from a stream's start to its end
 ``HERDLESS_CONNECT_TIMEOUT``           seconds, per attempt
 ``HERDLESS_FIRST_BYTE_TIMEOUT``        seconds, per attempt
 ``HERDLESS_READ_TIMEOUT``              seconds of silence allowed inside a stream
@@ -23,21 +27,29 @@ Variables (all optional unless marked):
 ``HERDLESS_BREAKER_<FIELD>``           any ``BreakerPolicy`` field, e.g.
                                        ``HERDLESS_BREAKER_OPEN_FOR``
 =====================================  ==================================================
+
+A ``HERDLESS_*`` variable that is none of these but close to one (``HERDLESS_PRIMARY_ULR``)
+gets a ``UserWarning`` naming the one it resembles. Others are left alone: the
+gateway's, the emulator's and the tools' variables share the prefix and the ``.env`` file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from dotenv import dotenv_values
 from pydantic import SecretStr, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from herdless._backend import Backend, Timeouts
+from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless.errors import ConfigurationError
@@ -62,7 +74,10 @@ class _Settings(BaseSettings):
     fallback_api_key: SecretStr | None = None
     fallback_model: str | None = None
     fallback_external: bool = True
+    fallback_price_input: float | None = None
+    fallback_price_output: float | None = None
     deadline: float | None = None
+    stream_deadline: float | None = None
     connect_timeout: float | None = None
     first_byte_timeout: float | None = None
     read_timeout: float | None = None
@@ -92,6 +107,7 @@ class EnvOptions:
     fallback: tuple[Backend, ...]
     model: str | None
     deadline: float | None
+    stream_deadline: float | None
     timeouts: Timeouts
     retry: RetryPolicy
     breaker: BreakerPolicy
@@ -99,6 +115,42 @@ class EnvOptions:
 
 def _var(field: str) -> str:
     return f"{_PREFIX}{field.upper()}"
+
+
+# Prefixes of the other components' variables, which may share the environment and the
+# .env file: never warned about.
+_OTHER_PREFIXES = ("GATEWAY_", "EMULATOR_", "DEMO_", "BENCH_", "VLLM_", "TEST_")
+# How alike a name must be to a known one to be taken for a misspelling of it (difflib's
+# ratio on the part after HERDLESS_: PRIMARY_ULR ~ PRIMARY_URL is 0.91, MODELS_DIR ~ MODEL
+# is 0.67).
+_CLOSE = 0.75
+
+
+def _warn_unknown(names: Iterable[str]) -> None:
+    """Warn about each ``HERDLESS_*`` name that is no client setting but close to one."""
+    known = [name.upper() for name in HerdlessSettings.model_fields]
+    for name in sorted({name.upper() for name in names}):
+        if not name.startswith(_PREFIX):
+            continue
+        rest = name.removeprefix(_PREFIX)
+        if rest in known or rest.startswith(_OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(rest, known, n=1, cutoff=_CLOSE)
+        if close:
+            warnings.warn(
+                f"{name} is not a herdless client setting and is ignored; "
+                f"did you mean {_PREFIX}{close[0]}?",
+                UserWarning,
+                stacklevel=6,  # the user's Client(...) line, through the config
+            )
+
+
+def _env_names(env_file: str | Path | None) -> list[str]:
+    """The variable names of the environment and of ``env_file`` (when it exists)."""
+    names = list(os.environ)
+    if env_file is not None and Path(env_file).is_file():
+        names += [name for name in dotenv_values(env_file) if name]
+    return names
 
 
 def _build(cls: type[Any], values: Mapping[str, tuple[str, Any]]) -> Any:
@@ -135,6 +187,7 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
         raise ConfigurationError(
             f"{variable} is malformed: {error['msg']}", variable=variable
         ) from None
+    _warn_unknown(_env_names(env_file))
     if not settings.primary_url:
         raise ConfigurationError(
             f"{_var('primary_url')} is not set: give the primary's API root, "
@@ -154,6 +207,7 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
         fallback=_fallback(settings),
         model=settings.model,
         deadline=settings.deadline,
+        stream_deadline=settings.stream_deadline,
         timeouts=_build(
             Timeouts,
             {
@@ -183,9 +237,30 @@ def _fallback(settings: Any) -> tuple[Backend, ...]:
             "api_key": (_var("fallback_api_key"), _secret(settings.fallback_api_key)),
             "model": (_var("fallback_model"), settings.fallback_model),
             "external": (_var("fallback_external"), settings.fallback_external),
+            "price": ("", _price(settings)),
         },
     )
     return (backend,)
+
+
+def _price(settings: Any) -> Price | None:
+    """The fallback's ``Price``: both variables, or neither."""
+    given = {
+        field: (_var(f"fallback_price_{field}"), getattr(settings, f"fallback_price_{field}"))
+        for field in ("input", "output")
+    }
+    missing = [variable for variable, value in given.values() if value is None]
+    if len(missing) == 2:
+        return None
+    if missing:
+        raise ConfigurationError(
+            f"{missing[0]} is not set: a fallback's price needs both "
+            f"{_var('fallback_price_input')} and {_var('fallback_price_output')} "
+            "(per million tokens)",
+            variable=missing[0],
+        )
+    price: Price = _build(Price, given)
+    return price
 
 
 def _group(settings: Any, prefix: str) -> dict[str, tuple[str, Any]]:

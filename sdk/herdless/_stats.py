@@ -11,11 +11,13 @@ hide behind a working fallback.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from herdless.events import (
     AttemptFailed,
@@ -25,11 +27,17 @@ from herdless.events import (
     CallFinished,
     Event,
     FallbackUsed,
+    ResponseReceived,
     RetryScheduled,
     WaitScheduled,
 )
 
-__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder"]
+if TYPE_CHECKING:
+    from herdless._backend import Backend
+    from herdless._call import Call
+    from herdless._types import Usage
+
+__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder", "response_received"]
 
 # Latency percentiles are computed over the most recent calls only: bounded memory
 # for a client that lives for weeks, and recent numbers are the ones that matter.
@@ -58,6 +66,9 @@ class ClientStats:
         windows: each backend's window now: calls let through at once (flow control).
         latency: seconds from call start to result over the recent successful calls:
             ``p50``, ``p90``, ``p99``, ``max`` (empty before the first success).
+        tokens: per backend name, ``"prompt_tokens"`` and ``"completion_tokens"`` of the
+            answers it gave (from their ``usage``; a stream's comes in its last chunk).
+        cost: per backend with a ``Price``, what its answers cost, in the price's currency.
     """
 
     calls: int = 0
@@ -73,6 +84,8 @@ class ClientStats:
     breakers: Mapping[str, BreakerState] = field(default_factory=dict)
     windows: Mapping[str, float] = field(default_factory=dict)
     latency: Mapping[str, float] = field(default_factory=dict)
+    tokens: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    cost: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts and numbers, for JSON or a log line."""
@@ -90,6 +103,8 @@ class ClientStats:
             "breakers": dict(self.breakers),
             "windows": dict(self.windows),
             "latency": dict(self.latency),
+            "tokens": {name: dict(counts) for name, counts in self.tokens.items()},
+            "cost": dict(self.cost),
         }
 
 
@@ -98,6 +113,7 @@ class StatsRecorder:
 
     __slots__ = (
         "_by_backend",
+        "_cost",
         "_failed",
         "_fallbacks",
         "_latencies",
@@ -106,6 +122,7 @@ class StatsRecorder:
         "_queued_for",
         "_retries",
         "_succeeded",
+        "_tokens",
         "_waited",
         "_waits",
     )
@@ -119,6 +136,8 @@ class StatsRecorder:
         self._waited = 0.0
         self._queued = 0
         self._queued_for = 0.0
+        self._tokens: dict[str, list[int]] = {}  # [prompt, completion]: no Counter per call
+        self._cost: dict[str, float] = {}
 
     def record(self, event: Event) -> None:
         """Count one event."""
@@ -126,6 +145,8 @@ class StatsRecorder:
             self.attempt(event.backend or "-")
         elif isinstance(event, CallFinished):
             self.finished(event.backend or "-", event.latency)
+        elif isinstance(event, ResponseReceived):
+            self.response(event.backend or "-", event.input_tokens, event.output_tokens, event.cost)
         else:
             with self._lock:
                 self._record(event)
@@ -141,6 +162,25 @@ class StatsRecorder:
             self._by_backend[backend]["ok"] += 1
             self._succeeded += 1
             self._latencies.append(latency)
+
+    def response(
+        self,
+        backend: str,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        cost: float | None,
+    ) -> None:
+        """Count a ``ResponseReceived`` (the fast path: the event may not exist)."""
+        if input_tokens is None and output_tokens is None:
+            return
+        with self._lock:
+            tokens = self._tokens.get(backend)
+            if tokens is None:
+                tokens = self._tokens[backend] = [0, 0]
+            tokens[0] += input_tokens or 0
+            tokens[1] += output_tokens or 0
+            if cost is not None:
+                self._cost[backend] = self._cost.get(backend, 0.0) + cost
 
     def slot_waited(self, seconds: float) -> None:
         """A call got its slot after waiting ``seconds`` in the client (or gave up its place)."""
@@ -187,7 +227,69 @@ class StatsRecorder:
                 breakers=dict(breakers),
                 windows=dict(windows),
                 latency=latency,
+                tokens={
+                    name: {"prompt_tokens": prompt, "completion_tokens": completion}
+                    for name, (prompt, completion) in self._tokens.items()
+                },
+                cost=dict(self._cost),
             )
+
+
+@functools.lru_cache(maxsize=64)
+def _address(base_url: str) -> tuple[str | None, int | None]:
+    """``(host, port)`` of a base URL; the port implied by the scheme when not given."""
+    parts = urlsplit(base_url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.hostname, port
+
+
+def response_received(
+    call: Call,
+    backend: Backend,
+    *,
+    usage: Usage | None,
+    model: str | None,
+    finish_reason: str | None,
+    response_id: str | None = None,
+    raw: Mapping[str, Any] | None = None,
+) -> None:
+    """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
+    the spend guard for an external backend), and emit ``ResponseReceived`` when someone
+    would see it (building it on every call showed in per-call CPU). The answer's id is
+    ``response_id``, or read from its ``raw`` JSON only then."""
+    state = call.state
+    if usage is None and not call.public:
+        return  # nothing to count, nobody to tell
+    input_tokens = output_tokens = None
+    cost = None
+    if usage is not None:
+        input_tokens, output_tokens = usage.prompt_tokens, usage.completion_tokens
+        if backend.price is not None:
+            cost = backend.price.cost(input_tokens=input_tokens, output_tokens=output_tokens)
+        if backend.external:
+            state.spend.record_usage(input_tokens + output_tokens, cost)
+    state.counts.response(backend.name, input_tokens, output_tokens, cost)
+    if call.public:
+        if response_id is None and raw is not None:
+            ident = raw.get("id")
+            response_id = ident if isinstance(ident, str) else None
+        host, port = _address(backend.base_url)
+        call.publish(
+            ResponseReceived(
+                call_id=call.request_id,
+                backend=backend.name,
+                at=state.clock.monotonic(),
+                model=model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cost=cost,
+                finish_reason=finish_reason,
+                response_id=response_id,
+                server_address=host,
+                server_port=port,
+                external=backend.external,
+            )
+        )
 
 
 class DegradedTracker:

@@ -1,31 +1,41 @@
 """Streamed answers: ``chat(stream=True)`` returns a ``Stream`` (``AsyncStream``).
 
-The bookkeeping (decoding, what reached the caller, usage, how the stream ended, the
-``StreamInterrupted`` error) lives once in ``_StreamState``; the two wrappers only pull
-bytes with ``for`` or ``async for``. A stream is accepted at its first event, so from
-then on a failure cannot be retried without the caller seeing text twice: it raises
-``StreamInterrupted``, which says how much was delivered, and the flow's breaker and
-stats hear about it through ``CallFlow.stream_ended``.
+The bookkeeping (decoding, what reached the caller, usage, tool calls, how the stream
+ended, the time it may still take, the errors) lives once in ``_StreamState``; the two
+wrappers only pull bytes with ``for`` or ``async for``. A stream is accepted at its
+first event, so from then on a failure cannot be retried without the caller seeing text
+twice: it raises ``StreamInterrupted``, which says how much was delivered, and the
+flow's breaker and stats hear about it through ``CallFlow.stream_ended``.
+
+**Time.** The call's ``deadline`` bounds the wait for the first chunk (the call is
+accepted then). After it, ``Timeouts.read`` bounds each silence between two chunks, and
+``stream_deadline`` (optional, seconds from the call's start) the whole stream: past
+it the stream is closed and ``StreamDeadlineExceeded`` raised. That is the caller's
+limit, not a backend failure: like a stream the caller closes early, it counts as
+served and leaves the breaker alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
-from herdless._types import AttemptRecord, Chunk, Usage
+from herdless._stats import response_received
+from herdless._types import AttemptRecord, Chunk, FunctionCall, ToolCall, ToolCallDelta, Usage
 from herdless._wire import DONE, parse_chunk
-from herdless.errors import StreamInterrupted
+from herdless.errors import HerdlessError, StreamDeadlineExceeded, StreamInterrupted
 
 if TYPE_CHECKING:
     from typing import Self
 
     from herdless._actions import Accepted
     from herdless._flow import CallFlow
-    from herdless._transport import OpenStream
+    from herdless._transport import AttemptLimit, OpenStream
     from herdless.events import Event
 
 __all__ = ["AsyncStream", "Stream"]
@@ -36,23 +46,46 @@ _BREAKS: Final = (httpx.HTTPError, ValueError)
 
 
 class _StreamState:
-    """One stream's decoding and accounting, shared by both wrappers."""
+    """One stream's decoding, accounting and time, shared by both wrappers.
+
+    Args:
+        flow: the call's flow (told how the stream ends).
+        accepted: the flow's result, which carries the open stream.
+        request_id: the call's id.
+        stream_deadline: seconds from the call's start to the stream's end (``None``: no
+            total limit).
+        limit: the sync driver's per-thread socket limit, when its HTTP client has one.
+    """
 
     __slots__ = (
+        "_calls",
         "accepted",
+        "by_total",
         "delivered_chars",
         "delivered_chunks",
         "done",
+        "end",
         "finish_reason",
         "flow",
+        "limit",
         "model",
         "opened",
         "reported",
         "request_id",
+        "response_id",
+        "stream_deadline",
         "usage",
     )
 
-    def __init__(self, flow: CallFlow, accepted: Accepted, request_id: str) -> None:
+    def __init__(
+        self,
+        flow: CallFlow,
+        accepted: Accepted,
+        request_id: str,
+        *,
+        stream_deadline: float | None = None,
+        limit: AttemptLimit | None = None,
+    ) -> None:
         self.flow = flow
         self.accepted = accepted
         self.opened: OpenStream = accepted.response.stream
@@ -62,8 +95,16 @@ class _StreamState:
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.model: str | None = None
+        self.response_id: str | None = None
         self.done = False  # [DONE] seen
         self.reported = False  # the flow heard how the stream ended
+        self.stream_deadline = stream_deadline
+        # When the stream must end, on the flow's clock (None: no total limit).
+        self.end = None if stream_deadline is None else flow.start + stream_deadline
+        self.limit = limit
+        self.by_total = False  # the pending read's limit is what is left of stream_deadline
+        # Tool calls by index: [id, type, name, pieces of the arguments].
+        self._calls: dict[int, list[Any]] = {}
 
     def chunks(self, events: list[str], first: Chunk | None = None) -> list[Chunk]:
         """Decode events into chunks, counting what goes to the caller; ``first`` is
@@ -85,11 +126,86 @@ class _StreamState:
                 self.usage = chunk.usage
             if chunk.finish_reason:
                 self.finish_reason = chunk.finish_reason
+            if chunk.tool_calls:
+                self._join(chunk.tool_calls)
             if self.model is None:
                 model = chunk.raw.get("model")
                 self.model = model if isinstance(model, str) else None
+                ident = chunk.raw.get("id")
+                self.response_id = ident if isinstance(ident, str) else None
             chunks.append(chunk)
         return chunks
+
+    def _join(self, deltas: tuple[ToolCallDelta, ...]) -> None:
+        for delta in deltas:
+            call = self._calls.setdefault(delta.index, [None, None, None, []])
+            call[0] = call[0] or delta.id
+            call[1] = call[1] or delta.type
+            if delta.function is not None:
+                call[2] = call[2] or delta.function.name
+                if delta.function.arguments:
+                    call[3].append(delta.function.arguments)
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls streamed so far, their pieces joined, in index order."""
+        return tuple(
+            ToolCall(
+                id=ident or "",
+                type=kind or "function",
+                function=FunctionCall(name=name or "", arguments="".join(pieces)),
+            )
+            for _, (ident, kind, name, pieces) in sorted(self._calls.items())
+        )
+
+    def wait(self) -> float | None:
+        """Seconds the next read may wait: the idle limit (``None``: the socket's), or
+        less, what is left of ``stream_deadline``.
+
+        Raises:
+            StreamDeadlineExceeded: nothing is left of it.
+        """
+        idle = self.opened.idle
+        if self.end is None:
+            return idle
+        left = self.end - self.flow.state.clock.monotonic()
+        if left <= 0:
+            raise self.deadline_exceeded()
+        self.by_total = idle is None or left <= idle
+        return left if self.by_total else idle
+
+    def arrived(self) -> None:
+        """A piece of the body arrived: past ``stream_deadline`` it is not delivered (a
+        read is bounded by what is left of it, so only a clock that jumped gets here).
+
+        Raises:
+            StreamDeadlineExceeded: the piece came too late.
+        """
+        if self.end is not None and self.flow.state.clock.monotonic() > self.end:
+            raise self.deadline_exceeded()
+
+    def read(self, raw: Iterator[bytes]) -> bytes | None:
+        """The sync driver's next piece of the body (``None`` at its end), its socket
+        waits clipped to ``wait()`` when the HTTP client is the driver's own.
+
+        Raises:
+            StreamDeadlineExceeded: nothing is left of ``stream_deadline``.
+        """
+        wait = self.wait()
+        limit = self.limit
+        if limit is None or wait is None:
+            return next(raw, None)
+        limit.end = time.monotonic() + wait
+        try:
+            return next(raw, None)
+        finally:
+            limit.end = math.inf  # never past this read: the caller's code runs next
+
+    def broken(self, exc: Exception) -> HerdlessError:
+        """The error for a stream that broke while being read with ``exc``."""
+        if self.by_total and isinstance(exc, httpx.TimeoutException):
+            return self.deadline_exceeded()
+        return self.interrupted(str(exc) or type(exc).__name__)
 
     def first(self) -> list[Chunk]:
         """The chunks of the events read before the call was accepted."""
@@ -118,7 +234,35 @@ class _StreamState:
     def _report(self, *, ok: bool, message: str = "") -> None:
         if not self.reported:  # once, however the stream ends
             self.reported = True
+            if ok:
+                response_received(
+                    self.flow,
+                    self.accepted.backend,
+                    usage=self.usage,
+                    model=self.model,
+                    finish_reason=self.finish_reason,
+                    response_id=self.response_id,
+                )
             self.flow.stream_ended(ok=ok, message=message)
+
+    def deadline_exceeded(self) -> StreamDeadlineExceeded:
+        """Close the books on a stream past its ``stream_deadline`` (the caller's limit:
+        served, like a stream the caller closes), and build the caller's error."""
+        self._report(ok=True)
+        backend = self.accepted.backend.name
+        limit = self.stream_deadline
+        return StreamDeadlineExceeded(
+            f"The stream from {backend} passed its stream_deadline of {limit:g} s after "
+            f"{self.delivered_chunks} chunks ({self.delivered_chars} characters) reached "
+            "you, and was closed. What you received is a prefix of the answer; raise "
+            "stream_deadline (or set none) for longer answers.",
+            delivered_chunks=self.delivered_chunks,
+            delivered_chars=self.delivered_chars,
+            deadline=limit,
+            request_id=self.request_id,
+            attempts=self.attempts,
+            backend=backend,
+        )
 
     def interrupted(self, message: str) -> StreamInterrupted:
         """Report the cut to the flow and build the caller's error."""
@@ -188,6 +332,12 @@ class _StreamBase:
         """The model the server says answers."""
         return self._state.model
 
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls streamed so far, their pieces joined (whole once the stream ended
+        with ``finish_reason == "tool_calls"``)."""
+        return self._state.tool_calls
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} backend={self.backend!r} request_id={self.request_id!r}>"
 
@@ -202,6 +352,7 @@ class Stream(_StreamBase):
 
     Raises (while iterating):
         StreamInterrupted: the stream broke after chunks reached you.
+        StreamDeadlineExceeded: the stream passed its ``stream_deadline``.
     """
 
     __slots__ = ("_dispatch", "_iterator")
@@ -215,14 +366,25 @@ class Stream(_StreamBase):
         state = self._state
         try:
             yield from state.first()
-            for raw in state.opened.raw:
-                yield from state.feed(raw)
-                if state.done:
-                    break
+            raw = state.opened.raw
+            if state.end is None and (state.limit is None or state.opened.idle is None):
+                # No limit of the driver's own on a read: the socket's timeout is the one
+                # (the common case, and the per-chunk path of every stream: kept bare).
+                for data in raw:
+                    yield from state.feed(data)
+                    if state.done:
+                        break
+            else:
+                while not state.done:
+                    data = state.read(raw)
+                    if data is None:
+                        break
+                    state.arrived()
+                    yield from state.feed(data)
             yield from state.tail()
             state.complete()
         except _BREAKS as exc:
-            raise state.interrupted(str(exc) or type(exc).__name__) from exc
+            raise state.broken(exc) from exc
         finally:
             self.close()
 
@@ -264,25 +426,27 @@ class AsyncStream(_StreamBase):
         try:
             for chunk in state.first():
                 yield chunk
-            raw, idle = state.opened.raw, state.opened.idle
+            raw = state.opened.raw
             while not state.done:
+                wait = state.wait()
                 try:
-                    if idle is None:  # the socket's read timeout is the limit
+                    if wait is None:  # the socket's read timeout is the limit
                         data = await anext(raw)
-                    else:  # Timeouts.read, shorter than the socket's
-                        async with asyncio.timeout(idle):
+                    else:  # Timeouts.read or what is left of stream_deadline, if shorter
+                        async with asyncio.timeout(wait):
                             data = await anext(raw)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
-                    raise httpx.ReadTimeout(f"no chunk within {idle:g} s") from None
+                    raise httpx.ReadTimeout(f"no chunk within {wait:g} s") from None
+                state.arrived()
                 for chunk in state.feed(data):
                     yield chunk
             for chunk in state.tail():
                 yield chunk
             state.complete()
         except _BREAKS as exc:
-            raise state.interrupted(str(exc) or type(exc).__name__) from exc
+            raise state.broken(exc) from exc
         finally:
             await self.aclose()
 

@@ -13,17 +13,26 @@ left the queue and prefilled, so "time to first token" is what a hung primary sh
 
 httpcore reads a body with one socket timeout, taken from the request's ``timeout``
 extension when the body starts (``_receive_response_body``), so the first event and
-the gaps after it share it. ``stream_waits`` sets it to the larger of ``first_byte`` and
-``read``, and the async driver bounds the smaller one itself with ``asyncio.timeout``.
-The sync driver has no such tool: its stream body keeps ``first_byte`` for every read
-(see ``Timeouts``).
+the gaps after it share it, and it bounds each read, not their sum: a server that sends
+one byte every 50 ms never trips it. ``stream_waits`` sets it to the larger of
+``first_byte`` and ``read``; the async driver bounds the whole attempt with a loop timer
+and a stream's gaps with ``asyncio.timeout``. A thread cannot be interrupted, so the
+sync driver bounds time where the waiting happens, in the socket: the ``httpx.Client``
+it makes itself (``bounded_http_client``) reads and writes through ``_BoundedBackend``,
+which clips every socket timeout to the calling thread's ``AttemptLimit``. Both drivers
+also check their clock between the pieces of a body, which is all they can do with an
+HTTP client the user gave them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeAlias
 
+import httpcore
 import httpx
 
 from herdless._actions import (
@@ -40,9 +49,11 @@ from herdless._wire import DONE, SSEDecoder, encode_body, parse_chunk, parse_com
 
 __all__ = [
     "ERROR_BODY_CAP",
+    "AttemptLimit",
     "Endpoints",
     "OpenStream",
     "accept",
+    "bounded_http_client",
     "failure",
     "is_success",
     "stream_waits",
@@ -95,10 +106,17 @@ class Endpoints:
             self._limits[backend.name] = (limits, _timeout_extension(limits))
 
     def request(
-        self, http: httpx.Client | httpx.AsyncClient, send: Send, *, own: bool = False
+        self,
+        http: httpx.Client | httpx.AsyncClient,
+        send: Send,
+        *,
+        own: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> httpx.Request:
         """The attempt's ``POST {base_url}/chat/completions`` with its body, headers and
-        timeouts; ``own``: ``http`` is the client herdless made (see the class)."""
+        timeouts; ``own``: ``http`` is the client herdless made (see the class);
+        ``extra_headers``: the call's own (``chat(extra_headers=...)``, already checked
+        not to replace a header herdless sets)."""
         name = send.backend.name
         url, fixed, fixed_raw, names = self._fixed[name, send.stream]
         limits, timeout = self._limits[name]
@@ -114,11 +132,17 @@ class Endpoints:
                 "POST",
                 url,
                 content=content,
-                headers={**fixed, **send.headers},
+                headers={**fixed, **(extra_headers or {}), **send.headers},
                 extensions=extensions,
             )
+        extra = None
+        if extra_headers:  # they replace the HTTP client's own headers of the same names
+            extra = [(k.encode(), v.encode()) for k, v in extra_headers.items()]
+            names = names | {name.lower() for name, _ in extra}
         headers = [item for item in http.headers.raw if item[0].lower() not in names]
         headers += fixed_raw
+        if extra:
+            headers += extra
         headers += [(k.encode(), v.encode()) for k, v in send.headers.items()]
         return httpx.Request("POST", url, content=content, headers=headers, extensions=extensions)
 
@@ -240,3 +264,123 @@ class OpenStream:
             elapsed=elapsed,
             stream=self,
         )
+
+
+class AttemptLimit(threading.local):
+    """Per thread: the ``time.monotonic()`` after which the sync client's sockets stop
+    waiting (``math.inf``: no limit). The driver sets it around the I/O of an attempt
+    and of each read of a stream, and clears it before handing control back."""
+
+    end: float = math.inf
+
+    def clip(self, timeout: float | None, error: type[Exception]) -> float | None:
+        """``timeout``, or less: what is left before ``end``.
+
+        Raises:
+            error: nothing is left.
+        """
+        end = self.end
+        if end == math.inf:
+            return timeout
+        left = end - time.monotonic()
+        if left <= 0:
+            raise error("the call's time for this read ran out")
+        return left if timeout is None or timeout > left else timeout
+
+
+class _BoundedStream(httpcore.NetworkStream):
+    """A socket whose every wait is clipped to the thread's ``AttemptLimit``."""
+
+    __slots__ = ("_limit", "_stream")
+
+    def __init__(self, stream: httpcore.NetworkStream, limit: AttemptLimit) -> None:
+        self._stream = stream
+        self._limit = limit
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        # clip(), inlined: a read is on the per-chunk path of every stream.
+        end = self._limit.end
+        if end != math.inf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise httpcore.ReadTimeout("the call's time for this read ran out")
+            if timeout is None or timeout > left:
+                timeout = left
+        return self._stream.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        end = self._limit.end  # clip(), inlined: every request writes
+        if end != math.inf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise httpcore.WriteTimeout("the call's time for this write ran out")
+            if timeout is None or timeout > left:
+                timeout = left
+        self._stream.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
+        return _BoundedStream(
+            self._stream.start_tls(ssl_context, server_hostname, timeout), self._limit
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _BoundedBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, with every socket it opens a ``_BoundedStream``."""
+
+    __slots__ = ("_backend", "_limit")
+
+    def __init__(self, backend: httpcore.NetworkBackend, limit: AttemptLimit) -> None:
+        self._backend = backend
+        self._limit = limit
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
+        stream = self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _BoundedStream(stream, self._limit)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
+        stream = self._backend.connect_unix_socket(path, timeout, socket_options)
+        return _BoundedStream(stream, self._limit)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def bounded_http_client(limit: AttemptLimit) -> tuple[httpx.Client, bool]:
+    """The sync client's own ``httpx.Client`` (httpx's defaults), its sockets bounded by
+    ``limit``; and whether they are (``False`` if httpx or httpcore moved the network
+    backend: the driver's clock checks still bound a trickling body, and the test of
+    this function fails loudly on such an upgrade).
+
+    httpx takes no network backend, so the one of the transport's httpcore pool is
+    wrapped in place: a private attribute on each side, checked here.
+    """
+    transport = httpx.HTTPTransport()
+    pool: Any = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if not isinstance(backend, httpcore.NetworkBackend):
+        return httpx.Client(transport=transport), False
+    pool._network_backend = _BoundedBackend(backend, limit)
+    return httpx.Client(transport=transport), True

@@ -11,15 +11,89 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
-__all__ = ["AttemptRecord", "ChatResult", "Chunk", "Message", "Usage"]
+__all__ = [
+    "AttemptRecord",
+    "ChatResult",
+    "Chunk",
+    "FunctionCall",
+    "FunctionCallDelta",
+    "Message",
+    "ToolCall",
+    "ToolCallDelta",
+    "Usage",
+]
 
 
 class Message(TypedDict):
-    """One chat message in the OpenAI format, e.g. ``{"role": "user", "content": "Hi"}``."""
+    """One chat message in the OpenAI format, e.g. ``{"role": "user", "content": "Hi"}``.
+
+    Tool use: an assistant message that called tools carries ``tool_calls`` (its
+    ``content`` may be ``None``); the answer to a call is a ``"tool"`` message with the
+    call's ``tool_call_id``.
+    """
 
     role: str
-    content: str
+    content: str | None
     name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    tool_call_id: NotRequired[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCall:
+    """The function a model asks to call (openai-python's ``Function``).
+
+    Attributes:
+        name: the function's name.
+        arguments: its arguments, as the JSON text the model wrote (validate it before use:
+            a model can write invalid JSON).
+    """
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """One tool call of an answer (openai-python's ``ChatCompletionMessageToolCall``).
+
+    Attributes:
+        id: the call's id; answer it with a ``{"role": "tool", "tool_call_id": id, ...}``
+            message.
+        function: the function and its arguments.
+        type: ``"function"``.
+    """
+
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallDelta:
+    """A piece of a streamed function call (openai-python's ``ChoiceDeltaToolCallFunction``):
+    the name comes once, the arguments in pieces to concatenate."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call (openai-python's ``ChoiceDeltaToolCall``); the
+    pieces with the same ``index`` make one call (``Stream.tool_calls`` joins them).
+
+    Attributes:
+        index: which call of the answer this piece belongs to.
+        id: the call's id (in its first piece).
+        type: ``"function"`` (in its first piece).
+        function: the name and a piece of the arguments.
+    """
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallDelta | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +149,9 @@ class ChatResult:
         fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...);
             ``None`` when the primary answered.
         request_id: the call's id, sent as ``X-Request-ID`` on every attempt.
-        finish_reason: ``"stop"``, ``"length"``, ...; ``None`` when absent.
+        finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ...; ``None`` when absent.
+        tool_calls: the tools the model asks to call (first choice), in order; empty when
+            it answered with text.
         raw: the server's whole JSON answer.
     """
 
@@ -87,6 +163,7 @@ class ChatResult:
     fallback_reason: str | None
     request_id: str
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -97,12 +174,16 @@ class Chunk:
     Attributes:
         content: the text delta of the first choice (``""`` for role-only, finish-only
             and usage chunks).
-        finish_reason: set on the chunk that ends the choice.
+        finish_reason: set on the chunk that ends the choice (``"tool_calls"`` when the
+            model called tools).
         usage: set on the final usage chunk (``stream_options.include_usage``).
+        tool_calls: pieces of tool calls, as vLLM and OpenAI stream them (the
+            ``Stream`` joins them into ``Stream.tool_calls``).
         raw: the chunk's decoded JSON.
     """
 
     content: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -22,7 +22,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-from herdless._types import Chunk, Usage
+from herdless._fields import BODY_FIELDS, unknown_argument
+from herdless._types import (
+    Chunk,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 __all__ = [
     "DONE",
@@ -40,6 +48,8 @@ DONE: Final = "[DONE]"
 
 _STREAM_OPTIONS: Final = {"include_usage": True}
 
+_RESERVED: Final = frozenset({"model", "messages", "stream"})
+
 
 def build_body(
     messages: Sequence[Mapping[str, Any]],
@@ -48,30 +58,50 @@ def build_body(
     temperature: float | None,
     stream: bool,
     extra: Mapping[str, Any],
+    extra_body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The chat-completions body without ``model`` (each backend gets its own).
 
-    ``extra`` passes unknown OpenAI fields through unchanged. A stream asks for the usage
-    chunk unless the caller set ``stream_options`` themselves.
+    ``extra`` holds the other OpenAI and vLLM fields ``chat()`` knows (``BODY_FIELDS``),
+    sent unchanged; ``extra_body`` any other field, sent unchanged and last (as
+    openai-python's ``extra_body``). A stream asks for the usage chunk
+    (``stream_options.include_usage``) unless the caller set ``include_usage`` themselves.
 
     Raises:
-        TypeError: ``messages`` is not a list of mappings, or ``extra`` sets ``model``,
-            ``messages`` or ``stream``, which have their own arguments.
+        TypeError: ``messages`` is not a list of mappings; ``extra`` holds a field
+            ``chat()`` does not know (the message names the closest one); or
+            ``extra_body`` sets ``model``, ``messages`` or ``stream``, which have their
+            own arguments.
     """
     if not isinstance(messages, list | tuple):
         raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': ...}")
-    clash = {"model", "messages", "stream"} & extra.keys()
-    if clash:
-        raise TypeError(f"pass {', '.join(sorted(clash))} as chat() arguments, not as extra")
     body: dict[str, Any] = {"messages": [_message(m) for m in messages]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if temperature is not None:
         body["temperature"] = temperature
-    body.update(extra)
+    if extra:
+        unknown = extra.keys() - BODY_FIELDS
+        if unknown:
+            raise TypeError(unknown_argument(min(unknown)))
+        body.update(extra)
+    if extra_body:
+        if not isinstance(extra_body, Mapping):
+            raise TypeError("extra_body must be a mapping of request fields")
+        clash = _RESERVED & extra_body.keys()
+        if clash:
+            raise TypeError(
+                f"pass {', '.join(sorted(clash))} as chat() arguments, not in extra_body"
+            )
+        body.update(extra_body)
     if stream:
         body["stream"] = True
-        body.setdefault("stream_options", _STREAM_OPTIONS)
+        options = body.get("stream_options")
+        if options is None:
+            body["stream_options"] = _STREAM_OPTIONS
+        elif isinstance(options, Mapping) and "include_usage" not in options:
+            # Token accounting needs the usage chunk; the caller's other options stay.
+            body["stream_options"] = {**options, "include_usage": True}
     return body
 
 
@@ -127,6 +157,56 @@ class Completion(NamedTuple):
     usage: Usage | None
     finish_reason: str | None
     raw: dict[str, Any]
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _str(value: Any) -> str | None:
+    return value if type(value) is str else None
+
+
+def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
+    """A message's ``tool_calls``; entries that are not function calls are left to ``raw``."""
+    if type(value) is not list:
+        return ()
+    calls = []
+    for item in value:
+        function = item.get("function") if type(item) is dict else None
+        if type(function) is dict and _str(function.get("name")) is not None:
+            calls.append(
+                ToolCall(
+                    id=_str(item.get("id")) or "",
+                    type=_str(item.get("type")) or "function",
+                    function=FunctionCall(
+                        name=function["name"], arguments=_str(function.get("arguments")) or ""
+                    ),
+                )
+            )
+    return tuple(calls)
+
+
+def _tool_call_deltas(value: Any) -> tuple[ToolCallDelta, ...]:
+    """A stream delta's ``tool_calls`` pieces (malformed ones are left to ``raw``)."""
+    if type(value) is not list:
+        return ()
+    deltas = []
+    for position, item in enumerate(value):
+        if type(item) is not dict:
+            continue
+        index = item.get("index")
+        function = item.get("function")
+        deltas.append(
+            ToolCallDelta(
+                index=index if type(index) is int else position,
+                id=_str(item.get("id")),
+                type=_str(item.get("type")),
+                function=FunctionCallDelta(
+                    name=_str(function.get("name")), arguments=_str(function.get("arguments"))
+                )
+                if type(function) is dict
+                else None,
+            )
+        )
+    return tuple(deltas)
 
 
 def parse_completion(body: bytes) -> Completion:
@@ -140,12 +220,14 @@ def parse_completion(body: bytes) -> Completion:
     message = choice.get("message")
     content = message.get("content") if type(message) is dict else None
     model = data.get("model")
+    calls = message.get("tool_calls") if type(message) is dict else None
     return Completion(
         content if isinstance(content, str) else "",
         model if isinstance(model, str) else None,
         _usage(data),
         choice.get("finish_reason"),
         data,
+        _tool_calls(calls) if calls else (),
     )
 
 
@@ -165,10 +247,15 @@ def parse_chunk(data: str) -> Chunk:
         message = error.get("message") if isinstance(error, Mapping) else error
         raise ValueError(f"the server reported an error in the stream: {message}")
     choices = obj.get("choices")
+    calls = None
     if type(choices) is list and choices and type(choices[0]) is dict:
         choice = choices[0]
         delta = choice.get("delta")
-        content = delta.get("content") if type(delta) is dict else None
+        if type(delta) is dict:
+            content = delta.get("content")
+            calls = delta.get("tool_calls")
+        else:
+            content = None
         finish_reason = choice.get("finish_reason")
     else:
         content = finish_reason = None
@@ -176,6 +263,7 @@ def parse_chunk(data: str) -> Chunk:
         content=content if type(content) is str else "",
         finish_reason=finish_reason,
         usage=_usage(obj) if obj.get("usage") is not None else None,  # the last chunk only
+        tool_calls=_tool_call_deltas(calls) if calls else (),
         raw=obj,
     )
 

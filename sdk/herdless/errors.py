@@ -2,25 +2,37 @@
 
     HerdlessError
     ├── APIStatusError             a backend answered with an error status
-    │   ├── BadRequestError          400, 404, 413, 422 and other 4xx: fix the request
+    │   ├── BadRequestError          400 and any 4xx without a class of its own
+    │   │   ├── NotFoundError          404: wrong URL (no /v1?) or unknown model
+    │   │   ├── ConflictError          409
+    │   │   └── UnprocessableEntityError  422
     │   ├── AuthenticationError      401: the API key is missing or wrong
     │   ├── PermissionDeniedError    403: the key may not do this
     │   ├── RateLimitError           429: come back later (retried first)
     │   └── ServiceUnavailableError  5xx: not serving now (retried first)
+    │       └── InternalServerError    every status >= 500 (openai's name)
     ├── APIConnectionError         no HTTP answer: refused, reset, broken
     │   └── APITimeoutError          connect, first-byte or stream-idle timeout
     ├── DeadlineExceeded           the call's deadline ran out, waits included
     ├── StreamInterrupted          a stream broke after chunks reached the caller
+    │   └── StreamDeadlineExceeded   (also a DeadlineExceeded) the stream passed its
+    │                                ``stream_deadline``
     ├── FallbackNotAllowed         only a fallback could serve, and the call forbids it
     ├── SpendLimitExceeded         the external fallback's spend limit is reached
     ├── AllBackendsFailed          every backend was tried; ``errors`` holds each one's
     └── ConfigurationError         a setting is missing or malformed (names the variable)
 
+The status classes map as openai-python's do (``NotFoundError``, ``ConflictError``,
+``UnprocessableEntityError``, ``InternalServerError``, ``status_code``), and each keeps
+the herdless class it was raised as before as a base, so an existing
+``except BadRequestError`` still catches a 404 and ``except ServiceUnavailableError`` a 500.
+
 Every error carries keyword-only context: ``request_id`` (sent as ``X-Request-ID``, to
 find the call in server logs), ``attempts`` (``AttemptRecord`` per attempt, oldest first),
-``backend`` (the backend's name), ``status`` and ``retry_after`` (seconds the server asked
-to wait). Messages say what happened and what to do; they never contain an API key.
-All errors pickle (they cross process pools), context included.
+``backend`` (the backend's name), ``status`` (``status_code`` on status errors, as openai
+names it) and ``retry_after`` (seconds the server asked to wait). Messages say what
+happened and what to do; they never contain an API key. All errors pickle (they cross
+process pools), context included.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from herdless._types import AttemptRecord
 
@@ -43,14 +56,19 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConfigurationError",
+    "ConflictError",
     "DeadlineExceeded",
     "FallbackNotAllowed",
     "HerdlessError",
+    "InternalServerError",
+    "NotFoundError",
     "PermissionDeniedError",
     "RateLimitError",
     "ServiceUnavailableError",
     "SpendLimitExceeded",
+    "StreamDeadlineExceeded",
     "StreamInterrupted",
+    "UnprocessableEntityError",
     "status_error",
     "transport_error",
 ]
@@ -136,9 +154,29 @@ class APIStatusError(HerdlessError):
         self.code = code
         self.error_type = error_type
 
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status (openai-python's name; ``status`` is the same value)."""
+        return self.status
+
 
 class BadRequestError(APIStatusError):
-    """The backend rejected the request itself (400, 404, 413, 422, other 4xx). Not retried."""
+    """The backend rejected the request itself (400, 413, any 4xx without a class of
+    its own, and the base of ``NotFoundError``, ``ConflictError`` and
+    ``UnprocessableEntityError``). Not retried."""
+
+
+class NotFoundError(BadRequestError):
+    """404: the URL is wrong (a ``base_url`` without ``/v1``?) or the model is unknown.
+    Not retried."""
+
+
+class ConflictError(BadRequestError):
+    """409: the request conflicts with the server's state. Not retried."""
+
+
+class UnprocessableEntityError(BadRequestError):
+    """422: the request is well-formed JSON the server cannot process. Not retried."""
 
 
 class AuthenticationError(APIStatusError):
@@ -154,7 +192,12 @@ class RateLimitError(APIStatusError):
 
 
 class ServiceUnavailableError(APIStatusError):
-    """5xx: the backend is not serving now (down, loading, draining, broken)."""
+    """5xx: the backend is not serving now (down, loading, draining, broken). Raised as
+    its subclass ``InternalServerError``; catching either catches every 5xx."""
+
+
+class InternalServerError(ServiceUnavailableError):
+    """Every status >= 500 (openai-python's name); retried first."""
 
 
 class APIConnectionError(HerdlessError):
@@ -201,13 +244,30 @@ class StreamInterrupted(HerdlessError):
         self.delivered_chars = delivered_chars
 
 
+class StreamDeadlineExceeded(StreamInterrupted, DeadlineExceeded):
+    """A stream passed its ``stream_deadline`` (seconds from the call's start to the
+    stream's end) and was closed. Both a ``StreamInterrupted`` (what reached the caller
+    is a prefix of the answer) and a ``DeadlineExceeded`` (``deadline`` holds the limit)."""
+
+
 class FallbackNotAllowed(HerdlessError):
     """The primary could not serve and the only way left is a fallback the call forbids
     (``allow_fallback=False`` and the fallback is ``external``)."""
 
 
 class SpendLimitExceeded(HerdlessError):
-    """The external fallback's spend limit is reached; the call was not sent there."""
+    """The external fallback's spend limit is reached; the call was not sent there.
+
+    Attributes:
+        limit: the cap that was reached: ``"share"`` (``max_external_share``),
+            ``"calls"`` (``max_external_per_minute``), ``"tokens"``
+            (``max_external_tokens``) or ``"cost"`` (``max_external_cost``); ``None``
+            when not known.
+    """
+
+    def __init__(self, message: str, *, limit: str | None = None, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.limit = limit
 
 
 class AllBackendsFailed(HerdlessError):
@@ -239,15 +299,21 @@ class ConfigurationError(HerdlessError):
 _STATUS_CLASSES: dict[int, type[APIStatusError]] = {
     401: AuthenticationError,
     403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
     429: RateLimitError,
 }
 
 _ADVICE: dict[type[APIStatusError], str] = {
     BadRequestError: "The request itself was refused: fix it; retrying will not help.",
+    NotFoundError: "Check the backend's base_url and the model name; retrying will not help.",
+    ConflictError: "The request itself was refused: fix it; retrying will not help.",
+    UnprocessableEntityError: "The request itself was refused: fix it; retrying will not help.",
     AuthenticationError: "Check the API key configured for this backend.",
     PermissionDeniedError: "The API key is valid but may not do this; check its permissions.",
     RateLimitError: "The backend is full; retries ran out. Slow down or add capacity.",
-    ServiceUnavailableError: "The backend is not serving; retries ran out. Check its health.",
+    InternalServerError: "The backend is not serving; retries ran out. Check its health.",
 }
 
 
@@ -255,7 +321,7 @@ def _status_class(status: int) -> type[APIStatusError]:
     if status in _STATUS_CLASSES:
         return _STATUS_CLASSES[status]
     if status >= 500:
-        return ServiceUnavailableError
+        return InternalServerError
     return BadRequestError
 
 
@@ -309,16 +375,23 @@ def status_error(
 
     Returns:
         An instance of the status's class: 401 ``AuthenticationError``, 403
-        ``PermissionDeniedError``, 429 ``RateLimitError``, 5xx ``ServiceUnavailableError``,
-        any other status ``BadRequestError``.
+        ``PermissionDeniedError``, 404 ``NotFoundError``, 409 ``ConflictError``, 422
+        ``UnprocessableEntityError``, 429 ``RateLimitError``, >= 500
+        ``InternalServerError``, any other status ``BadRequestError``. A 404 from a
+        backend whose ``base_url`` does not end in ``/v1`` says so.
     """
     cls = _status_class(response.status)
     server_message, code, error_type = _parse_error_body(response.body)
     server_message = _redact(server_message, backend)
     name = _name(backend)
-    said = f": {server_message}" if server_message else ""
+    # The server's own sentence ends with its period ("... Valid aliases: gemma-4."): one
+    # period between it and the advice, not two.
+    said = f": {server_message.removesuffix('.')}" if server_message else ""
+    advice = _ADVICE[cls]
+    if cls is NotFoundError and not isinstance(backend, str):
+        advice = _no_v1_hint(backend) or advice
     return cls(
-        f"{name} answered {response.status}{said}. {_ADVICE[cls]}",
+        f"{name} answered {response.status}{said}. {advice}",
         server_message=server_message,
         code=code,
         error_type=error_type,
@@ -327,6 +400,30 @@ def status_error(
         backend=name,
         status=response.status,
         retry_after=retry_after,
+    )
+
+
+def _no_v1_hint(backend: Backend) -> str | None:
+    """What to say about a 404 from a ``base_url`` that is not an OpenAI API root."""
+    parts = urlsplit(backend.base_url)
+    # Shown without user info, query or fragment: a URL may carry credentials.
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    path = parts.path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        root = f"{parts.scheme}://{host}{path.removesuffix('/chat/completions')}"
+        return (
+            f"Its base_url ends in /chat/completions: give the API root ({root}); herdless "
+            "adds /chat/completions itself."
+        )
+    if path.endswith("/v1"):
+        return None
+    shown = f"{parts.scheme}://{host}{path}"
+    return (
+        f"Its base_url ({shown}) does not end in /v1: herdless posts to "
+        f"{shown}/chat/completions, and OpenAI-compatible servers (vLLM, the herdless "
+        f"gateway) serve it under /v1; try {shown}/v1."
     )
 
 

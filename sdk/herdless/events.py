@@ -20,6 +20,7 @@ name) and ``at`` (the client clock's monotonic time, in seconds).
     ├── BreakerStateChanged
     ├── FallbackUsed
     ├── PrimaryDegraded
+    ├── ResponseReceived
     ├── CallFinished
     └── CallFailed
 """
@@ -42,6 +43,7 @@ __all__ = [
     "EventHook",
     "FallbackUsed",
     "PrimaryDegraded",
+    "ResponseReceived",
     "RetryScheduled",
     "SlotAwaited",
     "WaitScheduled",
@@ -187,6 +189,33 @@ class PrimaryDegraded(Event):
     fallbacks: int
     """Calls served elsewhere since then."""
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseReceived(Event):
+    """A backend's answer is complete: a whole answer, or a stream that ended (or that
+    the caller closed). Emitted just before ``CallFinished``, with what the answer says
+    about itself: the tokens it used (``stats().tokens``, the spend guard's token and
+    money caps and the adapters' token metrics count them), what it cost, and where it
+    came from. Not emitted for a stream that broke (``StreamInterrupted``)."""
+
+    model: str | None
+    """The model the server says answered (``gen_ai.response.model``)."""
+    input_tokens: int | None
+    """Prompt tokens (``usage.prompt_tokens``); ``None`` when the server sent no usage."""
+    output_tokens: int | None
+    """Completion tokens (``usage.completion_tokens``); ``None`` without usage."""
+    cost: float | None = None
+    """What the answer cost at the backend's ``Price``; ``None`` without a price or usage."""
+    finish_reason: str | None = None
+    response_id: str | None = None
+    """The answer's ``id`` (``chatcmpl-...``)."""
+    server_address: str | None = None
+    """The backend's host (``server.address``)."""
+    server_port: int | None = None
+    """The backend's port, explicit or implied by the scheme (``server.port``)."""
+    external: bool = False
+    """Whether the backend is ``external`` (its tokens count toward the spend guard)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

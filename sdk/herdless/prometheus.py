@@ -11,7 +11,9 @@ Metrics (``herdless_client_`` prefix), labelled by backend:
 ``first_byte_timeout``, ``stream_cut``, ...), ``calls_total{outcome}`` (``ok``/``error``),
 ``call_duration_seconds`` (histogram), ``fallbacks_total{from_backend,reason}``,
 ``retries_total{reason}``, ``waits_seconds_total{reason}``, ``breaker_state`` (0 closed,
-1 half-open, 2 open), ``primary_degraded_total``.
+1 half-open, 2 open), ``primary_degraded_total``, ``tokens_total{type}`` (``input`` /
+``output``: the prompt and completion tokens of each answer, from its ``usage``) and
+``cost_total`` (what the answers of a backend with a ``Price`` cost, in its currency).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from herdless.events import (
     Event,
     FallbackUsed,
     PrimaryDegraded,
+    ResponseReceived,
     RetryScheduled,
     WaitScheduled,
 )
@@ -113,6 +116,20 @@ class PrometheusHook:
             namespace=namespace,
             registry=registry,
         )
+        self.tokens = Counter(
+            "tokens",
+            "Tokens of the answers, from their usage: input (prompt) or output (completion).",
+            ["backend", "type"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.cost = Counter(
+            "cost",
+            "What the answers cost, at the backend's Price (its currency).",
+            ["backend"],
+            namespace=namespace,
+            registry=registry,
+        )
 
     def __call__(self, event: Event) -> None:
         backend = event.backend or "-"
@@ -137,3 +154,10 @@ class PrometheusHook:
             self.breaker.labels(backend).set(_STATE[event.new])
         elif isinstance(event, PrimaryDegraded):
             self.degraded.labels(backend).inc()
+        elif isinstance(event, ResponseReceived):
+            if event.input_tokens is not None:
+                self.tokens.labels(backend, "input").inc(event.input_tokens)
+            if event.output_tokens is not None:
+                self.tokens.labels(backend, "output").inc(event.output_tokens)
+            if event.cost is not None:
+                self.cost.labels(backend).inc(event.cost)

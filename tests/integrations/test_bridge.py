@@ -38,6 +38,18 @@ def test_pass_model_and_headers_reach_the_call():
     assert call.kwargs == {"model": "m", "seed": 7, "allow_fallback": False, "deadline": 2.5}
 
 
+def test_fields_chat_does_not_know_travel_in_extra_body():
+    # openai's extra_body={"guided_json": ...} arrives merged into the body.
+    payload = {"model": "m", "messages": [], "top_k": 5, "guided_json": {"type": "object"}}
+    call = parse_call("POST", CHAT, {}, json.dumps(payload).encode(), pass_model=False)
+    assert isinstance(call, Call)
+    assert call.kwargs == {
+        "model": None,
+        "top_k": 5,
+        "extra_body": {"guided_json": {"type": "object"}},
+    }
+
+
 @pytest.mark.parametrize(
     ("method", "path", "headers", "body", "status"),
     [

@@ -155,3 +155,51 @@ def test_tls_verification_is_on_by_default() -> None:
         context = http._transport._pool._ssl_context  # type: ignore[attr-defined]
         assert context.verify_mode == ssl.CERT_REQUIRED
         assert context.check_hostname
+
+
+def test_the_new_paths_hold_no_key(caplog: pytest.LogCaptureFixture) -> None:
+    # A spend cap's refusal, a derived client, extra headers and the token events.
+    from herdless import FallbackPolicy, Price, SpendLimitExceeded
+
+    events: list[Event] = []
+    caplog.set_level(logging.DEBUG)
+    clock = FakeClock()
+    with Client(
+        primary=Backend(name="gpu", base_url="http://gpu.test/v1", api_key=PRIMARY_KEY),
+        fallback=Backend(
+            name="hosted",
+            base_url="https://hosted.test/v1",
+            api_key=HOSTED_KEY,
+            model="mini",
+            external=True,
+            price=Price(input=1.0, output=1.0),
+        ),
+        model="m",
+        retry=RetryPolicy(max_attempts=1),
+        fallback_policy=FallbackPolicy(max_external_tokens=0),
+        on_event=events.append,
+        clock=clock,
+        sleep=clock.sleep,
+        transport=answer(502),
+        env_file=None,
+    ) as client:
+        derived = client.with_options(deadline=5.0)
+        assert_clean(repr(derived))
+        with pytest.raises(SpendLimitExceeded) as caught:
+            derived.chat([{"role": "user", "content": "hi"}], extra_headers={"X-Tenant": "t"})
+        assert_clean(str(caught.value))
+        assert_clean(repr(pickle.loads(pickle.dumps(caught.value))))
+    assert_clean(repr(events))
+    assert_clean(caplog.text)
+
+
+def test_a_misspelled_key_variable_is_named_without_its_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HERDLESS_PRIMARY_URL", "http://gpu.test/v1")
+    monkeypatch.setenv("HERDLESS_PRIMARY_API_KY", PRIMARY_KEY)
+    with pytest.warns(UserWarning, match="did you mean") as caught:
+        env_options(env_file=None)
+    [warning] = caught
+    assert "HERDLESS_PRIMARY_API_KEY" in str(warning.message)
+    assert_clean(str(warning.message))

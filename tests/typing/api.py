@@ -22,10 +22,18 @@ hosted = herdless.Backend(
     model="gpt-4o-mini",
     external=True,
     timeouts=timeouts,
+    price=herdless.Price(input=0.15, output=0.6),
 )
+cost: float = herdless.Price(input=1.0, output=2.0).cost(input_tokens=10, output_tokens=5)
 retry = herdless.RetryPolicy(max_attempts=3, base=0.5, cap=8.0, max_retry_after=60.0)
 breaker = herdless.BreakerPolicy(consecutive_failures=5, open_for=5.0)
-fallback_policy = herdless.FallbackPolicy(reserve=0.4, allow_external=True)
+fallback_policy = herdless.FallbackPolicy(
+    reserve=0.4,
+    allow_external=True,
+    max_external_tokens=1_000_000,
+    max_external_cost=50.0,
+    spend_window=86_400.0,
+)
 pacing = herdless.PacingPolicy(rate=20.0, burst=5)
 clock = FakeClock()
 
@@ -51,7 +59,8 @@ def sync_usage() -> None:
         retry=retry,
         breaker=breaker,
         deadline=30.0,
-        on_event=on_event,
+        stream_deadline=300.0,
+        on_event=[on_event, on_event],
         timeouts=timeouts,
         fallback_policy=fallback_policy,
         pacing=pacing,
@@ -67,8 +76,17 @@ def sync_usage() -> None:
             temperature=0.0,
             deadline=5.0,
             allow_fallback=False,
+            extra_body={"guided_regex": "[a-z]+"},
+            extra_headers={"X-Tenant": "blue"},
             seed=1,
+            tools=[],
         )
+        calls: tuple[herdless.ToolCall, ...] = result.tool_calls
+        if calls:
+            function: herdless.FunctionCall = calls[0].function
+            name: str = function.name
+            arguments: str = function.arguments
+            del name, arguments
         content: str = result.content
         backend: str = result.backend
         model: str | None = result.model
@@ -79,14 +97,33 @@ def sync_usage() -> None:
         finish: str | None = result.finish_reason
         del content, backend, model, usage, attempts, reason, request_id, finish
 
-        with client.chat([{"role": "user", "content": "hi"}], stream=True) as stream:
+        with client.chat(
+            [{"role": "user", "content": "hi"}], stream=True, stream_deadline=60.0
+        ) as stream:
             for chunk in stream:
                 delta: str = chunk.content
+                pieces: tuple[herdless.ToolCallDelta, ...] = chunk.tool_calls
+                if pieces and pieces[0].function is not None:
+                    piece: herdless.FunctionCallDelta = pieces[0].function
+                    del piece
                 del delta
             stream_usage: herdless.Usage | None = stream.usage
-            del stream_usage
+            joined: tuple[herdless.ToolCall, ...] = stream.tool_calls
+            del stream_usage, joined
         stats: herdless.ClientStats = client.stats()
-        del stats
+        tokens: int = stats.tokens["primary"]["prompt_tokens"]
+        spent: float = stats.cost.get("hosted", 0.0)
+        del stats, tokens, spent
+        strict: herdless.Client = client.with_options(
+            deadline=5.0,
+            stream_deadline=30.0,
+            timeouts=timeouts,
+            retry=retry,
+            fallback_policy=fallback_policy,
+            model="gemma",
+            allow_fallback=False,
+        )
+        del strict
     herdless.Client.from_env(env_file=None, on_event=on_event).close()
     herdless.Client(primary=[hosted, "http://gpu-2:8080/v1"]).close()
 
@@ -98,7 +135,7 @@ async def async_usage() -> None:
     async with herdless.AsyncClient(
         primary="http://gpu:8080/v1",
         fallback=[hosted],
-        on_event=on_event_async,
+        on_event=(on_event_async, on_event),
         sleep=clock.asleep,
         http_client=httpx.AsyncClient(),
     ) as client:
@@ -111,6 +148,8 @@ async def async_usage() -> None:
             async for chunk in stream:
                 chunk_: herdless.Chunk = chunk
                 del chunk_
+        derived: herdless.AsyncClient = client.with_options(deadline=5.0)
+        del derived
     async with herdless.AsyncClient.from_env(on_event=on_event) as from_env:
         del from_env
 
@@ -125,8 +164,15 @@ def error_usage(error: herdless.HerdlessError) -> None:
     del request_id, attempts, retry_after
     if isinstance(error, herdless.APIStatusError):
         status: int | None = error.status
+        status_code: int | None = error.status_code
         server_message: str = error.server_message
-        del status, server_message
+        del status, status_code, server_message
+    if isinstance(error, herdless.SpendLimitExceeded):
+        limit: str | None = error.limit
+        del limit
+    if isinstance(error, herdless.StreamDeadlineExceeded):
+        deadline: float | None = error.deadline
+        del deadline
     if isinstance(error, herdless.StreamInterrupted):
         chars: int = error.delivered_chars
         del chars
@@ -140,14 +186,29 @@ def error_usage(error: herdless.HerdlessError) -> None:
 
 errors: tuple[type[herdless.HerdlessError], ...] = (
     herdless.BadRequestError,
+    herdless.NotFoundError,
+    herdless.ConflictError,
+    herdless.UnprocessableEntityError,
     herdless.AuthenticationError,
     herdless.PermissionDeniedError,
     herdless.RateLimitError,
     herdless.ServiceUnavailableError,
+    herdless.InternalServerError,
     herdless.APIConnectionError,
     herdless.APITimeoutError,
     herdless.DeadlineExceeded,
+    herdless.StreamDeadlineExceeded,
     herdless.FallbackNotAllowed,
     herdless.SpendLimitExceeded,
 )
 message: herdless.Message = {"role": "user", "content": "hi"}
+tool_answer: herdless.Message = {"role": "tool", "content": "21 C", "tool_call_id": "call_0"}
+received: events.ResponseReceived = events.ResponseReceived(
+    call_id="r",
+    backend="hosted",
+    at=0.0,
+    model="m",
+    input_tokens=1,
+    output_tokens=2,
+    cost=None,
+)

@@ -18,14 +18,19 @@ from herdless.errors import (
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
+    ConflictError,
     DeadlineExceeded,
     FallbackNotAllowed,
     HerdlessError,
+    InternalServerError,
+    NotFoundError,
     PermissionDeniedError,
     RateLimitError,
     ServiceUnavailableError,
     SpendLimitExceeded,
+    StreamDeadlineExceeded,
     StreamInterrupted,
+    UnprocessableEntityError,
     status_error,
     transport_error,
 )
@@ -46,24 +51,104 @@ def _response(status: int, body: bytes) -> Response:
     ("status", "cls"),
     [
         (400, BadRequestError),
-        (404, BadRequestError),
+        (404, NotFoundError),
         (413, BadRequestError),
-        (422, BadRequestError),
-        (409, BadRequestError),
+        (422, UnprocessableEntityError),
+        (409, ConflictError),
+        (418, BadRequestError),
         (401, AuthenticationError),
         (403, PermissionDeniedError),
         (429, RateLimitError),
-        (500, ServiceUnavailableError),
-        (502, ServiceUnavailableError),
-        (503, ServiceUnavailableError),
-        (504, ServiceUnavailableError),
+        (500, InternalServerError),
+        (502, InternalServerError),
+        (503, InternalServerError),
+        (504, InternalServerError),
+        (599, InternalServerError),
     ],
 )
 def test_status_maps_to_its_class(status: int, cls: type[APIStatusError]) -> None:
     error = status_error(_response(status, b"{}"), backend=BACKEND, request_id="r", attempts=())
     assert type(error) is cls
     assert error.status == status
+    assert error.status_code == status
     assert error.backend == "hosted"
+
+
+@pytest.mark.parametrize(
+    ("status", "old"),
+    [
+        (404, BadRequestError),
+        (409, BadRequestError),
+        (422, BadRequestError),
+        (500, ServiceUnavailableError),
+        (503, ServiceUnavailableError),
+    ],
+)
+def test_new_classes_are_still_caught_by_the_old_except_clauses(
+    status: int, old: type[APIStatusError]
+) -> None:
+    error = status_error(_response(status, b"{}"), backend=BACKEND, request_id="r", attempts=())
+    with pytest.raises(old):
+        raise error
+
+
+def test_the_tree_matches_openais_names() -> None:
+    openai = pytest.importorskip("openai")
+    for name in (
+        "APIStatusError",
+        "BadRequestError",
+        "AuthenticationError",
+        "PermissionDeniedError",
+        "NotFoundError",
+        "ConflictError",
+        "UnprocessableEntityError",
+        "RateLimitError",
+        "InternalServerError",
+        "APIConnectionError",
+        "APITimeoutError",
+    ):
+        assert hasattr(openai, name), name
+        assert issubclass(getattr(herdless, name), HerdlessError), name
+
+
+def test_the_server_sentence_and_the_advice_are_one_period_apart() -> None:
+    body = (
+        b'{"error":{"message":"The model `gemma-3` does not exist. Valid aliases: gemma-4.",'
+        b'"type":"NotFoundError","code":404}}'
+    )
+    error = status_error(_response(404, body), backend=BACKEND, request_id="r", attempts=())
+    assert "gemma-4. Check the backend's base_url" in error.message
+    assert ".." not in error.message
+
+
+@pytest.mark.parametrize(
+    ("base_url", "hint"),
+    [
+        ("http://gpu.test:8000", "does not end in /v1"),
+        ("http://gpu.test:8000/", "try http://gpu.test:8000/v1."),
+        ("http://gpu.test/openai", "try http://gpu.test/openai/v1."),
+        ("http://gpu.test/v1/chat/completions", "give the API root (http://gpu.test/v1)"),
+    ],
+)
+def test_a_404_from_a_base_url_without_v1_says_so(base_url: str, hint: str) -> None:
+    backend = Backend(name="primary", base_url=base_url)
+    body = b'{"detail":"Not Found"}'
+    error = status_error(_response(404, body), backend=backend, request_id="r", attempts=())
+    assert type(error) is NotFoundError
+    assert hint in error.message
+
+
+def test_a_404_from_an_api_root_gives_the_usual_advice() -> None:
+    error = status_error(_response(404, b"{}"), backend=BACKEND, request_id="r", attempts=())
+    assert "/v1" not in error.message
+    assert "Check the backend's base_url and the model name" in error.message
+
+
+def test_the_v1_hint_never_shows_credentials_in_the_url() -> None:
+    backend = Backend(name="p", base_url="http://user:s3cret-pass@gpu.test:8000/api?key=s3cret")
+    error = status_error(_response(404, b"{}"), backend=backend, request_id="r", attempts=())
+    assert "s3cret" not in str(error)
+    assert "http://gpu.test:8000/api/v1" in error.message
 
 
 @pytest.mark.parametrize(
@@ -163,8 +248,18 @@ ERRORS: list[HerdlessError] = [
     ),
     DeadlineExceeded("late", deadline=10.0, request_id="r", attempts=ATTEMPTS, backend="p"),
     StreamInterrupted("cut", delivered_chunks=3, delivered_chars=12, request_id="r"),
+    StreamDeadlineExceeded(
+        "too long", delivered_chunks=2, delivered_chars=5, deadline=30.0, request_id="r"
+    ),
+    status_error(
+        _response(404, b'{"error":{"message":"no such model"}}'),
+        backend=BACKEND,
+        request_id="r",
+        attempts=ATTEMPTS,
+    ),
+    status_error(_response(500, b"{}"), backend=BACKEND, request_id="r", attempts=ATTEMPTS),
     FallbackNotAllowed("guarded", request_id="r"),
-    SpendLimitExceeded("spent", request_id="r", backend="hosted"),
+    SpendLimitExceeded("spent", limit="cost", request_id="r", backend="hosted"),
     AllBackendsFailed(
         "all",
         errors={"p": DeadlineExceeded("late", request_id="r"), "h": HerdlessError("x")},
@@ -196,6 +291,15 @@ def test_every_error_is_public_and_under_herdless_error() -> None:
             assert issubclass(obj, HerdlessError)
             assert obj.__doc__
             assert getattr(herdless, name) is obj
+
+
+def test_a_stream_deadline_is_both_an_interruption_and_a_deadline() -> None:
+    error = StreamDeadlineExceeded(
+        "too long", delivered_chunks=2, delivered_chars=5, deadline=30.0, request_id="r"
+    )
+    assert isinstance(error, StreamInterrupted)
+    assert isinstance(error, DeadlineExceeded)
+    assert (error.delivered_chunks, error.delivered_chars, error.deadline) == (2, 5, 30.0)
 
 
 def test_context_is_keyword_only() -> None:

@@ -29,9 +29,11 @@ from herdless.errors import (
     BadRequestError,
     DeadlineExceeded,
     FallbackNotAllowed,
+    NotFoundError,
     RateLimitError,
     ServiceUnavailableError,
     SpendLimitExceeded,
+    UnprocessableEntityError,
 )
 from herdless.events import (
     AttemptFailed,
@@ -113,8 +115,8 @@ def test_transport_failures_retry_when_no_fallback_is_behind(kind: str) -> None:
     ("code", "error"),
     [
         (400, BadRequestError),
-        (404, BadRequestError),
-        (422, BadRequestError),
+        (404, NotFoundError),
+        (422, UnprocessableEntityError),
         (401, AuthenticationError),
     ],
 )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from herdless._backend import Timeouts
+from herdless._backend import Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless._settings import env_options
@@ -138,3 +138,58 @@ def test_a_malformed_key_setting_never_shows_the_key(env: pytest.MonkeyPatch) ->
     assert "SECRET" not in str(caught.value)
     env.setenv("HERDLESS_DEADLINE", "5")
     assert "SECRET" not in repr(env_options(None))
+
+
+def test_a_misspelled_variable_is_named_with_the_one_it_resembles(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv("HERDLESS_DEADLNE", "5")
+    with pytest.warns(UserWarning, match="HERDLESS_DEADLNE .* did you mean HERDLESS_DEADLINE"):
+        options = env_options(None)
+    assert options.deadline is None  # ignored, as the warning says
+
+
+def test_a_misspelled_variable_in_the_dotenv_file_is_named(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("HERDLESS_FALLBACK_MODLE=gpt-mini\n")
+    with pytest.warns(UserWarning, match="did you mean HERDLESS_FALLBACK_MODEL"):
+        env_options(dotenv)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HERDLESS_GATEWAY_MAX_QUEUE",  # the gateway's, the emulator's, the tools'
+        "HERDLESS_EMULATOR_MODEL",
+        "HERDLESS_BENCH_TARGET",
+        "HERDLESS_MODELS_DIR",  # not close enough to HERDLESS_MODEL to be taken for it
+        "HERDLESS_WRITE_FAULT_TABLE",
+    ],
+)
+def test_other_herdless_variables_are_left_alone(env: pytest.MonkeyPatch, name: str) -> None:
+    env.setenv(name, "1")
+    env_options(None)  # filterwarnings=error: any warning fails the test
+
+
+def test_stream_deadline_and_a_fallback_price_from_the_environment(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv("HERDLESS_STREAM_DEADLINE", "120")
+    env.setenv("HERDLESS_FALLBACK_URL", "https://api.hosted.test/v1")
+    env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
+    env.setenv("HERDLESS_FALLBACK_PRICE_INPUT", "0.15")
+    env.setenv("HERDLESS_FALLBACK_PRICE_OUTPUT", "0.6")
+    options = env_options(None)
+    assert options.stream_deadline == 120.0
+    assert options.fallback[0].price == Price(input=0.15, output=0.6)
+
+
+def test_a_fallback_price_needs_both_variables(env: pytest.MonkeyPatch) -> None:
+    env.setenv("HERDLESS_FALLBACK_URL", "https://api.hosted.test/v1")
+    env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
+    env.setenv("HERDLESS_FALLBACK_PRICE_INPUT", "0.15")
+    with pytest.raises(ConfigurationError) as caught:
+        env_options(None)
+    assert caught.value.variable == "HERDLESS_FALLBACK_PRICE_OUTPUT"

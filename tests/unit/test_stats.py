@@ -76,6 +76,8 @@ def test_an_empty_snapshot() -> None:
         "breakers": {},
         "windows": {},
         "latency": {},
+        "tokens": {},
+        "cost": {},
     }
 
 

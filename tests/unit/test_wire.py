@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herdless._types import Usage
+from herdless._fields import BODY_FIELDS, check_extra_headers, split_fields
+from herdless._types import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage
 from herdless._wire import (
     DONE,
     SSEDecoder,
@@ -78,6 +79,86 @@ def test_stream_body_asks_for_usage_unless_the_caller_chose() -> None:
         msgs, max_tokens=None, temperature=None, stream=True, extra={"stream_options": mine}
     )
     assert body["stream_options"] == mine
+    # Other stream options keep the usage chunk: token accounting needs it.
+    body = build_body(
+        msgs,
+        max_tokens=None,
+        temperature=None,
+        stream=True,
+        extra={"stream_options": {"continuous_usage_stats": True}},
+    )
+    assert body["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("temprature", "temperature"),
+        ("max_token", "max_tokens"),
+        ("top_pp", "top_p"),
+        ("ignore_eso", "ignore_eos"),
+        ("response_fromat", "response_format"),
+        ("dedline", "deadline"),
+    ],
+)
+def test_an_unknown_field_names_the_closest_known_one(name: str, closest: str) -> None:
+    with pytest.raises(TypeError, match=f"'{name}'; did you mean '{closest}'") as caught:
+        build_body([], max_tokens=None, temperature=None, stream=False, extra={name: 1})
+    assert "extra_body=" in str(caught.value)
+
+
+def test_the_known_fields_cover_openai_and_vllm_sampling() -> None:
+    for name in ("seed", "stop", "response_format", "tools", "tool_choice", "top_p", "n"):
+        assert name in BODY_FIELDS
+    for name in ("user", "logit_bias", "min_tokens", "ignore_eos", "top_k", "min_p"):
+        assert name in BODY_FIELDS
+    assert "model" not in BODY_FIELDS  # chat()'s own argument
+    assert "priority" not in BODY_FIELDS  # vLLM's int priority is not herdless's
+
+
+def test_the_known_fields_are_openais_own() -> None:
+    params = pytest.importorskip("openai.types.chat.completion_create_params")
+    import typing
+
+    openai_fields = set(typing.get_type_hints(params.CompletionCreateParamsBase))
+    # Every field openai's client sends, but those chat() takes as its own arguments.
+    assert openai_fields - {"messages", "model", "stream"} <= BODY_FIELDS
+
+
+def test_extra_body_goes_last_and_unchanged() -> None:
+    body = build_body(
+        [],
+        max_tokens=5,
+        temperature=None,
+        stream=False,
+        extra={"seed": 1},
+        extra_body={"guided_json": {"type": "object"}, "seed": 2},
+    )
+    assert body == {"messages": [], "max_tokens": 5, "seed": 2, "guided_json": {"type": "object"}}
+
+
+@pytest.mark.parametrize("name", ["model", "messages", "stream"])
+def test_extra_body_may_not_set_chats_own_arguments(name: str) -> None:
+    with pytest.raises(TypeError, match=name):
+        build_body(
+            [], max_tokens=None, temperature=None, stream=False, extra={}, extra_body={name: 1}
+        )
+
+
+def test_split_fields_keeps_the_known_ones_as_arguments() -> None:
+    known, other = split_fields({"temperature": 0.1, "top_k": 5, "guided_regex": "a+"})
+    assert known == {"temperature": 0.1, "top_k": 5}
+    assert other == {"guided_regex": "a+"}
+
+
+def test_extra_headers_may_not_replace_herdless_own() -> None:
+    assert check_extra_headers(None) is None
+    assert check_extra_headers({"X-Tenant": "a"}) == {"X-Tenant": "a"}
+    for name in ("Authorization", "x-request-id", "Content-Type", "X-Herdless-Deadline-Ms"):
+        with pytest.raises(ValueError, match=name):
+            check_extra_headers({name: "x"})
+    with pytest.raises(TypeError):
+        check_extra_headers({"X-Count": 3})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(
@@ -87,6 +168,7 @@ def test_stream_body_asks_for_usage_unless_the_caller_chose() -> None:
         ([("user", "hi")], {}),
         ([{"role": "user", "content": "hi"}], {"model": "x"}),
         ([{"role": "user", "content": "hi"}], {"stream": True}),
+        ([{"role": "user", "content": "hi"}], {"guided_json": {}}),
     ],
 )
 def test_body_refuses_bad_arguments(messages: object, extra: dict[str, object]) -> None:
@@ -188,3 +270,62 @@ def test_whole_body_and_pieces_decode_the_same(lines: list[tuple[str, str]], siz
 def test_chunk_raw_is_the_json() -> None:
     data = json.dumps({"choices": [{"delta": {"content": "x"}}], "id": "k"})
     assert parse_chunk(data).raw["id"] == "k"
+
+
+def test_tool_calls_of_a_whole_answer_are_typed() -> None:
+    body = json.dumps(
+        {
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "chatcmpl-tool-1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": '{"city":"Seoul"}'},
+                            },
+                            {"id": "x", "type": "function", "function": {"no": "name"}},
+                            "garbage",
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        }
+    ).encode()
+    completion = parse_completion(body)
+    assert completion.content == ""
+    assert completion.finish_reason == "tool_calls"
+    assert completion.tool_calls == (
+        ToolCall(
+            id="chatcmpl-tool-1",
+            function=FunctionCall(name="weather", arguments='{"city":"Seoul"}'),
+        ),
+    )
+
+
+def test_tool_call_pieces_of_a_stream_are_typed() -> None:
+    first = parse_chunk(
+        '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1",'
+        '"type":"function","function":{"name":"weather","arguments":""}}]}}]}'
+    )
+    assert first.tool_calls == (
+        ToolCallDelta(
+            index=0,
+            id="call_1",
+            type="function",
+            function=FunctionCallDelta(name="weather", arguments=""),
+        ),
+    )
+    piece = parse_chunk(
+        '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,'
+        '"function":{"arguments":"{\\"ci"}}]}}]}'
+    )
+    assert piece.tool_calls == (
+        ToolCallDelta(index=1, function=FunctionCallDelta(arguments='{"ci')),
+    )
+    assert parse_chunk('{"choices":[{"index":0,"delta":{"content":"x"}}]}').tool_calls == ()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from herdless._fields import split_fields
 from herdless._stream import AsyncStream, Stream
 from herdless._types import ChatResult, Chunk
 from herdless.errors import (
@@ -141,7 +142,14 @@ def parse_call(
         return _bad_request("the request body is not JSON")
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         return _bad_request("the request body needs a 'messages' list")
-    kwargs = {k: v for k, v in payload.items() if k not in ("messages", "model", "stream")}
+    # The fields chat() knows go as keyword arguments, the rest (a library's or a server's
+    # own) in extra_body: chat() refuses keyword arguments it does not know.
+    kwargs: dict[str, Any]
+    kwargs, extra_body = split_fields(
+        {k: v for k, v in payload.items() if k not in ("messages", "model", "stream")}
+    )
+    if extra_body:
+        kwargs["extra_body"] = extra_body
     model = payload.get("model")
     kwargs["model"] = model if pass_model and isinstance(model, str) else None
     if headers.get(ALLOW_FALLBACK_HEADER, "").strip().lower() in _FALSE:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from herdless.testing.mock import (
     MockBackend,
     Reply,
+    ToolCallSpec,
     connect_error,
     deadline_unattainable,
     draining,
@@ -21,6 +22,7 @@ __all__ = [
     "FakeClock",
     "MockBackend",
     "Reply",
+    "ToolCallSpec",
     "connect_error",
     "deadline_unattainable",
     "draining",

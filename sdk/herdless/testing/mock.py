@@ -16,7 +16,9 @@ last one, so ``429 then 200`` is two lines::
 Replies:
 
 - :func:`ok` / :func:`stream`: a chat completion, whole or as SSE chunks
-  (``stream(..., cut_after=2)`` breaks the connection after two chunks);
+  (``stream(..., cut_after=2)`` breaks the connection after two chunks); both take
+  ``tool_calls=[{"name": ..., "arguments": ...}]`` for an answer that calls tools
+  (streamed in pieces, as vLLM and OpenAI stream them);
 - :func:`rate_limited` (429), :func:`unavailable` (503), :func:`draining`
   (503 + ``X-Herdless-Drain: 1``), :func:`deadline_unattainable`,
   :func:`server_error`: the gateway's refusals, with ``Retry-After`` and
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import httpx
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MockBackend",
     "Reply",
+    "ToolCallSpec",
     "connect_error",
     "deadline_unattainable",
     "draining",
@@ -58,6 +61,14 @@ __all__ = [
 
 Reply: TypeAlias = Callable[[httpx.Request], httpx.Response]
 """Turns one request into its answer, or raises an ``httpx`` transport error."""
+
+ToolCallSpec: TypeAlias = Mapping[str, str]
+"""A tool call a scripted answer makes: ``{"name": ..., "arguments": ...}`` (JSON text),
+and optionally ``"id"`` (default ``call_<n>``)."""
+
+
+def _call_id(spec: ToolCallSpec, index: int) -> str:
+    return spec.get("id") or f"call_{index}"
 
 
 def _body(request: httpx.Request) -> dict[str, Any]:
@@ -76,17 +87,34 @@ def _request_id(request: httpx.Request) -> str:
     return str(request.headers.get("x-request-id", "chatcmpl-mock"))
 
 
-def ok(content: str = "Hello from the mock.", *, model: str | None = None) -> Reply:
+def ok(
+    content: str = "Hello from the mock.",
+    *,
+    model: str | None = None,
+    tool_calls: Sequence[ToolCallSpec] = (),
+) -> Reply:
     """A ``200`` chat completion whose message is ``content``.
 
     Args:
         content: the assistant's answer.
         model: the model reported; default: the ``model`` of the request (so tests can
             check which model name each backend was sent).
+        tool_calls: tools the answer calls (``finish_reason`` is then ``"tool_calls"``).
     """
 
     def reply(request: httpx.Request) -> httpx.Response:
         completion_tokens = max(1, len(content.split()))
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["content"] = content or None
+            message["tool_calls"] = [
+                {
+                    "id": _call_id(spec, index),
+                    "type": "function",
+                    "function": {"name": spec["name"], "arguments": spec["arguments"]},
+                }
+                for index, spec in enumerate(tool_calls)
+            ]
         return httpx.Response(
             200,
             json={
@@ -97,8 +125,8 @@ def ok(content: str = "Hello from the mock.", *, model: str | None = None) -> Re
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
+                        "message": message,
+                        "finish_reason": "tool_calls" if tool_calls else "stop",
                     }
                 ],
                 "usage": {
@@ -138,6 +166,7 @@ def stream(
     *,
     model: str | None = None,
     cut_after: int | None = None,
+    tool_calls: Sequence[ToolCallSpec] = (),
 ) -> Reply:
     """A ``200`` SSE stream of chat-completion chunks, one per piece of text.
 
@@ -147,6 +176,9 @@ def stream(
         cut_after: break the connection after this many chunks were sent (``0``: after
             the headers), as a crashed server or a cut network would; ``None`` ends the
             stream normally with a usage chunk and ``data: [DONE]``.
+        tool_calls: tools the answer calls, after the text: each as a first piece with
+            its id, type and name, then its arguments in two pieces (``finish_reason``
+            is then ``"tool_calls"``).
     """
 
     def reply(request: httpx.Request) -> httpx.Response:
@@ -162,7 +194,16 @@ def stream(
 
         events = [delta({"role": "assistant", "content": ""})]
         events += [delta({"content": piece}) for piece in pieces]
-        events.append(delta({}, "stop"))
+        for index, spec in enumerate(tool_calls):
+            first = {"name": spec["name"], "arguments": ""}
+            head = {"index": index, "id": _call_id(spec, index), "type": "function"}
+            events.append(delta({"tool_calls": [{**head, "function": first}]}))
+            half = len(spec["arguments"]) // 2
+            for piece in (spec["arguments"][:half], spec["arguments"][half:]):
+                events.append(
+                    delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                )
+        events.append(delta({}, "tool_calls" if tool_calls else "stop"))
         # The usage chunk vLLM sends with stream_options={"include_usage": true}.
         usage = {"prompt_tokens": 1, "completion_tokens": len(pieces)}
         events.append(event(choices=[], usage={**usage, "total_tokens": 1 + len(pieces)}))

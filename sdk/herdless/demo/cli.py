@@ -131,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
             seed=opts.seed,
             # Clients probe the primary a few times per maintenance window, so they are
             # back on it soon after it resumes instead of waiting out a fixed 30 s.
-            drain_retry_after=max(1.0, (day.maintenance[1] - day.maintenance[0]) / 4),
+            drain_retry_after=max(1.0, (day.maintenance[1] - day.maintenance[0]) / 8),
             logs=out / "logs",
             vllm=vllm,
         ) as stack:

@@ -392,7 +392,8 @@ class Admission:
         A reservation like the queue's: ``retry_at = max(now + delay, horizon + gap)``
         with ``delay`` the configured time until service is expected back and
         ``gap = mean_service / max_concurrency`` (the rate at which the GPU will
-        take the callers back), capped at ``max_retry_after``. Also used by the
+        take the callers back), capped at ``max_retry_after`` (a drain's at ``2 x
+        delay``: its callers go to their fallback meanwhile). Also used by the
         HTTP layer when a request finds the upstream gone (``message`` says how).
         """
         cfg = self.config
@@ -402,6 +403,11 @@ class Admission:
         gap = self._mean_service / cfg.max_concurrency
         # Relative to now, so that the cap holds exactly despite float rounding.
         wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
+        if draining:
+            # A drain tells callers to use their fallback, and they do: spread over a
+            # second drain period at most, a crowd's promises would otherwise pile up
+            # for the whole maintenance and keep them off the GPU long after it resumed.
+            wait = min(wait, 2 * delay)
         if deadline is not None and wait > deadline and not draining:
             # No reservation: it will not come back for this request.
             return _unattainable(503, wait, deadline, cfg.key_capacity)

@@ -76,12 +76,19 @@ class Upstream:
         )
 
     async def open(
-        self, method: str, path: str, *, body: bytes = b"", headers: Mapping[str, str]
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        headers: Mapping[str, str],
+        request_timeout: float | None = None,
     ) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
         The caller must ``await response.aclose()``; closing early closes the
         upstream connection, which makes vLLM abort the sequence.
+        ``request_timeout`` (seconds) replaces the client's timeouts for this request.
 
         Raises:
             UpstreamUnavailable: the request did not get a response.
@@ -94,7 +101,11 @@ class Upstream:
         # httpx would ask for gzip by default; ask for what the client asked for.
         forwarded.setdefault("accept-encoding", "identity")
         request = self._client.build_request(
-            method, path, content=body, headers={**forwarded, **self._auth}
+            method,
+            path,
+            content=body,
+            headers={**forwarded, **self._auth},
+            timeout=httpx.USE_CLIENT_DEFAULT if request_timeout is None else request_timeout,
         )
         try:
             return await self._client.send(request, stream=True)

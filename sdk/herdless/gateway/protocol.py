@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
+from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -149,6 +150,24 @@ class _HeadRefused(Exception):
     """Raised from a parser callback to stop httptools; the refusal is on the protocol."""
 
 
+class _GuardedCycle(RequestResponseCycle):
+    """uvicorn's request cycle, whose ``send`` survives a transport closed under it."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        try:
+            await RequestResponseCycle.send(self, message)
+        except RuntimeError:
+            # The peer reset the connection and connection_lost has not run yet: uvloop
+            # raises on the write (asyncio ignores it). The client left; drop what follows.
+            if not self.transport.is_closing():
+                raise
+            self.disconnected = True
+            self.message_event.set()
+
+
+_Base = HttpToolsProtocol  # called by name below: cheaper than super() on every request
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits of :class:`ConnectionLimits`.
 
@@ -180,7 +199,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- connection ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows it too
-        super().connection_made(transport)
+        _Base.connection_made(self, transport)
         peer = self.client[0] if self.client else None
         if peer is not None:
             if not self.guard.admit(peer):
@@ -206,64 +225,74 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._peer is not None:
             self.guard.release(self._peer)
             self._peer = None
-        super().connection_lost(exc)
+        _Base.connection_lost(self, exc)
 
     def data_received(self, data: bytes) -> None:
         if self._closed_by_guard:
             return  # refused: the connection ends with the answer being written, or already
         self._unset_keepalive_if_required()
         self._ended_in_read = False
-        if self._head_open:
-            self._head_bytes += len(data)
-            over = self._head_bytes - self._max_head
-            if over > 0:
-                # Parse no more than the limit allows: the head ends within it, or it is too big.
-                heads = self._heads
-                if not self._feed(data[: len(data) - over]):
-                    return
-                if self._heads == heads:
-                    self._refuse_head_size()
-                    return
-                data = data[len(data) - over :]
-        else:
-            self._framing += len(data)
-        if not self._feed(data):
+        try:
+            if self._head_open:
+                self._head_bytes += len(data)
+                over = self._head_bytes - self._max_head
+                if over > 0:
+                    # Parse no more than the limit allows: the head ends in it, or is too big.
+                    heads = self._heads
+                    self.parser.feed_data(data[: len(data) - over])
+                    if self._heads == heads:
+                        self._refuse_head_size()
+                        return
+                    if self._stopped():
+                        return
+                    data = data[len(data) - over :]
+            else:
+                self._framing += len(data)
+                if self.cycle.response_complete and self._head_timer is None:
+                    # Answered before its body arrived whole (an early 4xx): nobody reads the
+                    # rest, and data keeps uvicorn's idle timer off. The next head's clock runs.
+                    self._arm_head_timer()
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No WebSocket route (``ws="none"``): the request is served as plain HTTP, as
+            # uvicorn does; what followed its head in this read is dropped, as uvicorn does.
+            pass
+        except httptools.HttpParserError:
+            self._parse_failed()
+            return
+        if self._stopped():
             return
         if self._head_open:
             if self._head_begun and len(self.headers) > self._max_headers:
                 self._refuse_header_count()
             elif self._head_timer is None and (self._head_bytes or self._head_begun):
-                self._head_timer = self.loop.call_later(
-                    self.guard.limits.head_timeout, self._head_timed_out
-                )
+                self._arm_head_timer()
         elif self._framing > self._max_head or len(self.headers) > self._max_headers:
             # Chunk framing or trailers and no body: trailers are a second head. Nothing is
             # answered: the request is being answered already, or has been.
             self._refuse(*_head_size_refusal(self._max_head), answer=False)
 
-    def _feed(self, data: bytes) -> bool:
-        """Parse ``data``; ``False`` when the connection was refused or closed meanwhile."""
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # No WebSocket route (``ws="none"``): the request is served as plain HTTP, as
-            # uvicorn does; what followed its head in this read is dropped, as uvicorn does.
-            return not self._closed_by_guard
-        except httptools.HttpParserError:
-            if self._refusal is None:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
-                return False
-            status, code, message = self._refusal
-            self._refuse(status, code, message)
-            return False
-        return not self._closed_by_guard
+    def _stopped(self) -> bool:
+        """Whether a callback refused the connection during the last parse."""
+        return self._closed_by_guard
+
+    def _parse_failed(self) -> None:
+        if self._refusal is not None:  # raised by a callback of ours (_HeadRefused)
+            self._refuse(*self._refusal)
+            return
+        msg = "Invalid HTTP request received."  # uvicorn's words and answer
+        self.logger.warning(msg)
+        self.send_400_response(msg)
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(
+            self.guard.limits.head_timeout, self._head_timed_out
+        )
 
     # -- parser callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        _Base.on_message_begin(self)
         self._head_begun = True
         # A request that begins in the read where the previous one ended began mid-read:
         # its bytes before this read's end were not counted.
@@ -273,7 +302,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_open = False
         self._heads += 1
         self._framing = 0
-        self._cancel_head_timer()
+        if self._head_timer is not None:
+            self._cancel_head_timer()
         if len(self.headers) > self._max_headers:
             self._refusal = _header_count_refusal(self._max_headers)
             raise _HeadRefused
@@ -281,31 +311,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refusal = _head_size_refusal(self._max_head)
             raise _HeadRefused
         previous = self.cycle
-        super().on_headers_complete()
+        _Base.on_headers_complete(self)
         cycle = self.cycle
         if cycle is not previous:
-            self._track(cycle)
+            # Same class layout: its send now survives a closed transport (_GuardedCycle).
+            cycle.__class__ = _GuardedCycle
+            cycles = self._cycles
+            while cycles and cycles[0].response_complete:
+                cycles.popleft()
+            cycles.append(cycle)
 
     def on_body(self, body: bytes) -> None:
         self._framing = 0
-        super().on_body(body)
+        _Base.on_body(self, body)
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        _Base.on_message_complete(self)
         self._head_open = True
         self._head_bytes = 0
         self._head_begun = False
         self._ended_in_read = True
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        answered_mid_body = not self._head_open and self.cycle.response_complete
-        if answered_mid_body and self._head_timer is None and not self.transport.is_closing():
-            # Answered before its body arrived whole (an early 4xx): nobody reads the rest,
-            # and data keeps uvicorn's idle timer off. The next head's clock starts now.
-            self._head_timer = self.loop.call_later(
-                self.guard.limits.head_timeout, self._head_timed_out
-            )
 
     # -- refusals ------------------------------------------------------------------------
 
@@ -356,6 +381,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _running(self) -> RequestResponseCycle | None:
+        """The first unanswered request; forgets the answered ones before it."""
         while self._cycles and self._cycles[0].response_complete:
             self._cycles.popleft()
         return self._cycles[0] if self._cycles else None
@@ -364,26 +390,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-
-    def _track(self, cycle: RequestResponseCycle) -> None:
-        """Remember an unanswered request; make its ``send`` survive a closed transport."""
-        self._running()  # drop the answered ones
-        self._cycles.append(cycle)
-        send = cycle.send
-        transport = self.transport
-
-        async def guarded_send(message: Any) -> None:
-            try:
-                await send(message)
-            except RuntimeError:
-                # The peer reset the connection and connection_lost has not run yet:
-                # uvloop raises on the write. The client left; drop what follows.
-                if not transport.is_closing():
-                    raise
-                cycle.disconnected = True
-                cycle.message_event.set()
-
-        cycle.send = guarded_send  # type: ignore[method-assign]  # read by run_asgi at its start
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:

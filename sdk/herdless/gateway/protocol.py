@@ -361,8 +361,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.guard.closed(code, status if answer else None)
         running = self._running()
         if running is not None:
-            # An answer is being written on this connection: let it finish, then close.
-            running.keep_alive = False
+            if running.more_body and not running.response_started:
+                # Its body can no longer arrive (nothing more is read): it hears a disconnect.
+                self.transport.close()
+            else:
+                # A request read whole is being answered: let it finish, then close.
+                running.keep_alive = False
             return
         if self.transport.is_closing():
             return

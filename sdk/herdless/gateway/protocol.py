@@ -4,9 +4,11 @@
 httptools bounds neither the size of a request head nor the time a client takes
 to send it, and it joins the pieces of a header that arrives over many reads
 by concatenation, so a large head costs more than its size. uvicorn's h11
-implementation has a head size limit but no head timeout and parses several
-times slower. This subclass of uvicorn's ``HttpToolsProtocol`` adds, per
-connection (every limit a setting, see :class:`ConnectionLimits`):
+implementation has a head size limit but no head timeout, and its protocol
+layer costs about five times as much per request (163 vs 34 us, measured with
+the protocol alone on a fake transport). This subclass of uvicorn's
+``HttpToolsProtocol`` adds, per connection (every limit a setting, see
+:class:`ConnectionLimits`):
 
 * **head size** (``max_head_bytes``): the bytes of a request head (blank lines
   before it, request line, header lines) are counted as they arrive, and
@@ -21,8 +23,9 @@ connection (every limit a setting, see :class:`ConnectionLimits`):
   lines, checked at every read and when the head is complete;
 * **head timeout** (``head_timeout``): from the first byte of a request to the
   end of its head; a client that has not finished by then gets ``408`` and the
-  connection is closed. The clock also runs while a request that was already
-  answered is still being sent (a body nobody reads);
+  connection is closed. The rest of a body nobody reads (the request was
+  answered early, a 413 or a 401) gets the same time from its first byte after
+  the answer, then the connection is closed;
 * **idle timeout** (``keep_alive_timeout``): a connection with no request under
   way is closed after that long, from its opening (uvicorn arms no timer on a
   new connection) or from its last answer (uvicorn's keep-alive timer);
@@ -34,7 +37,9 @@ It also fixes how uvicorn sees a client that pipelines requests and hangs up:
 uvicorn marks only the newest request of a connection as disconnected, so the
 one running kept writing to a closed transport (uvloop raises on that; asyncio
 ignores it) and never heard ``http.disconnect``. Here every unfinished request
-of the connection hears it.
+of the connection hears it; and a write that uvloop refuses because the peer
+reset the connection a moment before ``connection_lost`` runs is dropped like
+a write after a disconnect (:class:`_GuardedCycle`), not raised into the app.
 
 Why a subclass: the limits must act before httptools buffers the head, that is
 in ``data_received``, which only the protocol sees; the alternatives were h11

@@ -60,8 +60,8 @@ _HELP = {
     "max_headers": "most header lines in a request, else 431 and close (default 100)",
     "head_timeout": "seconds from a request's first byte to the end of its headers, "
     "else 408 and close (default 10)",
-    "keep_alive_timeout": "seconds a connection may stay open with no request under way "
-    "(default 5)",
+    "keep_alive_timeout": "seconds a connection may stay open with no request under way; "
+    "keep it above your clients' idle timeout (httpx: 5) (default 10)",
     "max_connections_per_peer": "connections one client address may hold, at most half "
     "the process's file limit; 0: no cap (default 1024)",
     "models_cache_ttl": "seconds GET /v1/models is answered from the last upstream answer; "

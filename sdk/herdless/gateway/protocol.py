@@ -28,7 +28,11 @@ the protocol alone on a fake transport). This subclass of uvicorn's
   the answer, then the connection is closed;
 * **idle timeout** (``keep_alive_timeout``): a connection with no request under
   way is closed after that long, from its opening (uvicorn arms no timer on a
-  new connection) or from its last answer (uvicorn's keep-alive timer);
+  new connection) or from its last answer (uvicorn's keep-alive timer). The
+  default, 10 s, is longer than the 5 s for which httpx (the herdless SDK, the
+  openai client) keeps an idle connection: the client drops it first, so it
+  never sends a request on a connection the gateway is closing at that moment
+  (uvicorn's 5 s, equal to httpx's, loses such requests now and then);
 * **connections per peer** (``max_connections_per_peer``): an address holding
   that many connections has its next ones closed at once; never more than half
   of the process's file descriptors, so that one address cannot take them all.
@@ -88,7 +92,7 @@ class ConnectionLimits:
     max_head_bytes: int = 32_768
     max_headers: int = 100
     head_timeout: float = 10.0
-    keep_alive_timeout: float = 5.0
+    keep_alive_timeout: float = 10.0
     max_connections_per_peer: int = 1024
 
     def __post_init__(self) -> None:

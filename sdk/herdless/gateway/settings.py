@@ -64,7 +64,7 @@ class GatewaySettings(BaseSettings):
     max_head_bytes: int = Field(default=32_768, ge=1024)
     max_headers: int = Field(default=100, gt=0)
     head_timeout: float = Field(default=10.0, gt=0)
-    keep_alive_timeout: float = Field(default=5.0, gt=0)
+    keep_alive_timeout: float = Field(default=10.0, gt=0)
     max_connections_per_peer: int = Field(default=1024, ge=0)
     models_cache_ttl: float = Field(default=1.0, ge=0)
     api_keys: SecretStr | None = None

@@ -195,6 +195,7 @@ def test_a_head_under_the_limit_is_served(gateway: ServerProcess) -> None:
 def test_an_oversized_head_is_refused_before_it_ends(gateway: ServerProcess) -> None:
     """40 KiB of one header that never ends: the answer comes while the client still sends."""
     COUNTS["gateway connections: oversized heads"] += 1
+    OUTCOMES["probes"] += 1
     with socket.create_connection((gateway.host, gateway.port), timeout=5.0) as sock:
         sock.sendall(BASE + b"X-Never-Ends: " + b"a" * 40_000)
         reply = sock.recv(65536)  # no blank line was sent: only the limit can answer

@@ -67,6 +67,9 @@ _SECRETS = {
     "HERDLESS_GATEWAY_ADMIN_TOKEN": "bearer token for POST /admin/drain and /admin/resume; "
     "unset: the admin endpoints answer 403",
     "HERDLESS_GATEWAY_UPSTREAM_API_KEY": "API key the gateway sends to vLLM (--api-key)",
+    "HERDLESS_GATEWAY_KEY_ID_SECRET": "secret that keys the logged key ids "
+    "(key- + 8 hex of HMAC-SHA256(secret, key)); unset: a random one per process, so ids "
+    "change when the gateway restarts and differ between replicas",
 }
 
 

@@ -1,9 +1,9 @@
-"""Prints the fuzz case counts at the end of the run (``COUNTS`` in ``_counts.py``)."""
+"""Prints the fuzz case counts and the hostile connections' outcomes at the end of the run."""
 
 from __future__ import annotations
 
 import pytest
-from tests.fuzz._counts import COUNTS
+from tests.fuzz._counts import COUNTS, OUTCOMES
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -13,3 +13,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for family, count in sorted(COUNTS.items()):
         terminalreporter.write_line(f"{family:<40} {count:>7}")
     terminalreporter.write_line(f"{'total':<40} {sum(COUNTS.values()):>7}")
+    if OUTCOMES["probes"]:
+        terminalreporter.section("hostile connections")
+        for name in ("probes", "5xx seen", "hung", "late"):
+            terminalreporter.write_line(f"{name:<40} {OUTCOMES[name]:>7}")

@@ -40,6 +40,9 @@ class FakeVllm:
         self.received: list[tuple[dict[str, str], bytes]] = []
         self.hold: asyncio.Event | None = None
         self.error: tuple[int, dict[str, Any]] | None = None
+        self.models_seen: list[dict[str, str]] = []  # headers of each GET /v1/models
+        self.models_hold: asyncio.Event | None = None
+        self.models_status = 200
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
@@ -52,6 +55,12 @@ class FakeVllm:
         return Response(b"", self.health_status)
 
     async def _models(self, request: Request) -> Response:
+        self.models_seen.append(dict(request.headers))
+        if self.models_hold is not None:
+            await self.models_hold.wait()
+        if self.models_status != 200:
+            error = {"error": {"message": "loading", "type": "x", "code": self.models_status}}
+            return JSONResponse(error, self.models_status)
         return JSONResponse({"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]})
 
     async def _chat(self, request: Request) -> Response:

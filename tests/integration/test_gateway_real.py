@@ -168,7 +168,18 @@ def test_keys_and_admin_drain_and_resume(gateway: ServerProcess) -> None:
         assert httpx.post(url + "/admin/resume", headers=ADMIN).status_code == 200
     served = httpx.post(url + "/v1/chat/completions", json=body(max_tokens=2), headers=AUTH)
     assert served.status_code == 200
-    assert "k1" not in gateway.logs().replace("key-", "")
+    logs = gateway.logs()
+    assert "k1" not in logs.replace("key-", "")
+    # The audit trail: who drained and resumed, and who tried without the token.
+    audit = [json.loads(line) for line in logs.splitlines() if line.startswith('{"event":"admin"')]
+    outcomes = [(line["action"], line["outcome"]) for line in audit]
+    assert ("drain", "denied 401") in outcomes
+    assert ("drain", "denied 403") in outcomes
+    assert outcomes[-2:] == [("drain", "done"), ("resume", "done")]
+    assert all(
+        line["caller"].startswith("127.0.0.1:") and line["at"].endswith("Z") for line in audit
+    )
+    assert "admin-secret" not in logs
 
 
 def test_sigterm_lets_the_running_stream_finish_then_exits(vllm: ServerProcess) -> None:

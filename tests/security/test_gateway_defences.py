@@ -8,9 +8,11 @@ with the defect in the reason, so they stay visible until fixed.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,7 +27,8 @@ from tests.gateway.fakes import FakeVllm, RefusingTransport
 from herdless.gateway import settings as gateway_settings
 from herdless.gateway.app import create_app
 from herdless.gateway.runtime import Runtime
-from herdless.gateway.settings import ApiKeys, GatewaySettings, token_matches
+from herdless.gateway.settings import ApiKeys, GatewaySettings, key_id, token_matches
+from herdless.gateway.wire import BadRequest, parse_chat_request
 
 pytestmark = [pytest.mark.server]
 
@@ -201,3 +204,134 @@ async def test_max_tokens_beyond_the_kv_budget_is_refused_when_configured() -> N
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "request_too_large"
         assert vllm.received == []
+
+
+# -- key ids --------------------------------------------------------------------------------
+
+
+def test_a_key_id_is_a_keyed_hash_not_a_plain_digest() -> None:
+    """An unsalted digest in a log line lets anyone confirm a guess of the key offline."""
+    plain = "key-" + hashlib.sha256(KEYS[0].encode()).hexdigest()[:8]
+    table = ApiKeys(KEYS)
+    found = table.identify(KEYS[0])
+    assert found is not None
+    assert re.fullmatch(r"key-[0-9a-f]{8}", found)
+    assert found != plain
+    # Without a configured secret each table draws its own: ids differ between processes.
+    assert ApiKeys(KEYS).identify(KEYS[0]) != found
+
+
+def test_a_key_id_secret_keeps_ids_stable_across_restarts_and_replicas() -> None:
+    secret = b"deployment-secret"
+    one, two = ApiKeys(KEYS, id_secret=secret), ApiKeys(KEYS, id_secret=secret)
+    assert one.identify(KEYS[1]) == two.identify(KEYS[1]) == key_id(KEYS[1], secret)
+    expected = hmac.new(secret, KEYS[1].encode(), hashlib.sha256).hexdigest()[:8]
+    assert key_id(KEYS[1], secret) == "key-" + expected
+    assert ApiKeys(KEYS, id_secret=b"other").identify(KEYS[1]) != one.identify(KEYS[1])
+
+
+async def test_the_key_id_secret_comes_from_the_environment_and_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HERDLESS_GATEWAY_KEY_ID_SECRET", "env-SECRET-salt")
+    settings = GatewaySettings(api_keys=",".join(KEYS))  # type: ignore[arg-type]
+    table = settings.api_key_table()
+    assert table is not None
+    assert table.identify(KEYS[0]) == key_id(KEYS[0], b"env-SECRET-salt")
+    running = settings.without_secrets()
+    assert running.key_id_secret is None
+    assert "env-SECRET-salt" not in repr(running) + repr(table)
+
+
+# -- admin audit ----------------------------------------------------------------------------
+
+
+async def test_drain_and_resume_leave_an_audit_line_with_the_caller_and_the_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="herdless.gateway")
+    async with gateway() as (client, _, _vllm):
+        await client.post("/admin/drain", headers={**bearer(ADMIN), "x-request-id": "op-1"})
+        await client.post("/admin/resume", headers=bearer(ADMIN))
+        await client.post("/admin/drain", headers=bearer("wrong-SECRET"))
+        await client.post("/admin/drain")
+    lines = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == "herdless.gateway.audit"
+    ]
+    assert [(line["action"], line["outcome"]) for line in lines] == [
+        ("drain", "done"),
+        ("resume", "done"),
+        ("drain", "denied 403"),
+        ("drain", "denied 401"),
+    ]
+    for line in lines:
+        assert line["event"] == "admin"
+        assert line["caller"] == "127.0.0.1:123"  # httpx.ASGITransport's client address
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["at"])
+    assert lines[0]["request_id"] == "op-1"
+    assert all(
+        record.levelno == logging.WARNING
+        for record in caplog.records
+        if record.name.endswith("audit")
+    )
+    for secret in (ADMIN, "wrong-SECRET"):
+        assert secret not in caplog.text
+
+
+# -- duplicate JSON keys ----------------------------------------------------------------------
+
+DUPLICATED = (
+    b'{"messages":[{"role":"user","content":"a"}],'
+    b'"max_tokens":100000,"max_tokens":3,"stream":true,"stream":false}'
+)
+
+
+def test_duplicate_json_keys_are_read_last_wins_like_vllm() -> None:
+    """vLLM reads bodies with json.loads (last wins); the gateway prices what vLLM will run."""
+    request = parse_chat_request(DUPLICATED)
+    assert request.max_tokens == 3
+    assert request.stream is False
+    reversed_body = DUPLICATED.replace(
+        b'"max_tokens":100000,"max_tokens":3', b'"max_tokens":3,"max_tokens":100000'
+    )
+    with pytest.raises(BadRequest) as refused:
+        parse_chat_request(reversed_body)
+    assert refused.value.code == "request_too_large"
+
+
+def test_the_emulator_reads_duplicate_keys_as_the_gateway_does() -> None:
+    from herdless.emulator import wire as emulator_wire
+
+    body = DUPLICATED.replace(b"{", b'{"model":"m",', 1)
+    emulated = emulator_wire.ChatRequest.model_validate_json(body)
+    priced = parse_chat_request(body)
+    assert (emulated.max_tokens, emulated.stream) == (priced.max_tokens, priced.stream)
+
+
+async def test_a_duplicated_body_is_forwarded_unchanged_and_priced_by_its_last_keys() -> None:
+    async with gateway(max_inflight_tokens=64) as (client, runtime, vllm):
+        response = await client.post(
+            "/v1/chat/completions",
+            content=DUPLICATED,
+            headers={**bearer(KEYS[0]), "content-type": "application/json"},
+        )
+        assert response.status_code == 200  # priced at 3 tokens, not 100,000
+        assert vllm.received[-1][1] == DUPLICATED
+        assert runtime.gate.admission.inflight_tokens == 0
+
+
+# -- redirects ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/healthz/", "/metrics/", "/v1/models/", "/v1/chat/completions/", "/admin/drain/"]
+)
+async def test_a_trailing_slash_is_a_404_without_a_location(path: str) -> None:
+    async with gateway() as (client, _, _vllm):
+        for method in ("GET", "POST"):
+            response = await client.request(method, path, headers={"host": "evil.example"})
+            assert response.status_code == 404
+            assert "location" not in response.headers
+            assert response.json()["error"]["code"] == "not_found"

@@ -4,7 +4,8 @@ Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completion
 ``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``;
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
-affects.
+affects (``refuse_for`` and ``maintenance_for`` close the serving port: use the
+control port, ``--control-port``, to reach them meanwhile).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ log = logging.getLogger("herdless.emulator")
 
 
 class _FaultGate:
-    """Pure ASGI: a hung or not-serving server, for every route but ``/_emulator/``."""
+    """Pure ASGI: a hung or not-serving server, for every route but ``/_emulator/``.
+
+    On the control port (``state.control_port``) only ``/_emulator/`` is served.
+    """
 
     def __init__(self, app: ASGIApp, state: EmulatorState) -> None:
         self.app = app
@@ -45,6 +49,9 @@ class _FaultGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].startswith("/_emulator/"):
             await self.app(scope, receive, send)
+        elif self._on_control_port(scope):
+            body = wire.error_body("The control port serves /_emulator/ only.", "NotFound", 404)
+            await json_response(body, 404)(scope, receive, send)
         elif self.state.faults.hang:
             await until_disconnect(receive)  # accept, never answer
         elif not self.state.serving:
@@ -52,6 +59,11 @@ class _FaultGate:
             await json_response(body, 503)(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    def _on_control_port(self, scope: Scope) -> bool:
+        server = scope.get("server")
+        port = self.state.control_port
+        return port is not None and server is not None and server[1] == port
 
 
 async def _models(request: Request) -> Response:

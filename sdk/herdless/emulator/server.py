@@ -5,6 +5,12 @@ the emulator sleeps ``startup_delay`` seconds *before binding its port*: during
 that time a client gets "connection refused", exactly as with a loading vLLM,
 and readiness is "``GET /health`` answers 200".
 
+**The control port.** ``refuse_for`` and ``maintenance_for`` close the serving
+port, so ``DELETE /_emulator/faults`` cannot reach it while they last. With
+``control_port``, a second listening socket of the same server serves
+``/_emulator/`` only (anything else is a 404); no fault closes it nor drops its
+connections.
+
 The socket is bound here (not by uvicorn) so that ``refuse_for`` can close it
 and bind the same port again later; the protocol factory is the one uvicorn
 builds in ``Server.startup`` (``config.http_protocol_class`` with the server's
@@ -38,7 +44,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class Listener:
-    """The ``Control`` of a real server: closes, reopens and drops connections."""
+    """The ``Control`` of a real server: closes, reopens and drops connections.
+
+    Only the serving port (``port``) is affected; a control port never is.
+    """
 
     def __init__(self, host: str, port: int) -> None:
         self.server: uvicorn.Server  # set once the server exists (it needs the app, which needs us)
@@ -46,10 +55,14 @@ class Listener:
         self.port = port
         self._reopen: asyncio.TimerHandle | None = None
 
+    def _serving(self, srv: asyncio.Server) -> bool:
+        return any(sock.getsockname()[1] == self.port for sock in srv.sockets)
+
     def refuse_for(self, seconds: float) -> None:
         for srv in self.server.servers:
-            srv.close()
-        self.server.servers = []
+            if self._serving(srv):
+                srv.close()
+        self.server.servers = [srv for srv in self.server.servers if srv.is_serving()]
         if self._reopen is not None:
             self._reopen.cancel()
         self._reopen = asyncio.get_running_loop().call_later(seconds, self.reopen)
@@ -58,13 +71,16 @@ class Listener:
         if self._reopen is not None:
             self._reopen.cancel()
             self._reopen = None
-        if not self.server.servers:
+        if not any(self._serving(srv) for srv in self.server.servers):
             asyncio.get_running_loop().create_task(self._listen())
 
     def drop_connections(self) -> None:
         for conn in list(self.server.server_state.connections):
             transport: Any = getattr(conn, "transport", None)
-            if transport is not None:
+            if transport is None:
+                continue
+            local = transport.get_extra_info("sockname")
+            if local is None or local[1] == self.port:
                 transport.close()
 
     async def _listen(self) -> None:
@@ -94,9 +110,16 @@ async def serve(settings: EmulatorSettings) -> None:
     )
     await asyncio.sleep(settings.startup_delay)
     sock = _bind(settings.host, settings.port)
+    sockets = [sock]
     listener = Listener(settings.host, sock.getsockname()[1])
+    app = create_app(settings, control=listener)
+    if settings.control_port is not None:
+        control = _bind(settings.host, settings.control_port)
+        sockets.append(control)
+        app.state.emulator.control_port = control.getsockname()[1]
+        log.info("fault controls also on http://%s:%d", settings.host, control.getsockname()[1])
     config = uvicorn.Config(
-        create_app(settings, control=listener),
+        app,
         log_level=settings.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=1,
@@ -106,4 +129,4 @@ async def serve(settings: EmulatorSettings) -> None:
     log.info(
         "herdless emulator serving %s on http://%s:%d", settings.model, settings.host, listener.port
     )
-    await server.serve(sockets=[sock])
+    await server.serve(sockets=sockets)

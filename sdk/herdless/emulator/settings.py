@@ -25,6 +25,13 @@ class EmulatorSettings(BaseSettings):
     port: int = Field(
         default=8000, ge=0, le=65535, description="port to listen on (0: any free port)"
     )
+    control_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="also serve /_emulator/faults (only) on this port, which no fault "
+        "closes: the way to end refuse_for or maintenance_for early (0: any free port)",
+    )
     model: str = Field(default="emulated-llama-3-8b", min_length=1, description="served model name")
     max_model_len: int = Field(
         default=8192, ge=2, description="context length: prompt plus max_tokens"

@@ -88,6 +88,7 @@ class EmulatorState:
         self.control: Control = control or NoListener()
         self.crash = crash
         self.serving = True
+        self.control_port: int | None = None  # serves /_emulator/ only; set by server.py
         self._resume: asyncio.TimerHandle | None = None
 
     def _engine_died(self, exc: BaseException) -> None:

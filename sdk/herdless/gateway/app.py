@@ -1,8 +1,12 @@
 """The gateway's Starlette application: routes only.
 
 Routes: ``POST /v1/chat/completions`` (admitted, see :mod:`herdless.gateway.proxy`),
-``GET /v1/models`` (passed through), ``GET /healthz``, ``GET /readyz``,
-``GET /metrics``, ``POST /admin/drain`` and ``POST /admin/resume``.
+``GET /v1/models`` (authenticated like chat, shared and cached, see
+:mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``,
+``GET /metrics``, ``POST /admin/drain`` and ``POST /admin/resume`` (audited on
+``herdless.gateway.audit``). Any other path, a trailing slash included, is a
+JSON 404 (405 for a known path and another method): never a redirect, whose
+``Location`` would be built from the client's ``Host`` header.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -22,8 +26,9 @@ from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.admission import Admission
 from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import ChatProxy
-from herdless.gateway.runtime import Runtime
+from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.wire import error_body, refusal_headers
@@ -32,6 +37,7 @@ __all__ = ["create_app"]
 
 _HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health polls and /v1/models
 _SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
+_PATH_SHOWN = 100  # characters of an unknown path echoed in a 404 (error bodies are cached)
 
 
 def create_app(
@@ -70,6 +76,7 @@ def create_app(
         keys=settings.api_key_table(),
         admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
     )
+    model_list = ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -95,36 +102,45 @@ def create_app(
 
     async def models(request: Request) -> Response:
         headers = dict(request.headers)
+        rid = request_id(headers)
+        echo = {"x-request-id": rid}
+        if runtime.identify(headers) is None:
+            body = error_body(
+                "a valid API key is required (Authorization: Bearer <key>)",
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+            echo["www-authenticate"] = "Bearer"
+            return Response(body, 401, echo, media_type="application/json")
         try:
-            response = await runtime.upstream.open("GET", "/v1/models", headers=headers)
+            answer = await model_list.get(rid)
         except UpstreamUnavailable as exc:
             refused = admission.unavailable(exc.code, str(exc))
             body = error_body(refused.message, code=refused.code, type="service_unavailable")
-            headers = {name.decode(): value.decode() for name, value in refusal_headers(refused)}
-            return Response(body, 503, headers, media_type="application/json")
-        try:
-            content = await response.aread()
-        finally:
-            await response.aclose()
-        media = response.headers.get("content-type", "application/json")
-        return Response(content, response.status_code, media_type=media)
+            for name, value in refusal_headers(refused):
+                echo[name.decode()] = value.decode()
+            return Response(body, 503, echo, media_type="application/json")
+        return Response(answer.body, answer.status, echo, media_type=answer.content_type)
 
     async def drain(request: Request) -> Response:
-        denied = _deny_admin(request, runtime.admin_digest)
-        if denied is not None:
-            return denied
-        runtime.gate.drain()
-        return _json(200, _status(runtime))
+        return _admin(request, "drain", runtime.gate.drain)
 
     async def resume(request: Request) -> Response:
+        return _admin(request, "resume", runtime.gate.resume)
+
+    def _admin(request: Request, action: str, act: Callable[[], None]) -> Response:
+        rid = request_id(dict(request.headers))
         denied = _deny_admin(request, runtime.admin_digest)
         if denied is not None:
+            audit(action, f"denied {denied.status_code}", request.scope, rid)
             return denied
-        runtime.gate.resume()
+        act()
+        audit(action, "done", request.scope, rid)
         return _json(200, _status(runtime))
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _json_error(404, "not_found", f"no route {request.method} {request.url.path}")
+        path = request.url.path[:_PATH_SHOWN]
+        return _json_error(404, "not_found", f"no route {request.method} {path}")
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _json_error(405, "method_not_allowed", f"{request.method} is not allowed here")
@@ -142,6 +158,9 @@ def create_app(
         exception_handlers={404: not_found, 405: not_allowed},
         lifespan=lifespan,
     )
+    # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
+    # redirect that a client following it would send its body (and key) through.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     return app
 

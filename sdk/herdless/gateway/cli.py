@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -23,9 +24,12 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 
 from herdless.gateway.app import create_app
+from herdless.gateway.protocol import ConnectionGuard, guarded_protocol, raise_file_limit
 from herdless.gateway.settings import GatewaySettings
 
 __all__ = ["main"]
+
+_log = logging.getLogger("herdless.gateway")
 
 _HELP = {
     "host": "interface to listen on (default 127.0.0.1)",
@@ -51,6 +55,17 @@ _HELP = {
     "connect_timeout": "seconds to connect to vLLM (default 2)",
     "read_timeout": "seconds between two bytes from vLLM (default 600)",
     "shutdown_grace": "seconds running requests get to finish on SIGTERM (default 30)",
+    "max_head_bytes": "largest request head (request line and headers), else 431 "
+    "and close (default 32768)",
+    "max_headers": "most header lines in a request, else 431 and close (default 100)",
+    "head_timeout": "seconds from a request's first byte to the end of its headers, "
+    "else 408 and close (default 10)",
+    "keep_alive_timeout": "seconds a connection may stay open with no request under way; "
+    "keep it above your clients' idle timeout (httpx: 5) (default 10)",
+    "max_connections_per_peer": "connections one client address may hold, at most half "
+    "the process's file limit; 0: no cap (default 1024)",
+    "models_cache_ttl": "seconds GET /v1/models is answered from the last upstream answer; "
+    "0: fetched every time, concurrent requests still share one fetch (default 1)",
     "access_log": "write one JSON access-log line per request (default on)",
     "log_level": "critical, error, warning, info or debug (default info)",
 }
@@ -101,12 +116,21 @@ def main(argv: Sequence[str]) -> int:
         return 2
 
     _configure_logging(settings.log_level.upper())
+    before, after = raise_file_limit()
+    if after != before:
+        _log.info("open-file limit raised from %d to %d", before, after)
     app = create_app(settings)
-    settings = app.state.runtime.settings  # drop the raw secrets (the app keeps digests)
+    runtime = app.state.runtime
+    settings = runtime.settings  # drop the raw secrets (the app keeps digests)
+    guard = ConnectionGuard(settings.connection_limits(), runtime.metrics)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        # httptools (what uvicorn[standard] picks) with the gateway's connection limits.
+        http=guarded_protocol(guard),
+        ws="none",  # no WebSocket route: an Upgrade request is served as plain HTTP
+        timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # the protocol uses the float
         log_level=settings.log_level,
         access_log=False,  # the gateway writes its own, with key ids and reasons
         timeout_graceful_shutdown=int(settings.shutdown_grace) or None,

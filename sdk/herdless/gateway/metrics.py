@@ -10,6 +10,9 @@ Exposed (all names prefixed ``herdless_gateway_``):
 
 * ``requests_total{code}``: answered requests by HTTP status;
 * ``rejections_total{reason}``: refusals by reason (``queue_full``, ...);
+* ``connections_closed_total{reason}``: connections the gateway closed before a
+  request reached a route (``head_too_large``, ``too_many_headers``,
+  ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);
 * ``queue_depth``, ``inflight``, ``inflight_tokens``: gauges read at scrape time;
 * ``queue_wait_seconds``, ``ttfb_seconds`` (time to the upstream's first byte),
   ``request_duration_seconds``: histograms.
@@ -67,12 +70,21 @@ class Histogram:
 class GatewayMetrics:
     """All the gateway's metrics; gauges are read from ``gauges`` at scrape time."""
 
-    __slots__ = ("duration", "gauges", "queue_wait", "rejections", "requests", "ttfb")
+    __slots__ = (
+        "connections_closed",
+        "duration",
+        "gauges",
+        "queue_wait",
+        "rejections",
+        "requests",
+        "ttfb",
+    )
 
     def __init__(self, gauges: Callable[[], dict[str, float]]) -> None:
         self.gauges = gauges
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
+        self.connections_closed: Counter[str] = Counter()
         self.queue_wait = Histogram("queue_wait_seconds", "Time spent in the admission queue.")
         self.ttfb = Histogram("ttfb_seconds", "Time from admission to the upstream's first byte.")
         self.duration = Histogram("request_duration_seconds", "Time from arrival to the end.")
@@ -84,6 +96,12 @@ class GatewayMetrics:
         )
         lines += _counter(
             "rejections_total", "Refused requests by reason.", "reason", self.rejections
+        )
+        lines += _counter(
+            "connections_closed_total",
+            "Connections closed by the gateway's limits, by reason.",
+            "reason",
+            self.connections_closed,
         )
         gauge_help = {
             "queue_depth": "Requests waiting in the admission queue.",

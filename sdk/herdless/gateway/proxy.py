@@ -11,8 +11,6 @@ response. The refusal path returns before any task is created.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import time
 
 import anyio
@@ -20,7 +18,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from herdless.gateway.admission import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.runtime import Runtime, header_map, send_json
+from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (
     BadRequest,
@@ -35,7 +33,6 @@ __all__ = ["ChatProxy"]
 
 _CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII, bounded
 
 
 class _BodyTooLarge(Exception):
@@ -69,7 +66,7 @@ class ChatProxy:
         if rt.access_log:
             wait = ticket.queue_wait if ticket is not None else 0.0
             rt.log_access(
-                request_id=log["request_id"] or _request_id(headers),
+                request_id=log["request_id"] or request_id(headers),
                 key_id=log["key_id"],
                 method="POST",
                 path=scope["path"],
@@ -144,7 +141,7 @@ class ChatProxy:
             await _send_refusal(send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
-        rid = log["request_id"] = _request_id(headers)
+        rid = log["request_id"] = request_id(headers)
         outcome: list[tuple[int, str | None]] = []
         try:
             async with anyio.create_task_group() as tg:
@@ -236,18 +233,6 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
-
-
-def _request_id(headers: dict[str, str]) -> str:
-    """The client's ``X-Request-ID`` when sane, else a new one.
-
-    Echoed in a response header, logged and forwarded: only visible ASCII up to
-    128 characters is kept.
-    """
-    rid = headers.get("x-request-id", "")
-    if _REQUEST_ID.fullmatch(rid):
-        return rid
-    return os.urandom(16).hex()  # as random as uuid4().hex, at a third of the cost
 
 
 async def _send_refusal(send: Send, refuse: Refuse) -> None:

@@ -1,25 +1,29 @@
 """The gateway's settings: ``HERDLESS_GATEWAY_*`` variables and ``herdless serve`` flags.
 
 This is the only gateway module that reads the environment; it turns it into the
-frozen :class:`~herdless.gateway.admission.AdmissionConfig` and an
-:class:`ApiKeys` table, which hold no pydantic.
+frozen :class:`~herdless.gateway.admission.AdmissionConfig`,
+:class:`~herdless.gateway.protocol.ConnectionLimits` and an :class:`ApiKeys`
+table, which hold no pydantic.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.admission import AdmissionConfig
+from herdless.gateway.protocol import ConnectionLimits
 
 __all__ = [
     "ANONYMOUS",
     "ApiKeys",
     "GatewaySettings",
     "digest_matches",
+    "key_id",
     "secret_digest",
     "token_matches",
 ]
@@ -57,8 +61,15 @@ class GatewaySettings(BaseSettings):
     connect_timeout: float = Field(default=2.0, gt=0)
     read_timeout: float = Field(default=600.0, gt=0)
     shutdown_grace: float = Field(default=30.0, ge=0)
+    max_head_bytes: int = Field(default=32_768, ge=1024)
+    max_headers: int = Field(default=100, gt=0)
+    head_timeout: float = Field(default=10.0, gt=0)
+    keep_alive_timeout: float = Field(default=10.0, gt=0)
+    max_connections_per_peer: int = Field(default=1024, ge=0)
+    models_cache_ttl: float = Field(default=1.0, ge=0)
     api_keys: SecretStr | None = None
     admin_token: SecretStr | None = None
+    key_id_secret: SecretStr | None = None
     access_log: bool = True
     log_level: str = "info"
 
@@ -87,13 +98,14 @@ class GatewaySettings(BaseSettings):
         return self
 
     def without_secrets(self) -> GatewaySettings:
-        """A copy without the client keys and the admin token, for the running gateway.
+        """A copy without the client keys, the admin token and the key-id secret.
 
         The gateway keeps only their digests (:class:`ApiKeys`, :func:`secret_digest`)
         once started, so a heap dump or a stray ``repr`` cannot reveal them. The
         upstream key stays: it must be sent as is.
         """
-        return self.model_copy(update={"api_keys": None, "admin_token": None})
+        gone = {"api_keys": None, "admin_token": None, "key_id_secret": None}
+        return self.model_copy(update=gone)
 
     def admission_config(self) -> AdmissionConfig:
         """The admission limits. ``key_queue_share`` applies only when keys are set."""
@@ -111,11 +123,29 @@ class GatewaySettings(BaseSettings):
             upstream_retry_after=self.upstream_retry_after,
         )
 
+    def connection_limits(self) -> ConnectionLimits:
+        """What one client connection may hold (head size, timeouts, per-peer cap)."""
+        return ConnectionLimits(
+            max_head_bytes=self.max_head_bytes,
+            max_headers=self.max_headers,
+            head_timeout=self.head_timeout,
+            keep_alive_timeout=self.keep_alive_timeout,
+            max_connections_per_peer=self.max_connections_per_peer,
+        )
+
     def api_key_table(self) -> ApiKeys | None:
-        """The configured API keys, hashed, or ``None`` when the gateway is open."""
+        """The configured API keys, hashed, or ``None`` when the gateway is open.
+
+        Key ids are keyed with ``key_id_secret``, or with a random per-process
+        secret when it is unset (ids then change when the gateway restarts).
+        """
         if self.api_keys is None:
             return None
-        return ApiKeys(_split(self.api_keys.get_secret_value()))
+        secret = None if self.key_id_secret is None else self.key_id_secret.get_secret_value()
+        return ApiKeys(
+            _split(self.api_keys.get_secret_value()),
+            id_secret=None if secret is None else secret.encode(),
+        )
 
 
 def _split(raw: str) -> list[str]:
@@ -129,16 +159,25 @@ def _digest(secret: str) -> bytes:
 class ApiKeys:
     """API keys kept only as SHA-256 digests, looked up in constant time.
 
-    Each key's id is ``key-`` plus the first 8 hex digits of its digest: stable,
-    loggable, and useless for guessing the key.
+    Each key's id is ``key-`` plus the first 8 hex digits of
+    ``HMAC-SHA256(id_secret, key)``: loggable, and, without the secret, no help to
+    confirm a guess of the key offline (an unsalted digest would be). With no
+    ``id_secret``, a random one is drawn for this table: ids are stable for the
+    life of the process only. Set ``HERDLESS_GATEWAY_KEY_ID_SECRET`` to keep
+    them across restarts and replicas.
+
+    Args:
+        keys: the keys, at least one.
+        id_secret: the secret that keys the ids (default: 32 random bytes).
     """
 
     __slots__ = ("_table",)
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], *, id_secret: bytes | None = None) -> None:
         if not keys:
             raise ValueError("keys must not be empty")
-        self._table = [(_digest(key), "key-" + _digest(key).hex()[:8]) for key in keys]
+        secret = os.urandom(32) if id_secret is None else id_secret
+        self._table = [(_digest(key), key_id(key, secret)) for key in keys]
 
     def identify(self, presented: str) -> str | None:
         """The id of ``presented``, or ``None``: every entry is compared, equal or not."""
@@ -154,6 +193,11 @@ class ApiKeys:
 
     def __repr__(self) -> str:
         return f"ApiKeys([secure] x{len(self._table)})"
+
+
+def key_id(key: str, secret: bytes) -> str:
+    """The loggable id of ``key``: ``key-`` + 8 hex digits of ``HMAC-SHA256(secret, key)``."""
+    return "key-" + hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:8]
 
 
 def secret_digest(secret: SecretStr) -> bytes:

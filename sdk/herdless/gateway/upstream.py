@@ -14,8 +14,23 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 from pydantic import SecretStr
 
-__all__ = ["HEALTH_TIMEOUT", "SLOW", "Upstream", "UpstreamUnavailable", "UsageSniffer"]
+__all__ = [
+    "HEALTH_TIMEOUT",
+    "KEEPALIVE_EXPIRY",
+    "SLOW",
+    "Upstream",
+    "UpstreamUnavailable",
+    "UsageSniffer",
+]
 
+KEEPALIVE_EXPIRY = 4.0
+"""Seconds an idle pooled connection to vLLM is kept: below vLLM's own idle timeout.
+
+vLLM (uvicorn) closes a connection idle for 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``),
+httpx keeps one for 5 s by default: a request sent on a connection the server is
+closing at that moment fails (a spurious 503). Dropping it a second earlier avoids
+the race.
+"""
 HEALTH_TIMEOUT = 5.0
 """Seconds a ``/health`` poll may take (a hung vLLM must not stall the poller)."""
 SLOW = "slow"
@@ -70,18 +85,27 @@ class Upstream:
             base_url=base_url,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
             ),
             transport=transport,
         )
 
     async def open(
-        self, method: str, path: str, *, body: bytes = b"", headers: Mapping[str, str]
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        headers: Mapping[str, str],
+        request_timeout: float | None = None,
     ) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
         The caller must ``await response.aclose()``; closing early closes the
         upstream connection, which makes vLLM abort the sequence.
+        ``request_timeout`` (seconds) replaces the client's timeouts for this request.
 
         Raises:
             UpstreamUnavailable: the request did not get a response.
@@ -94,7 +118,11 @@ class Upstream:
         # httpx would ask for gzip by default; ask for what the client asked for.
         forwarded.setdefault("accept-encoding", "identity")
         request = self._client.build_request(
-            method, path, content=body, headers={**forwarded, **self._auth}
+            method,
+            path,
+            content=body,
+            headers={**forwarded, **self._auth},
+            timeout=httpx.USE_CLIENT_DEFAULT if request_timeout is None else request_timeout,
         )
         try:
             return await self._client.send(request, stream=True)

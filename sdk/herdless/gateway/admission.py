@@ -2,7 +2,10 @@
 
 The gateway's decisions live here, apart from its HTTP layer: :class:`Admission`
 is a clock-injected state machine that the async driver (``gate.py``) and the
-unit tests both drive by calling methods, never by sleeping.
+unit tests both drive by calling methods, never by sleeping. Two pure parts do
+the detailed work: the fair queue (:mod:`herdless.gateway.fairqueue`: the order
+of the waiters, the service counters per user) and the reservation schedule
+(:mod:`herdless.gateway.reservations`: the Retry-After of every refusal).
 
 Rules, checked in this order by :meth:`Admission.offer`:
 
@@ -16,8 +19,10 @@ Rules, checked in this order by :meth:`Admission.offer`:
 4. LLM tokens per minute, one bucket per key, priced before the request runs
    (estimated prompt tokens + ``max_tokens``) and settled against the real
    usage afterwards (refund or debt) -> 429 ``token_budget``.
-5. runs now when nobody waits, a concurrency slot is free and its price fits
-   the KV budget (``inflight_tokens + price <= max_inflight_tokens``).
+5. runs now when no request of its class (nor, for a batch one, of any class)
+   waits, a concurrency slot is free, its price fits the KV budget
+   (``inflight_tokens + price <= max_inflight_tokens``) and, for a batch one, the
+   interactive reserve stays free (rule 9).
 6. otherwise waits in the bounded queue, unless the queue (or this key's share
    of it, ``ceil(max_queue * key_queue_share)``) is full -> 429 ``queue_full``,
    or ``kv_budget`` when slots are free and only the KV budget blocks. A waiter
@@ -25,41 +30,21 @@ Rules, checked in this order by :meth:`Admission.offer`:
 7. a caller that says how long it will wait (``X-Herdless-Deadline-Ms``, the
    ``deadline`` argument) is refused at once with ``deadline_unattainable`` (429;
    503 while the upstream is out) when the wait predicted for it is longer: in the
-   queue, ``(queued + 1) * mean_service / max_concurrency``; refused, the time its
-   reservation would give it. No reservation is taken for it (it will not come
-   back for this request). A caller's waiter is dropped from the queue when its
-   deadline passes (it stopped waiting).
-
-The queue is fair between keys: one FIFO per key, served round-robin, so a key
-with a hundred waiting requests does not hold back a key with one. The key at
-the head of the rotation is served first even when a smaller request behind it
-would fit the KV budget: skipping would starve large prompts.
-
-Retry-After is a *reservation*, not a constant. Each limit keeps a horizon
-(the latest time it has already promised to a refused caller) and hands the
-next refused caller the next free slot after it:
-
-* queue (``queue_full``, ``queue_timeout``, ``kv_budget``): a slot frees every
-  ``gap = mean_service / max(1, running)`` seconds, where ``mean_service`` is an
-  EWMA (weight ``ewma_alpha``) of measured run times, so
-  ``retry_at = max(now, horizon) + gap``;
-* token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
-  again at ``now + (cost - level) / refill``, and the next caller needs another
-  ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``.
-
-* not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
-  service is expected back after the configured ``delay`` (``drain_retry_after``
-  or ``upstream_retry_after``), and then the GPU takes a request every
-  ``gap = mean_service / max_concurrency`` seconds (``mean_service`` starts at
-  ``initial_service_time`` until a run is measured), so
-  ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
-  the promises still outstanding pass to the queue's horizon (a caller refused
-  by a full queue is told a time after them) and the next outage starts afresh.
-
-So the k-th refused caller is told a later time than the (k-1)-th, at the rate
-capacity frees: they come back spread out, not as a herd on the next second.
-Every answer is capped at ``max_retry_after``. Reservations are advisory: a
-caller that comes back early is judged like anyone else.
+   queue, ``place * mean_service / max_concurrency`` with ``place`` its place in
+   the fair order (:meth:`FairQueue.place`); refused, the time its reservation
+   would give it. No reservation is taken for it (it will not come back for this
+   request). A caller's waiter is dropped from the queue when its deadline passes.
+8. an interactive request that finds the queue (or its key's share) full takes the
+   place of a waiting batch one (the newest of the batch user served last; of its
+   own key when its key's share is what is full), which is answered 429
+   ``displaced`` with a reservation: never a 5xx, and never once it started.
+9. waiters start in the fair order (:mod:`herdless.gateway.fairqueue`): every
+   interactive one before any batch one, token-fair between keys then users. A
+   batch request starts only while no interactive one waits and, while interactive
+   work arrived within ``reserve_window`` seconds, only if ``interactive_reserve``
+   slots stay free after it: batch uses the capacity interactive work leaves idle.
+   The head of the order is served first even when a smaller request behind it
+   would fit the KV budget: skipping would starve large prompts.
 
 Why not aiolimiter here: ``AsyncLimiter`` is built to *wait* for capacity on the
 event loop's clock; the gateway must *refuse at once* and say when capacity will
@@ -72,12 +57,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from herdless._clock import Clock
 from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import AdmissionConfig, TokenBucket
+from herdless.gateway.fairqueue import FairQueue, Flow
+from herdless.gateway.limits import AdmissionConfig, Priority, TokenBucket
+from herdless.gateway.reservations import Reservations, unattainable
 
 __all__ = [
     "Admission",
@@ -89,22 +75,14 @@ __all__ = [
     "TokenBucket",
 ]
 
-_NEVER = -math.inf
-_DRAINING = "the gateway is draining for maintenance; use your fallback"
-_NOT_READY = "the model server is not ready; try again shortly"
-_BUCKET_MESSAGES = {
-    "rate_limited": "this key is over its requests per second; retry after the given time",
-    "token_budget": "this key is over its tokens per minute; retry after the given time",
-}
-
 
 @dataclass(slots=True)
 class _Key:
-    """Per-key state: buckets and the FIFO of waiting tickets."""
+    """Per-key state: buckets and how many of its requests wait."""
 
     rate: TokenBucket | None
     tokens: TokenBucket | None
-    waiting: deque[Ticket] = field(default_factory=deque)
+    queued: int = 0
 
 
 class Admission:
@@ -113,7 +91,7 @@ class Admission:
     Usage::
 
         adm = Admission(AdmissionConfig(max_concurrency=2, max_queue=4), clock=clock)
-        decision = adm.offer("key-1", price=300)
+        decision = adm.offer("key-1", price=300, prompt=44, user="u-1", priority="batch")
         # Admit: run it; Enqueued: wait for adm.dispatch() to start it; Refuse: answer.
         adm.release(ticket, used_tokens=280)
         for started in adm.dispatch(): ...
@@ -124,22 +102,14 @@ class Admission:
         self._clock = clock
         self._ids = itertools.count(1)
         self._keys: dict[str, _Key] = {}
-        # Keys with waiters, in round-robin order (a dict is an ordered set).
-        self._rotation: dict[str, None] = {}
+        self._queue = FairQueue(config)
+        self._reservations = Reservations(config)
         self._queued = 0
         self._running = 0
         self._inflight_tokens = 0
         self._mean_service = config.initial_service_time
-        self._queue_horizon = _NEVER
-        self._outage_horizon = _NEVER
-        # The refusal path runs once per refused request of a flood: its constant
-        # parts (policies, messages) are built once here, not per refusal.
-        self._policies = {
-            "rate_limited": _bucket_policy("rate_limited", config.effective_burst, config.rate),
-            "token_budget": _bucket_policy(
-                "token_budget", config.tokens_per_minute, (config.tokens_per_minute or 0) / 60
-            ),
-        }
+        self._last_interactive = -math.inf
+        self._displacements = 0
         self._draining = False
         self._ready = True
         self._not_ready_code = "upstream_loading"
@@ -150,6 +120,10 @@ class Admission:
     def queue_depth(self) -> int:
         """Requests waiting."""
         return self._queued
+
+    def class_depth(self, priority: Priority) -> int:
+        """Requests of ``priority`` waiting."""
+        return self._queue.depth(priority)
 
     @property
     def inflight(self) -> int:
@@ -165,6 +139,30 @@ class Admission:
     def mean_service_time(self) -> float:
         """EWMA of measured run times, seconds."""
         return self._mean_service
+
+    @property
+    def displacements(self) -> int:
+        """Batch waiters displaced by interactive arrivals so far."""
+        return self._displacements
+
+    @property
+    def served_tokens(self) -> dict[Priority, int]:
+        """Tokens (prompt + completion; the price when no usage came) of the finished
+        requests, per class."""
+        return dict(self._queue.served_tokens)
+
+    def user_service(self) -> dict[str, float]:
+        """Weighted tokens charged per user over the last ``fair_window`` seconds."""
+        return self._queue.service(self._clock.monotonic())
+
+    def fairness(self, priority: Priority = "interactive") -> float:
+        """Jain's index over the users of ``priority`` that waited throughout the last
+        ``fair_window`` seconds (see :meth:`FairQueue.fairness`)."""
+        return self._queue.fairness(priority, self._clock.monotonic())
+
+    def counter(self, unit: str, priority: Priority = "interactive") -> float | None:
+        """The service counter of a user (``key`` or ``key/user``), if remembered."""
+        return self._queue.counter(priority, unit)
 
     @property
     def draining(self) -> bool:
@@ -189,20 +187,17 @@ class Admission:
         self._ready = ready
         self._not_ready_code = code
         if not was_ready and self.ready:
-            self._serving_again()
+            self._reservations.serving_again()
 
     def drain(self) -> list[tuple[Ticket, Refuse]]:
         """Stop admitting; the waiters are refused (returned), running ones finish."""
         self._draining = True
         refused = []
-        for key in list(self._rotation):
-            for ticket in self._keys[key].waiting:
-                self._refund(ticket)
-                ticket.state = "done"
-                refused.append((ticket, self.unavailable("draining")))
-            self._keys[key].waiting.clear()
-        self._rotation.clear()
-        self._queued = 0
+        for ticket in list(self._queue.waiting()):
+            self._unqueue(ticket)
+            self._refund(ticket)
+            ticket.state = "done"
+            refused.append((ticket, self.unavailable("draining")))
         return refused
 
     def resume(self) -> None:
@@ -210,7 +205,7 @@ class Admission:
         was_ready = self.ready
         self._draining = False
         if not was_ready and self.ready:
-            self._serving_again()
+            self._reservations.serving_again()
 
     def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
@@ -224,14 +219,29 @@ class Admission:
             now = self._clock.monotonic()
             rate = self._key(key_id, now).rate
             if rate is not None and not rate.allows(now, 1):
-                return self._bucket_refusal(rate, now, 1, "rate_limited")
+                return self._reservations.bucket(rate, now, 1, "rate_limited")
         return None
 
     def offer(
-        self, key_id: str, price: int, *, deadline: float | None = None
+        self,
+        key_id: str,
+        price: int,
+        *,
+        deadline: float | None = None,
+        user: str | None = None,
+        priority: Priority = "interactive",
+        prompt: int | None = None,
     ) -> Admit | Enqueued | Refuse:
-        """Decide on a new request from ``key_id`` priced ``price`` tokens, whose caller
-        waits at most ``deadline`` seconds for it to start (``None``: no limit said)."""
+        """Decide on a new request.
+
+        Args:
+            key_id: the caller's key id.
+            price: its tokens: estimated prompt + ``max_tokens`` (the KV budget's unit).
+            deadline: seconds its caller waits for it to start (``None``: not said).
+            user: the hash of the user it names, refining the key as fairness unit.
+            priority: its class (the reference schedulers treat all as interactive).
+            prompt: estimated prompt tokens within ``price`` (default: all of it).
+        """
         cfg = self.config
         now = self._clock.monotonic()
         early = self.precheck(key_id, deadline=deadline)
@@ -249,56 +259,76 @@ class Admission:
             )
         key = self._key(key_id, now)
         if key.tokens is not None and not key.tokens.allows(now, price):
-            return self._bucket_refusal(key.tokens, now, price, "token_budget")
-        fits_kv = self._fits_kv(price)
-        if not self._queued and self._running < cfg.max_concurrency and fits_kv:
-            ticket = self._new_ticket(key_id, price, now)
-            self._start(ticket, now)
+            return self._reservations.bucket(key.tokens, now, price, "token_budget")
+        klass: Priority = priority if cfg.scheduler == "vtc" else "interactive"
+        interactive = klass == "interactive"
+        if interactive:
+            self._last_interactive = now
+        flow = self._queue.flow(klass, key_id, user)
+        if self._startable(klass, price, now):
+            ticket = self._new_ticket(key_id, price, now, flow, prompt)
+            self._start(ticket, flow, now)
             self._charge(key, price)
             return Admit(ticket)
-        if self._queued >= cfg.max_queue or len(key.waiting) >= cfg.key_queue_limit:
-            # What holds the queue back: the head's price, or this one's when none waits.
-            head = (
-                self._keys[next(iter(self._rotation))].waiting[0].price if self._queued else price
-            )
-            kv_blocks = self._running < cfg.max_concurrency and not self._fits_kv(head)
-            code = "kv_budget" if kv_blocks else "queue_full"
-            return self._queue_refusal(now, code, deadline=deadline)
-        if deadline is not None and self.predicted_wait() > deadline:
-            return _unattainable(429, self.predicted_wait(), deadline, cfg.key_capacity)
-        ticket = self._new_ticket(key_id, price, now)
+        victim = None
+        key_full = key.queued >= cfg.key_queue_limit
+        if self._queued >= cfg.max_queue or key_full:
+            if interactive and cfg.scheduler == "vtc":
+                # A full key share is freed only by one of the key's own batch waiters.
+                victim = self._queue.victim(key_id if key_full else None)
+            if victim is None:
+                return self._queue_refusal(flow, now, self._full_code(price), deadline=deadline)
+        if deadline is not None:
+            wait = self._queue.place(flow) * self._mean_service / cfg.max_concurrency
+            if wait > deadline:
+                return unattainable(429, wait, deadline, cfg.key_capacity)
+        displaced = () if victim is None else ((victim, self._displace(victim, now)),)
+        ticket = self._new_ticket(key_id, price, now, flow, prompt)
         self._charge(key, price)
-        key.waiting.append(ticket)
-        self._rotation.setdefault(key_id, None)
+        self._queue.push(flow, ticket, now)
+        key.queued += 1
         self._queued += 1
-        return Enqueued(ticket)
+        return Enqueued(ticket, displaced)
 
     def dispatch(self) -> list[Ticket]:
-        """Start waiting tickets while capacity allows (round-robin over keys)."""
+        """Start waiting tickets while capacity allows, in the fair order."""
         started: list[Ticket] = []
         now = self._clock.monotonic()
-        while self._rotation and self._running < self.config.max_concurrency:
-            key_id = next(iter(self._rotation))
-            waiting = self._keys[key_id].waiting
-            if not self._fits_kv(waiting[0].price):
+        queue = self._queue
+        while self._running < self.config.max_concurrency:
+            ticket = queue.head("interactive")
+            if ticket is None:
+                ticket = queue.head("batch")
+                if ticket is None or not self._batch_room(now):
+                    break
+            if not self._fits_kv(ticket.price):
                 break  # head-of-line: skipping it would starve large prompts
-            ticket = waiting.popleft()
+            flow = queue.flow_of(ticket)
+            queue.remove(ticket, served=True)
+            self._keys[ticket.key_id].queued -= 1
             self._queued -= 1
-            # Move the key to the back of the rotation (or out of it).
-            del self._rotation[key_id]
-            if waiting:
-                self._rotation[key_id] = None
-            self._start(ticket, now)
+            self._start(ticket, flow, now)
             started.append(ticket)
         return started
 
-    def release(self, ticket: Ticket, *, used_tokens: int | None = None) -> None:
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        used_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
         """End a ticket: finished or abandoned, queued or running (idempotent).
 
         Args:
             ticket: the ticket from :meth:`offer`.
             used_tokens: the real prompt + completion tokens, when the upstream
                 reported them; the token bucket is settled by ``price - used``.
+            prompt_tokens: the real prompt tokens, when reported.
+            completion_tokens: the real completion tokens, when reported (else
+                ``used_tokens`` less the prompt); the user's service counter is
+                settled against them.
         """
         if ticket.state == "done":
             return
@@ -316,21 +346,42 @@ class Admission:
             tokens = self._keys[ticket.key_id].tokens
             if tokens is not None and used_tokens is not None:
                 tokens.settle(ticket.price - used_tokens)
+            if completion_tokens is None and used_tokens is not None:
+                prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
+                completion_tokens = max(0, used_tokens - prompt)
+            self._queue.finish(ticket, now, prompt=prompt_tokens, completion=completion_tokens)
         ticket.state = "done"
 
     def expire(self, ticket: Ticket, *, deadline_passed: bool = False) -> Refuse:
         """The ticket waited ``queue_timeout`` (or its caller's deadline passed): drop it
         and say when to come back."""
         self.release(ticket)
+        now = self._clock.monotonic()
         if deadline_passed:
-            waited = self._clock.monotonic() - ticket.offered_at
-            return _unattainable(429, waited, waited, self.config.key_capacity)
-        return self._queue_refusal(self._clock.monotonic(), "queue_timeout")
+            waited = now - ticket.offered_at
+            return unattainable(429, waited, waited, self.config.key_capacity)
+        flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
+        return self._queue_refusal(flow, now, "queue_timeout")
 
     def predicted_wait(self) -> float:
-        """Seconds a request queued now would wait before it starts: the queue ahead of
-        it, at the rate slots free (``max_concurrency`` per ``mean_service``)."""
+        """Seconds a request queued now at the back of the whole queue would wait before
+        it starts, at the rate slots free (``max_concurrency`` per ``mean_service``).
+        :meth:`offer` predicts from the request's own place in the fair order."""
         return (self._queued + 1) * self._mean_service / self.config.max_concurrency
+
+    def unavailable(
+        self, code: str, message: str | None = None, *, deadline: float | None = None
+    ) -> Refuse:
+        """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``),
+        with a reservation (:meth:`Reservations.unavailable`). Also used by the HTTP
+        layer when a request finds the upstream gone (``message`` says how)."""
+        return self._reservations.unavailable(
+            self._clock.monotonic(),
+            code,
+            message,
+            mean_service=self._mean_service,
+            deadline=deadline,
+        )
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -349,18 +400,54 @@ class Admission:
             key = self._keys[key_id] = _Key(rate=rate, tokens=tpm)
         return key
 
-    def _new_ticket(self, key_id: str, price: int, now: float) -> Ticket:
-        return Ticket(id=next(self._ids), key_id=key_id, price=price, offered_at=now)
+    def _new_ticket(
+        self, key_id: str, price: int, now: float, flow: Flow, prompt: int | None
+    ) -> Ticket:
+        return Ticket(
+            id=next(self._ids),
+            key_id=key_id,
+            price=price,
+            offered_at=now,
+            user=flow.user,
+            priority=flow.priority,
+            prompt=price if prompt is None else min(prompt, price),
+        )
+
+    def _startable(self, klass: Priority, price: int, now: float) -> bool:
+        """Rule 5: may a new request of ``klass`` start without waiting?"""
+        if self._running >= self.config.max_concurrency or not self._fits_kv(price):
+            return False
+        if self._queue.depth("interactive"):
+            return False  # interactive waiters go first, and in their fair order
+        if klass == "interactive":
+            return True
+        return not self._queue.depth("batch") and self._batch_room(now)
+
+    def _batch_room(self, now: float) -> bool:
+        """Whether a batch request may take a slot: the reserve stays free after it."""
+        recent = now - self._last_interactive < self.config.reserve_window
+        reserve = self.config.effective_reserve if recent else 0
+        return self._running + 1 <= self.config.max_concurrency - reserve
+
+    def _full_code(self, price: int) -> str:
+        """What holds a full queue back: the KV budget (slots are free but the head's
+        price, or this one's when none waits, does not fit) or the queue itself."""
+        queue = self._queue
+        head = queue.head("interactive") or queue.head("batch")
+        blocked = price if head is None else head.price
+        kv_blocks = self._running < self.config.max_concurrency and not self._fits_kv(blocked)
+        return "kv_budget" if kv_blocks else "queue_full"
 
     def _fits_kv(self, price: int) -> bool:
         limit = self.config.max_inflight_tokens
         return limit is None or self._inflight_tokens + price <= limit
 
-    def _start(self, ticket: Ticket, now: float) -> None:
+    def _start(self, ticket: Ticket, flow: Flow, now: float) -> None:
         ticket.state = "running"
         ticket.started_at = now
         self._running += 1
         self._inflight_tokens += ticket.price
+        self._queue.start(ticket, flow, now)
 
     def _charge(self, key: _Key, price: int) -> None:
         if key.rate is not None:
@@ -375,111 +462,32 @@ class Admission:
             tokens.settle(ticket.price)
 
     def _unqueue(self, ticket: Ticket) -> None:
-        waiting = self._keys[ticket.key_id].waiting
-        waiting.remove(ticket)
+        self._queue.remove(ticket)
+        self._keys[ticket.key_id].queued -= 1
         self._queued -= 1
-        if not waiting:
-            self._rotation.pop(ticket.key_id, None)
 
-    def _capped(self, seconds: float) -> float:
-        return min(seconds, self.config.max_retry_after)
+    def _displace(self, victim: Ticket, now: float) -> Refuse:
+        """Rule 8: the batch waiter ``victim`` leaves the queue with a reservation."""
+        flow = self._queue.flow_of(victim)
+        self._unqueue(victim)
+        self._refund(victim)
+        victim.state = "done"
+        self._displacements += 1
+        return self._queue_refusal(flow, now, "displaced")
 
-    def unavailable(
-        self, code: str, message: str | None = None, *, deadline: float | None = None
+    def _queue_refusal(
+        self, flow: Flow, now: float, code: str, *, deadline: float | None = None
     ) -> Refuse:
-        """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
-
-        A reservation like the queue's: ``retry_at = max(now + delay, horizon + gap)``
-        with ``delay`` the configured time until service is expected back and
-        ``gap = mean_service / max_concurrency`` (the rate at which the GPU will
-        take the callers back), capped at ``max_retry_after`` (a drain's at ``2 x
-        delay``: its callers go to their fallback meanwhile). Also used by the
-        HTTP layer when a request finds the upstream gone (``message`` says how).
-        """
-        cfg = self.config
-        now = self._clock.monotonic()
-        draining = code == "draining"
-        delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
-        gap = self._mean_service / cfg.max_concurrency
-        # Relative to now, so that the cap holds exactly despite float rounding.
-        wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
-        if draining:
-            # A drain tells callers to use their fallback, and they do: spread over a
-            # second drain period at most, a crowd's promises would otherwise pile up
-            # for the whole maintenance and keep them off the GPU long after it resumed.
-            wait = min(wait, 2 * delay)
-        if deadline is not None and wait > deadline and not draining:
-            # No reservation: it will not come back for this request.
-            return _unattainable(503, wait, deadline, cfg.key_capacity)
-        self._outage_horizon = now + wait
-        return Refuse(
-            status=503,
-            code=code,
-            message=message or (_DRAINING if draining else _NOT_READY),
-            retry_after=wait,
-            drain=draining,
-            capacity=cfg.key_capacity,
+        """A queue refusal at the user's own place: its share of the slots that free."""
+        refused = self._reservations.queue(
+            now,
+            code,
+            gap=self._mean_service / max(1, self._running),
+            share=self._queue.share(flow),
+            horizon=flow.horizon,
+            queued=self._queued,
+            deadline=deadline,
         )
-
-    def _serving_again(self) -> None:
-        # Callers promised a time during the outage are still on their way back:
-        # a queue refusal must not send anyone ahead of them. The next outage
-        # starts its own reservations from its own delay.
-        self._queue_horizon = max(self._queue_horizon, self._outage_horizon)
-        self._outage_horizon = _NEVER
-
-    def _queue_refusal(self, now: float, code: str, *, deadline: float | None = None) -> Refuse:
-        cfg = self.config
-        gap = self._mean_service / max(1, self._running)
-        wait = min(max(now, self._queue_horizon) + gap - now, cfg.max_retry_after)
-        if deadline is not None and wait > deadline:
-            # No reservation: it will not come back for this request.
-            return _unattainable(429, wait, deadline, cfg.key_capacity)
-        self._queue_horizon = now + wait
-        messages = {
-            "queue_full": "the gateway's queue is full",
-            "kv_budget": "the model server's KV-cache budget is in use",
-            "queue_timeout": f"no capacity freed within the queue timeout ({cfg.queue_timeout:g}s)",
-        }
-        return Refuse(
-            status=429,
-            code=code,
-            message=f"{messages[code]}; retry after the given time",
-            retry_after=wait,
-            policy=f'"queue";q={cfg.max_queue}',
-            remaining=max(0, cfg.max_queue - self._queued),
-            capacity=cfg.key_capacity,
-        )
-
-    def _bucket_refusal(self, bucket: TokenBucket, now: float, cost: float, code: str) -> Refuse:
-        wait = self._capped(bucket.reserve(now, cost))  # refills the bucket to now
-        return Refuse(
-            status=429,
-            code=code,
-            message=_BUCKET_MESSAGES[code],
-            retry_after=wait,
-            policy=self._policies[code],
-            remaining=max(0, math.floor(bucket.level(now))),
-            capacity=self.config.key_capacity,
-        )
-
-
-def _unattainable(status: int, wait: float, deadline: float, capacity: int) -> Refuse:
-    """A refusal for a caller whose deadline the predicted ``wait`` passes."""
-    return Refuse(
-        capacity=capacity,
-        status=status,
-        code="deadline_unattainable",
-        message=(
-            f"this request would wait about {wait:.1f}s here, longer than the "
-            f"{deadline:.1f}s its caller waits (X-Herdless-Deadline-Ms); use your fallback"
-        ),
-        retry_after=wait,
-    )
-
-
-def _bucket_policy(code: str, capacity: float | None, refill: float | None) -> str | None:
-    """A bucket's IETF ``RateLimit-Policy`` item (``None`` when the limit is off)."""
-    if capacity is None or not refill:
-        return None
-    return f'"{code}";q={math.floor(capacity)};w={math.ceil(capacity / refill)}'
+        if refused.code != "deadline_unattainable":
+            flow.horizon = now + refused.retry_after
+        return refused

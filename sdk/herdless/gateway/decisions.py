@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from herdless.gateway.limits import Priority
+
 __all__ = ["Admit", "Enqueued", "Refuse", "Ticket"]
 
 
@@ -21,6 +23,12 @@ class Ticket:
         price: tokens priced before the run (estimated prompt + ``max_tokens``).
         offered_at: clock time of the offer.
         started_at: clock time it started running upstream, or ``None``.
+        user: the hash of the user the request named (``user`` field or
+            ``X-Herdless-User``), or ``None``.
+        priority: its class as the queue treats it (``interactive`` or ``batch``).
+        prompt: estimated prompt tokens (the rest of ``price`` is ``max_tokens``).
+        charged: weighted tokens charged to its user when it started (the fair
+            queue's counters), settled against the real usage at its end.
     """
 
     id: int
@@ -29,6 +37,15 @@ class Ticket:
     offered_at: float
     started_at: float | None = None
     state: Literal["queued", "running", "done"] = "queued"
+    user: str | None = None
+    priority: Priority = "interactive"
+    prompt: int = 0
+    charged: float = 0.0
+
+    @property
+    def unit(self) -> str:
+        """Its fairness unit: the key id, refined by the user (``key-1a2b3c4d/u-...``)."""
+        return self.key_id if self.user is None else f"{self.key_id}/{self.user}"
 
     @property
     def queue_wait(self) -> float:
@@ -45,9 +62,14 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """Wait: the driver waits until :meth:`Admission.dispatch` starts the ticket."""
+    """Wait: the driver waits until :meth:`Admission.dispatch` starts the ticket.
+
+    ``displaced``: queued batch requests this interactive one took the place of (the
+    queue was full), each with its refusal (429 ``displaced``); the driver answers them.
+    """
 
     ticket: Ticket
+    displaced: tuple[tuple[Ticket, Refuse], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

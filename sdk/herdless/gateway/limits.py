@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final, Literal
 
-__all__ = ["AdmissionConfig", "TokenBucket"]
+__all__ = ["CLASSES", "SCHEDULERS", "AdmissionConfig", "Priority", "Scheduler", "TokenBucket"]
 
 _NEVER = -math.inf
+
+Priority = Literal["interactive", "batch"]
+"""A request's class (``X-Herdless-Priority``): interactive work is dispatched first."""
+CLASSES: Final[tuple[Priority, ...]] = ("interactive", "batch")
+"""The priority classes, first served first."""
+
+Scheduler = Literal["vtc", "round-robin", "fcfs"]
+"""How the queue orders its waiters: token-fair (``vtc``), or the two reference orders."""
+SCHEDULERS: Final[tuple[Scheduler, ...]] = ("vtc", "round-robin", "fcfs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +43,20 @@ class AdmissionConfig:
         max_retry_after: cap on any Retry-After.
         drain_retry_after: Retry-After while draining.
         upstream_retry_after: Retry-After while the upstream is not ready.
+        scheduler: the order of the waiters: ``vtc`` (token-fair between keys, then
+            between the users of a key, interactive before batch); ``round-robin`` (by
+            requests, over the same units) and ``fcfs`` (one line) are reference
+            orders that ignore the priority classes.
+        prompt_weight: weight of a prompt token in a user's service (``vtc``).
+        completion_weight: weight of a completion token in a user's service.
+        max_users: most (class, user) flows the queue keeps a counter for; idle ones
+            are forgotten, oldest first.
+        interactive_reserve: slots batch work leaves free while interactive work was
+            seen within ``reserve_window`` seconds (``None``: ``ceil(max_concurrency / 8)``).
+        reserve_window: seconds after the last interactive request during which the
+            reserve holds; afterwards batch may fill every slot.
+        fair_window: seconds over which the service per user and the fairness index
+            are measured (whole seconds).
     """
 
     max_concurrency: int = 64
@@ -48,6 +72,13 @@ class AdmissionConfig:
     max_retry_after: float = 60.0
     drain_retry_after: float = 30.0
     upstream_retry_after: float = 2.0
+    scheduler: Scheduler = "vtc"
+    prompt_weight: float = 1.0
+    completion_weight: float = 2.0
+    max_users: int = 10_000
+    interactive_reserve: int | None = None
+    reserve_window: float = 30.0
+    fair_window: float = 10.0
 
     def __post_init__(self) -> None:
         _positive("max_concurrency", self.max_concurrency)
@@ -59,8 +90,21 @@ class AdmissionConfig:
             "max_retry_after",
             "drain_retry_after",
             "upstream_retry_after",
+            "prompt_weight",
+            "completion_weight",
+            "max_users",
+            "reserve_window",
         ):
             _positive(name, getattr(self, name))
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        reserve = self.interactive_reserve
+        if reserve is not None and not 0 <= reserve < self.max_concurrency:
+            raise ValueError(
+                f"interactive_reserve must be in [0, max_concurrency), got {reserve!r}"
+            )
+        if not self.fair_window >= 1:
+            raise ValueError(f"fair_window must be >= 1 second, got {self.fair_window!r}")
         for name in ("rate", "burst", "tokens_per_minute", "max_inflight_tokens"):
             value = getattr(self, name)
             if value is not None:
@@ -76,6 +120,14 @@ class AdmissionConfig:
         if self.burst is not None:
             return self.burst
         return max(1, math.ceil(self.rate or 1))
+
+    @property
+    def effective_reserve(self) -> int:
+        """Slots batch leaves free for interactive work: ``interactive_reserve``, or
+        ``ceil(max_concurrency / 8)``, at most ``max_concurrency - 1``."""
+        if self.interactive_reserve is not None:
+            return self.interactive_reserve
+        return min(self.max_concurrency - 1, math.ceil(self.max_concurrency / 8))
 
     @property
     def key_queue_limit(self) -> int:

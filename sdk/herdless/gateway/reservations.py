@@ -1,0 +1,201 @@
+"""The reservation schedule: when a refused caller may come back (pure, no I/O).
+
+Retry-After is a *reservation*, not a constant. Each limit keeps a horizon (the
+latest time it has already promised to a refused caller) and hands the next
+refused caller the next free slot after it:
+
+* queue (``queue_full``, ``queue_timeout``, ``kv_budget``, ``displaced``): a slot
+  frees every ``gap = mean_service / max(1, running)`` seconds, where
+  ``mean_service`` is an EWMA of measured run times, and the refused caller's user
+  gets ``share`` of the slots that free (its place in the fair order, see
+  :meth:`herdless.gateway.fairqueue.FairQueue.share`), so each user keeps its own
+  horizon::
+
+      retry_at = max(now, horizon_user, floor) + gap / share
+
+  A user alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as
+  before fairness had users. A light user refused while a heavy one floods is told
+  a time near its turn, not after the heavy user's callers;
+* token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
+  again at ``now + (cost - level) / refill``, and the next caller needs another
+  ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;
+* not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
+  service is expected back after the configured ``delay`` (``drain_retry_after``
+  or ``upstream_retry_after``), and then the GPU takes a request every
+  ``gap = mean_service / max_concurrency`` seconds, so
+  ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
+  the promises still outstanding become the queue's ``floor`` (a caller refused
+  by a full queue is told a time after them) and the next outage starts afresh.
+
+So the k-th refused caller of a user is told a later time than the (k-1)-th, at the
+rate capacity frees for that user: they come back spread out, not as a herd on the
+next second. Every answer is capped at ``max_retry_after``. Reservations are
+advisory: a caller that comes back early is judged like anyone else.
+"""
+
+from __future__ import annotations
+
+import math
+
+from herdless.gateway.decisions import Refuse
+from herdless.gateway.limits import AdmissionConfig, TokenBucket
+
+__all__ = ["Reservations", "unattainable"]
+
+_NEVER = -math.inf
+_DRAINING = "the gateway is draining for maintenance; use your fallback"
+_NOT_READY = "the model server is not ready; try again shortly"
+_BUCKET_MESSAGES = {
+    "rate_limited": "this key is over its requests per second; retry after the given time",
+    "token_budget": "this key is over its tokens per minute; retry after the given time",
+}
+
+
+class Reservations:
+    """The horizons of the refusals and the refusals themselves. Not thread-safe.
+
+    Args:
+        config: the gateway's limits (caps, delays, the queue's size).
+    """
+
+    __slots__ = ("_config", "_messages", "_outage_horizon", "_policies", "floor")
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        self._config = config
+        self._outage_horizon = _NEVER
+        self.floor = _NEVER
+        """The earliest time a queue refusal may name: promises of the last outage."""
+        # The refusal path runs once per refused request of a flood: its constant
+        # parts (policies, messages) are built once here, not per refusal.
+        self._policies = {
+            "rate_limited": _bucket_policy("rate_limited", config.effective_burst, config.rate),
+            "token_budget": _bucket_policy(
+                "token_budget", config.tokens_per_minute, (config.tokens_per_minute or 0) / 60
+            ),
+        }
+        self._messages = {
+            "queue_full": "the gateway's queue is full; retry after the given time",
+            "kv_budget": "the model server's KV-cache budget is in use; retry after the given time",
+            "queue_timeout": (
+                f"no capacity freed within the queue timeout ({config.queue_timeout:g}s); "
+                "retry after the given time"
+            ),
+            "displaced": (
+                "an interactive request took this batch request's place in the full queue; "
+                "retry after the given time"
+            ),
+        }
+
+    def queue(
+        self,
+        now: float,
+        code: str,
+        *,
+        gap: float,
+        share: float,
+        horizon: float,
+        queued: int,
+        deadline: float | None = None,
+    ) -> Refuse:
+        """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
+        between two slots freeing; ``share``: the user's share of them (0 < share <= 1).
+
+        The caller moves the user's horizon to ``now + retry_after``, unless the answer
+        is ``deadline_unattainable`` (no reservation: it will not come back for this)."""
+        cfg = self._config
+        start = max(now, horizon, self.floor)
+        wait = min(start + gap / share - now, cfg.max_retry_after)
+        if deadline is not None and wait > deadline:
+            return unattainable(429, wait, deadline, cfg.key_capacity)
+        return Refuse(
+            status=429,
+            code=code,
+            message=self._messages[code],
+            retry_after=wait,
+            policy=f'"queue";q={cfg.max_queue}',
+            remaining=max(0, cfg.max_queue - queued),
+            capacity=cfg.key_capacity,
+        )
+
+    def unavailable(
+        self,
+        now: float,
+        code: str,
+        message: str | None = None,
+        *,
+        mean_service: float,
+        deadline: float | None = None,
+    ) -> Refuse:
+        """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
+
+        ``retry_at = max(now + delay, horizon + gap)`` with ``delay`` the configured time
+        until service is expected back and ``gap = mean_service / max_concurrency`` (the
+        rate at which the GPU will take the callers back), capped at ``max_retry_after``
+        (a drain's at ``2 x delay``: its callers go to their fallback meanwhile).
+        """
+        cfg = self._config
+        draining = code == "draining"
+        delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
+        gap = mean_service / cfg.max_concurrency
+        # Relative to now, so that the cap holds exactly despite float rounding.
+        wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
+        if draining:
+            # A drain tells callers to use their fallback, and they do: spread over a
+            # second drain period at most, a crowd's promises would otherwise pile up
+            # for the whole maintenance and keep them off the GPU long after it resumed.
+            wait = min(wait, 2 * delay)
+        if deadline is not None and wait > deadline and not draining:
+            # No reservation: it will not come back for this request.
+            return unattainable(503, wait, deadline, cfg.key_capacity)
+        self._outage_horizon = now + wait
+        return Refuse(
+            status=503,
+            code=code,
+            message=message or (_DRAINING if draining else _NOT_READY),
+            retry_after=wait,
+            drain=draining,
+            capacity=cfg.key_capacity,
+        )
+
+    def serving_again(self) -> None:
+        """The gateway serves again: the outage's promises become the queue's floor."""
+        # Callers promised a time during the outage are still on their way back:
+        # a queue refusal must not send anyone ahead of them. The next outage
+        # starts its own reservations from its own delay.
+        self.floor = max(self.floor, self._outage_horizon)
+        self._outage_horizon = _NEVER
+
+    def bucket(self, bucket: TokenBucket, now: float, cost: float, code: str) -> Refuse:
+        """A token-bucket refusal (``rate_limited`` or ``token_budget``)."""
+        # reserve() refills the bucket to now and moves its horizon.
+        wait = min(bucket.reserve(now, cost), self._config.max_retry_after)
+        return Refuse(
+            status=429,
+            code=code,
+            message=_BUCKET_MESSAGES[code],
+            retry_after=wait,
+            policy=self._policies[code],
+            remaining=max(0, math.floor(bucket.level(now))),
+            capacity=self._config.key_capacity,
+        )
+
+
+def unattainable(status: int, wait: float, deadline: float, capacity: int) -> Refuse:
+    """A refusal for a caller whose deadline the predicted ``wait`` passes."""
+    return Refuse(
+        capacity=capacity,
+        status=status,
+        code="deadline_unattainable",
+        message=(
+            f"this request would wait about {wait:.1f}s here, longer than the "
+            f"{deadline:.1f}s its caller waits (X-Herdless-Deadline-Ms); use your fallback"
+        ),
+        retry_after=wait,
+    )
+
+
+def _bucket_policy(code: str, capacity: float | None, refill: float | None) -> str | None:
+    """A bucket's IETF ``RateLimit-Policy`` item (``None`` when the limit is off)."""
+    if capacity is None or not refill:
+        return None
+    return f'"{code}";q={math.floor(capacity)};w={math.ceil(capacity / refill)}'

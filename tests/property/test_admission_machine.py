@@ -2,11 +2,12 @@
 
 Invariants: never more than ``max_concurrency`` running upstream, never more than
 ``max_queue`` waiting (nor more than a key's share), the KV budget never exceeded,
-the core's counters equal the live tickets, a refused request always says when to
-come back (``0 < retry_after <= max_retry_after``), queue reservations are handed
-out in order, and token-budget tokens are conserved: a request that never ran gives
-its whole price back, and no sequence of offers, releases, expiries and drains ever
-mints tokens beyond what the clock refilled.
+the core's counters equal the live tickets (per class too), a refused request always
+says when to come back (``0 < retry_after <= max_retry_after``), each user's queue
+reservations are handed out in order, only waiting batch requests are displaced and
+only by an interactive arrival, and token-budget tokens are conserved: a request
+that never ran gives its whole price back, and no sequence of offers, releases,
+expiries, displacements and drains ever mints tokens beyond what the clock refilled.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from hypothesis.stateful import (
 from tests.property._profile import PROPERTY
 
 from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.limits import Priority
 from herdless.testing import FakeClock
 
 KEYS = st.sampled_from(["key-a", "key-b", "key-c"])
+USERS = st.sampled_from([None, "u-1", "u-2"])
+PRIORITIES = st.sampled_from(["interactive", "batch"])
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -37,7 +41,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.adm = Admission(self.config, clock=self.clock)
         self.tickets: list[Ticket] = []  # every ticket handed out, live or done
         self.refilled: dict[str, float] = {}  # key -> tokens the clock refilled since creation
-        self.last_queue_retry_at = float("-inf")
+        self.last_queue_retry_at: dict[tuple[str, str], float] = {}  # per class and user
 
     @initialize(
         max_concurrency=st.integers(1, 4),
@@ -46,6 +50,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         rate=st.none() | st.sampled_from([1.0, 5.0]),
         tpm=st.none() | st.sampled_from([600, 6000]),
         kv=st.none() | st.sampled_from([300, 1000]),
+        scheduler=st.sampled_from(["vtc", "vtc", "round-robin", "fcfs"]),
     )
     def build(
         self,
@@ -55,8 +60,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         rate: float | None,
         tpm: int | None,
         kv: int | None,
+        scheduler: str,
     ) -> None:
         self.config = AdmissionConfig(
+            scheduler=scheduler,  # type: ignore[arg-type]
             max_concurrency=max_concurrency,
             max_queue=max_queue,
             key_queue_share=share,
@@ -81,13 +88,33 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------
 
-    @rule(key_id=KEYS, price=st.integers(1, 1200))
-    def offer(self, key_id: str, price: int) -> None:
+    @rule(
+        key_id=KEYS,
+        price=st.integers(1, 1200),
+        user=USERS,
+        priority=PRIORITIES,
+        prompt=st.none() | st.integers(0, 400),
+    )
+    def offer(
+        self, key_id: str, price: int, user: str | None, priority: Priority, prompt: int | None
+    ) -> None:
         self.refilled.setdefault(key_id, 0.0)
-        decision = self.adm.offer(key_id, price)
+        before = {t: t.state for t in self.tickets}
+        decision = self.adm.offer(key_id, price, user=user, priority=priority, prompt=prompt)
+        klass = priority if self.config.scheduler == "vtc" else "interactive"
+        unit = key_id if user is None else f"{key_id}/{user}"
         if isinstance(decision, Admit | Enqueued):
-            self.tickets.append(decision.ticket)
-            assert decision.ticket.state == ("running" if isinstance(decision, Admit) else "queued")
+            ticket = decision.ticket
+            self.tickets.append(ticket)
+            assert ticket.state == ("running" if isinstance(decision, Admit) else "queued")
+            assert (ticket.priority, ticket.unit) == (klass, unit)
+            for victim, refused in getattr(decision, "displaced", ()):
+                assert klass == "interactive", "only an interactive arrival displaces"
+                assert before[victim] == "queued", "only a waiter is displaced"
+                assert (victim.priority, victim.state) == ("batch", "done")
+                assert (refused.status, refused.code) == (429, "displaced")
+                assert 0 < refused.retry_after <= self.config.max_retry_after
+                self._check_queue_order(refused, victim.priority, victim.unit)
             return
         assert isinstance(decision, Refuse)
         if decision.status in (429, 503):
@@ -96,12 +123,20 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert decision.status == 400
             assert decision.code == "request_too_large"
         if decision.code in ("queue_full", "kv_budget"):
-            self._check_queue_order(decision)
+            self._check_queue_order(decision, klass, unit)
 
-    def _check_queue_order(self, refused: Refuse) -> None:
+    @rule(key_id=KEYS, user=USERS, price=st.integers(1, 300))
+    def batch_flood_then_a_chat(self, key_id: str, user: str | None, price: int) -> None:
+        """Batch work fills the queue, then a chat arrives (the displacement case)."""
+        for _ in range(self.config.max_concurrency + self.config.max_queue):
+            self.offer(key_id, price, user, "batch", None)
+        self.offer(key_id, price, "u-chat", "interactive", None)
+
+    def _check_queue_order(self, refused: Refuse, klass: str, unit: str) -> None:
         at = self.clock.monotonic() + refused.retry_after
-        assert at >= self.last_queue_retry_at - 1e-9, "a later refusal was told an earlier time"
-        self.last_queue_retry_at = at
+        last = self.last_queue_retry_at.get((klass, unit), float("-inf"))
+        assert at >= last - 1e-9, "a later refusal of a user was told an earlier time"
+        self.last_queue_retry_at[(klass, unit)] = at
 
     @precondition(lambda self: any(t.state != "done" for t in self.tickets))
     @rule(index=st.integers(0, 100), used=st.none() | st.integers(0, 1500))
@@ -129,11 +164,12 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 100))
     def expire(self, index: int) -> None:
         queued = self._live("queued")
-        refused = self.adm.expire(queued[index % len(queued)])
+        ticket = queued[index % len(queued)]
+        refused = self.adm.expire(ticket)
         assert refused.status == 429
         assert refused.code == "queue_timeout"
         assert 0 < refused.retry_after <= self.config.max_retry_after
-        self._check_queue_order(refused)
+        self._check_queue_order(refused, ticket.priority, ticket.unit)
 
     @rule()
     def drain(self) -> None:
@@ -169,6 +205,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         running, queued = self._live("running"), self._live("queued")
         assert self.adm.inflight == len(running) <= self.config.max_concurrency
         assert self.adm.queue_depth == len(queued) <= self.config.max_queue
+        for klass in ("interactive", "batch"):
+            assert self.adm.class_depth(klass) == sum(t.priority == klass for t in queued)
         assert self.adm.inflight_tokens == sum(t.price for t in running)
         if self.config.max_inflight_tokens is not None:
             assert self.adm.inflight_tokens <= self.config.max_inflight_tokens

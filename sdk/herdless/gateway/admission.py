@@ -303,11 +303,11 @@ class Admission:
                     break
             if not self._fits_kv(ticket.price):
                 break  # head-of-line: skipping it would starve large prompts
-            flow = queue.flow_of(ticket)
+            # Charged first: a flow that stops waiting leaves with this charge counted.
+            self._start(ticket, queue.flow_of(ticket), now)
             queue.remove(ticket, served=True)
             self._keys[ticket.key_id].queued -= 1
             self._queued -= 1
-            self._start(ticket, flow, now)
             started.append(ticket)
         return started
 

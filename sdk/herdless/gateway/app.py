@@ -25,7 +25,8 @@ from starlette.routing import Route
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.admission import Admission
 from herdless.gateway.gate import Gate
-from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from herdless.gateway.limits import CLASSES
+from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics
 from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import ChatProxy
 from herdless.gateway.runtime import Runtime, audit, request_id
@@ -55,6 +56,16 @@ def create_app(
     """
     settings = settings or GatewaySettings()
     admission = Admission(settings.admission_config(), clock=clock)
+
+    def fairness() -> Fairness:
+        return Fairness(
+            depth={name: admission.class_depth(name) for name in CLASSES},
+            served={name: admission.served_tokens[name] for name in CLASSES},
+            displacements=admission.displacements,
+            users=admission.user_service(),
+            jain={name: admission.fairness(name) for name in CLASSES},
+        )
+
     runtime = Runtime(
         settings=settings.without_secrets(),
         gate=Gate(admission),
@@ -71,9 +82,12 @@ def create_app(
                 "queue_depth": admission.queue_depth,
                 "inflight": admission.inflight,
                 "inflight_tokens": admission.inflight_tokens,
-            }
+            },
+            fairness=fairness,
+            top=settings.metrics_top_users,
         ),
         keys=settings.api_key_table(),
+        users=settings.user_ids(),
         admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
     )
     model_list = ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)

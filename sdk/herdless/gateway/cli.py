@@ -66,6 +66,19 @@ _HELP = {
     "the process's file limit; 0: no cap (default 1024)",
     "models_cache_ttl": "seconds GET /v1/models is answered from the last upstream answer; "
     "0: fetched every time, concurrent requests still share one fetch (default 1)",
+    "scheduler": "order of the waiters: vtc (token-fair between keys, then users; "
+    "interactive before batch), or the reference orders round-robin and fcfs (default vtc)",
+    "prompt_weight": "weight of a prompt token in a user's service (default 1)",
+    "completion_weight": "weight of a completion token in a user's service (default 2)",
+    "max_users": "most users (per class) whose service the queue remembers (default 10000)",
+    "interactive_reserve": "slots batch work leaves free while interactive work is recent "
+    "(default: max_concurrency / 8, rounded up)",
+    "reserve_window": "seconds after the last interactive request during which the reserve "
+    "holds (default 30)",
+    "fair_window": "seconds over which /metrics measures service per user and the "
+    "fairness index (default 10)",
+    "metrics_top_users": "users named in /metrics by their service; the rest are 'other' "
+    "(default 10)",
     "access_log": "write one JSON access-log line per request (default on)",
     "log_level": "critical, error, warning, info or debug (default info)",
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from herdless.gateway.admission import Admission, Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.limits import Priority
 
 __all__ = ["Gate"]
 
@@ -34,10 +35,24 @@ class Gate:
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}
 
     def offer(
-        self, key_id: str, price: int, *, deadline: float | None = None
+        self,
+        key_id: str,
+        price: int,
+        *,
+        deadline: float | None = None,
+        user: str | None = None,
+        priority: Priority = "interactive",
+        prompt: int | None = None,
     ) -> Admit | Enqueued | Refuse:
-        """Decide at once (see :meth:`Admission.offer`)."""
-        return self.admission.offer(key_id, price, deadline=deadline)
+        """Decide at once (see :meth:`Admission.offer`); the batch waiters an interactive
+        arrival displaced are woken with their refusal."""
+        decision = self.admission.offer(
+            key_id, price, deadline=deadline, user=user, priority=priority, prompt=prompt
+        )
+        if type(decision) is Enqueued:
+            for ticket, refused in decision.displaced:
+                self._wake(ticket, refused)
+        return decision
 
     async def wait(self, ticket: Ticket, *, deadline: float | None = None) -> Refuse | None:
         """Wait for a queued ticket to start; ``None`` once running, else the refusal.
@@ -64,9 +79,21 @@ class Gate:
         finally:
             self._waiters.pop(ticket.id, None)
 
-    def release(self, ticket: Ticket, *, used_tokens: int | None = None) -> None:
-        """End a ticket and start whoever now fits."""
-        self.admission.release(ticket, used_tokens=used_tokens)
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        used_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """End a ticket (settled against the usage given) and start whoever now fits."""
+        self.admission.release(
+            ticket,
+            used_tokens=used_tokens,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
         self._dispatch()
 
     def drain(self) -> None:

@@ -15,16 +15,24 @@ Exposed (all names prefixed ``herdless_gateway_``):
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);
 * ``queue_depth``, ``inflight``, ``inflight_tokens``: gauges read at scrape time;
 * ``queue_wait_seconds``, ``ttfb_seconds`` (time to the upstream's first byte),
-  ``request_duration_seconds``: histograms.
+  ``request_duration_seconds``: histograms;
+* fair share (read from the admission core at scrape time, see :class:`Fairness`):
+  ``class_queue_depth{class}`` (gauge), ``tokens_served_total{class}`` (counter),
+  ``displacements_total`` (counter), ``user_weighted_tokens{user}`` (gauge: the
+  weighted tokens charged to each of the top users over the last window, the rest
+  summed as ``user="other"``: a bounded label set) and ``fairness_jain{class}``
+  (gauge: Jain's index over the users that waited throughout the last window).
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics", "Histogram"]
+__all__ = ["CONTENT_TYPE", "Fairness", "GatewayMetrics", "Histogram", "top_users"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PREFIX = "herdless_gateway_"
@@ -67,21 +75,58 @@ class Histogram:
         return lines
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fairness:
+    """The fair-share figures of one scrape.
+
+    Attributes:
+        depth: requests waiting, per class.
+        served: tokens of the finished requests, per class (a counter).
+        displacements: batch waiters displaced so far (a counter).
+        users: weighted tokens per user (``key`` or ``key/user``) over the last window.
+        jain: Jain's index per class over the users that waited the whole window.
+    """
+
+    depth: Mapping[str, int]
+    served: Mapping[str, int]
+    displacements: int
+    users: Mapping[str, float]
+    jain: Mapping[str, float]
+
+
+def top_users(users: Mapping[str, float], top: int) -> list[tuple[str, float]]:
+    """The ``top`` users by service, largest first, then ``("other", the rest)``."""
+    best = heapq.nlargest(top, users.items(), key=lambda item: item[1])
+    rest = sum(users.values()) - sum(value for _, value in best)
+    return [*best, ("other", max(0.0, rest))]
+
+
 class GatewayMetrics:
-    """All the gateway's metrics; gauges are read from ``gauges`` at scrape time."""
+    """All the gateway's metrics; gauges are read from ``gauges`` (and ``fairness``)
+    at scrape time."""
 
     __slots__ = (
         "connections_closed",
         "duration",
+        "fairness",
         "gauges",
         "queue_wait",
         "rejections",
         "requests",
+        "top",
         "ttfb",
     )
 
-    def __init__(self, gauges: Callable[[], dict[str, float]]) -> None:
+    def __init__(
+        self,
+        gauges: Callable[[], dict[str, float]],
+        *,
+        fairness: Callable[[], Fairness] | None = None,
+        top: int = 10,
+    ) -> None:
         self.gauges = gauges
+        self.fairness = fairness
+        self.top = top
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
@@ -112,9 +157,44 @@ class GatewayMetrics:
             full = _PREFIX + name
             lines += [f"# HELP {full} {gauge_help.get(name, name)}", f"# TYPE {full} gauge"]
             lines.append(f"{full} {value!r}")
+        if self.fairness is not None:
+            lines += self._fair_share(self.fairness())
         for histogram in (self.queue_wait, self.ttfb, self.duration):
             lines += histogram.render()
         return "\n".join(lines) + "\n"
+
+    def _fair_share(self, fair: Fairness) -> list[str]:
+        lines = _labelled(
+            "class_queue_depth", "gauge", "Requests waiting, by class.", "class", fair.depth
+        )
+        lines += _labelled(
+            "tokens_served_total",
+            "counter",
+            "Tokens (prompt + completion) of the finished requests, by class.",
+            "class",
+            fair.served,
+        )
+        full = _PREFIX + "displacements_total"
+        lines += [
+            f"# HELP {full} Batch waiters displaced by interactive arrivals.",
+            f"# TYPE {full} counter",
+            f"{full} {fair.displacements}",
+        ]
+        lines += _labelled(
+            "user_weighted_tokens",
+            "gauge",
+            "Weighted tokens charged to the top users over the last window; the rest as other.",
+            "user",
+            dict(top_users(fair.users, self.top)),
+        )
+        lines += _labelled(
+            "fairness_jain",
+            "gauge",
+            "Jain's index over the users that waited throughout the last window, by class.",
+            "class",
+            fair.jain,
+        )
+        return lines
 
 
 def _counter(name: str, help: str, label: str, values: Counter[int] | Counter[str]) -> list[str]:
@@ -122,4 +202,14 @@ def _counter(name: str, help: str, label: str, values: Counter[int] | Counter[st
     lines = [f"# HELP {full} {help}", f"# TYPE {full} counter"]
     # Label values are status codes and fixed reason codes: nothing to escape.
     lines += [f'{full}{{{label}="{key}"}} {count}' for key, count in sorted(values.items())]
+    return lines
+
+
+def _labelled(
+    name: str, kind: str, help: str, label: str, values: Mapping[str, float] | Mapping[str, int]
+) -> list[str]:
+    full = _PREFIX + name
+    lines = [f"# HELP {full} {help}", f"# TYPE {full} {kind}"]
+    # Label values are class names, key ids and user hashes: nothing to escape.
+    lines += [f'{full}{{{label}="{key}"}} {value!r}' for key, value in values.items()]
     return lines

@@ -26,7 +26,9 @@ from herdless.gateway.wire import (
     deadline_header,
     error_body,
     parse_chat_request,
+    priority_header,
     refusal_headers,
+    user_header,
 )
 
 __all__ = ["ChatProxy"]
@@ -55,7 +57,7 @@ class ChatProxy:
         arrived = time.perf_counter()
         headers = header_map(scope)
         # The request id is made only when used (admitted, or logged): not per refusal.
-        log: dict[str, object] = {"request_id": None, "key_id": None}
+        log: dict[str, object] = {"request_id": None, "key_id": None, "user": None, "class": None}
         status, reason, ticket = await self._handle(scope, receive, send, headers, log)
         rt = self._rt
         rt.metrics.requests[status] += 1
@@ -68,6 +70,8 @@ class ChatProxy:
             rt.log_access(
                 request_id=log["request_id"] or request_id(headers),
                 key_id=log["key_id"],
+                user=log["user"],
+                **{"class": ticket.priority if ticket is not None else log["class"]},
                 method="POST",
                 path=scope["path"],
                 status=status,
@@ -102,6 +106,14 @@ class ChatProxy:
             # Refuse a flood before reading or parsing its bodies (the server discards them).
             await _send_refusal(send, early)
             return early.status, early.code, None
+        try:
+            priority = log["class"] = priority_header(headers)
+        except BadRequest as exc:
+            body = error_body(
+                str(exc), code=exc.code, type="invalid_request_error", param=exc.param
+            )
+            await send_json(send, 400, body)
+            return 400, exc.code, None
         settings = rt.settings
         try:
             async with asyncio.timeout(settings.body_timeout):
@@ -136,7 +148,18 @@ class ChatProxy:
             await send_json(send, 400, body)
             return 400, exc.code, None
         price = request.price(rt.settings.default_max_tokens)
-        decision = rt.gate.offer(key_id, price, deadline=deadline)
+        # The fairness unit: the key, refined by the user the request names (the header
+        # first: it is what a proxy in front of an app that cannot change bodies sets).
+        named = user_header(headers) or request.user
+        user = log["user"] = None if named is None else rt.users(named)
+        decision = rt.gate.offer(
+            key_id,
+            price,
+            deadline=deadline,
+            user=user,
+            priority=priority,
+            prompt=request.prompt_tokens,
+        )
         if isinstance(decision, Refuse):
             await _send_refusal(send, decision)
             return decision.status, decision.code, None
@@ -198,7 +221,12 @@ class ChatProxy:
             sniffer = await _relay(send, response, headers["x-request-id"], started, rt)
         finally:
             await response.aclose()
-        rt.gate.release(ticket, used_tokens=sniffer.total_tokens)
+        rt.gate.release(
+            ticket,
+            used_tokens=sniffer.total_tokens,
+            prompt_tokens=sniffer.prompt_tokens,
+            completion_tokens=sniffer.completion_tokens,
+        )
         return response.status_code, None
 
 

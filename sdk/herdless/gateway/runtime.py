@@ -13,7 +13,7 @@ from starlette.types import Scope, Send
 
 from herdless.gateway.gate import Gate
 from herdless.gateway.metrics import GatewayMetrics
-from herdless.gateway.settings import ANONYMOUS, ApiKeys, GatewaySettings
+from herdless.gateway.settings import ANONYMOUS, ApiKeys, GatewaySettings, UserIds
 from herdless.gateway.upstream import Upstream
 
 __all__ = ["ACCESS_LOG", "AUDIT_LOG", "Runtime", "audit", "header_map", "request_id", "send_json"]
@@ -30,7 +30,7 @@ class Runtime:
 
     ``settings`` holds no client key nor admin token (see
     :meth:`GatewaySettings.without_secrets`): ``keys`` and ``admin_digest`` hold
-    their digests.
+    their digests; ``users`` hashes the end users requests name.
     """
 
     settings: GatewaySettings
@@ -39,6 +39,7 @@ class Runtime:
     metrics: GatewayMetrics
     keys: ApiKeys | None
     admin_digest: bytes | None
+    users: UserIds
 
     def identify(self, headers: dict[str, str]) -> str | None:
         """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,7 @@ __all__ = [
     "ANONYMOUS",
     "ApiKeys",
     "GatewaySettings",
+    "UserIds",
     "digest_matches",
     "key_id",
     "secret_digest",
@@ -67,6 +69,14 @@ class GatewaySettings(BaseSettings):
     keep_alive_timeout: float = Field(default=10.0, gt=0)
     max_connections_per_peer: int = Field(default=1024, ge=0)
     models_cache_ttl: float = Field(default=1.0, ge=0)
+    scheduler: Literal["vtc", "round-robin", "fcfs"] = "vtc"
+    prompt_weight: float = Field(default=1.0, gt=0)
+    completion_weight: float = Field(default=2.0, gt=0)
+    max_users: int = Field(default=10_000, gt=0)
+    interactive_reserve: int | None = Field(default=None, ge=0)
+    reserve_window: float = Field(default=30.0, gt=0)
+    fair_window: float = Field(default=10.0, ge=1)
+    metrics_top_users: int = Field(default=10, ge=0, le=1000)
     api_keys: SecretStr | None = None
     admin_token: SecretStr | None = None
     key_id_secret: SecretStr | None = None
@@ -87,6 +97,16 @@ class GatewaySettings(BaseSettings):
         if value is not None and not _split(value.get_secret_value()):
             raise ValueError("must hold at least one key (comma-separated)")
         return value
+
+    @model_validator(mode="after")
+    def _reserve_below_concurrency(self) -> GatewaySettings:
+        reserve = self.interactive_reserve
+        if reserve is not None and reserve >= self.max_concurrency:
+            raise ValueError(
+                f"interactive_reserve ({reserve}) must be below max_concurrency "
+                f"({self.max_concurrency})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _default_within_cap(self) -> GatewaySettings:
@@ -121,6 +141,13 @@ class GatewaySettings(BaseSettings):
             max_retry_after=self.max_retry_after,
             drain_retry_after=self.drain_retry_after,
             upstream_retry_after=self.upstream_retry_after,
+            scheduler=self.scheduler,
+            prompt_weight=self.prompt_weight,
+            completion_weight=self.completion_weight,
+            max_users=self.max_users,
+            interactive_reserve=self.interactive_reserve,
+            reserve_window=self.reserve_window,
+            fair_window=self.fair_window,
         )
 
     def connection_limits(self) -> ConnectionLimits:
@@ -132,6 +159,11 @@ class GatewaySettings(BaseSettings):
             keep_alive_timeout=self.keep_alive_timeout,
             max_connections_per_peer=self.max_connections_per_peer,
         )
+
+    def user_ids(self) -> UserIds:
+        """Hashes users with ``key_id_secret`` (a random secret when it is unset)."""
+        secret = self.key_id_secret
+        return UserIds(None if secret is None else secret.get_secret_value().encode())
 
     def api_key_table(self) -> ApiKeys | None:
         """The configured API keys, hashed, or ``None`` when the gateway is open.
@@ -193,6 +225,28 @@ class ApiKeys:
 
     def __repr__(self) -> str:
         return f"ApiKeys([secure] x{len(self._table)})"
+
+
+class UserIds:
+    """The loggable id of an end user a request names: ``u-`` + 12 hex digits of a
+    BLAKE2b keyed with the key-id secret (as :class:`ApiKeys` keys its ids).
+
+    A user id is often personal (an e-mail address): keyed, its id in a log line or a
+    metric label cannot confirm a guess offline. Without a secret, a random one is
+    drawn: ids are stable for the life of the process only.
+    """
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = os.urandom(32) if secret is None else hashlib.sha256(secret).digest()
+
+    def __call__(self, user: str) -> str:
+        digest = hashlib.blake2b(user.encode(), key=self._secret, digest_size=6)
+        return "u-" + digest.hexdigest()
+
+    def __repr__(self) -> str:
+        return "UserIds([secure])"
 
 
 def key_id(key: str, secret: bytes) -> str:

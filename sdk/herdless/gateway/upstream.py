@@ -39,6 +39,8 @@ SLOW = "slow"
 # Request headers worth passing on; everything else (Authorization above all) stays here.
 _FORWARD = ("content-type", "accept", "accept-encoding", "x-request-id", "x-herdless-attempt")
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class UpstreamUnavailable(Exception):
@@ -183,8 +185,22 @@ class UsageSniffer:
     @property
     def total_tokens(self) -> int | None:
         """The last ``total_tokens`` seen, or ``None`` (no usage sent)."""
-        found = _TOTAL_TOKENS.findall(self._tail)
-        return int(found[-1]) if found else None
+        return _last(_TOTAL_TOKENS, self._tail)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The last ``prompt_tokens`` seen, or ``None``."""
+        return _last(_PROMPT_TOKENS, self._tail)
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """The last ``completion_tokens`` seen, or ``None``."""
+        return _last(_COMPLETION_TOKENS, self._tail)
+
+
+def _last(pattern: re.Pattern[bytes], tail: bytes) -> int | None:
+    found = pattern.findall(tail)
+    return int(found[-1]) if found else None
 
 
 async def aiter_body(response: httpx.Response) -> AsyncIterator[bytes]:

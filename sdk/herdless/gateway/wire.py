@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from herdless.gateway.admission import Refuse
+from herdless.gateway.decisions import Refuse
+from herdless.gateway.limits import Priority
 
 __all__ = [
     "BadRequest",
@@ -17,7 +18,9 @@ __all__ = [
     "deadline_header",
     "error_body",
     "parse_chat_request",
+    "priority_header",
     "refusal_headers",
+    "user_header",
 ]
 
 # Rough tokens per character of English text for the price estimate; the price is
@@ -49,11 +52,13 @@ class ChatRequest:
         stream: whether the client asked for SSE.
         max_tokens: the client's ``max_tokens`` (or ``max_completion_tokens``), or ``None``.
         prompt_tokens: estimated prompt tokens (characters / 4 + 4 per message).
+        user: the OpenAI ``user`` field (the end user an app serves), or ``None``.
     """
 
     stream: bool
     max_tokens: int | None
     prompt_tokens: int
+    user: str | None = None
 
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run: ``prompt_tokens + (max_tokens or default)``."""
@@ -118,8 +123,13 @@ def parse_chat_request(
             param=param,
             code="request_too_large",
         )
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("'user' must be a string", param="user")
     prompt = math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
-    return ChatRequest(stream=stream, max_tokens=max_tokens, prompt_tokens=prompt)
+    return ChatRequest(
+        stream=stream, max_tokens=max_tokens, prompt_tokens=prompt, user=user or None
+    )
 
 
 def _content_chars(content: Any, index: int) -> int:
@@ -158,6 +168,34 @@ def deadline_header(headers: dict[str, str]) -> float | None:
     if text is None or not text.isdigit() or len(text) > 12:
         return None
     return int(text) / 1000
+
+
+_PRIORITIES: dict[str, Priority] = {"interactive": "interactive", "batch": "batch"}
+
+
+def priority_header(headers: dict[str, str]) -> Priority:
+    """The request's class from ``X-Herdless-Priority`` (``interactive`` when absent).
+
+    Raises:
+        BadRequest: another value (a batch job that misspelt its class must not run as
+            interactive work unnoticed).
+    """
+    text = headers.get("x-herdless-priority")
+    if text is None:
+        return "interactive"
+    priority = _PRIORITIES.get(text.strip().lower())
+    if priority is None:
+        raise BadRequest(
+            f"X-Herdless-Priority must be 'interactive' or 'batch', got {text[:40]!r}",
+            param="X-Herdless-Priority",
+        )
+    return priority
+
+
+def user_header(headers: dict[str, str]) -> str | None:
+    """``X-Herdless-User``: the end user, for clients that cannot set the body's ``user``
+    field (``None`` when absent or blank)."""
+    return headers.get("x-herdless-user", "").strip() or None
 
 
 def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:

@@ -199,6 +199,7 @@ class _BaseClient:
         allow_fallback: bool,
         extra_body: Mapping[str, Any] | None,
         extra: Mapping[str, Any],
+        priority: str | None = None,
     ) -> tuple[CallFlow, str, float | None]:
         """The call's flow, request id and stream deadline."""
         body = build_body(
@@ -228,6 +229,7 @@ class _BaseClient:
             stream=stream,
             deadline=deadline,
             allow_fallback=allow_fallback and self._allow_fallback,
+            priority=priority,
         )
         return flow, request_id, (None if total == math.inf else total)
 

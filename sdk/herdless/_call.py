@@ -41,6 +41,7 @@ class Call:
         stream: a streaming call (accepted at its first chunk).
         deadline: seconds for the whole call; ``None`` uses the client's default.
         allow_fallback: ``False`` keeps the call on the primaries (data guard).
+        priority: its class (``X-Herdless-Priority``); ``None`` uses the client's.
     """
 
     __slots__ = (
@@ -53,6 +54,7 @@ class Call:
         "deadline_at",
         "held",
         "model",
+        "priority",
         "public",
         "records",
         "request_id",
@@ -72,6 +74,7 @@ class Call:
         stream: bool = False,
         deadline: float | None = None,
         allow_fallback: bool = True,
+        priority: str | None = None,
     ) -> None:
         self.state = state
         self.request_id = request_id
@@ -82,6 +85,9 @@ class Call:
         self.deadline = state.config.deadline if deadline is None else deadline
         if not self.deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
+        self.priority = state.config.priority if priority is None else priority
+        if self.priority not in ("interactive", "batch"):
+            raise ValueError(f"priority must be 'interactive' or 'batch', got {priority!r}")
         self.start = 0.0
         self.deadline_at = math.inf
         self.records: list[AttemptRecord] = []

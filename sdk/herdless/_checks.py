@@ -256,6 +256,7 @@ def send(call: Call, stay: Stay, now: float) -> Send:
             REQUEST_ID_HEADER: call.request_id,
             ATTEMPT_HEADER: str(attempt),
             DEADLINE_HEADER: str(max(1, int(left * 1000))),
+            "X-Herdless-Priority": call.priority,
         },
         timeouts=_clip(stay.limits, left=left, read_left=call.deadline_at - now),
         stream=call.stream,

@@ -25,7 +25,7 @@ import httpx
 from herdless._actions import Accepted, Outcome, Send, Sleep, SlotWait
 from herdless._backend import Backend
 from herdless._base import AsyncHooks, SyncHooks, _BaseClient, hooks_of, is_async_hook
-from herdless._config import ClientOptions
+from herdless._config import ClientOptions, Priority
 from herdless._fields import check_extra_headers
 from herdless._stream import AsyncStream, Stream, _StreamState
 from herdless._transport import (
@@ -109,6 +109,8 @@ class Client(_BaseClient):
             at one backend at once; the others wait in the client.
         pacing (PacingPolicy | None): a rate the client never exceeds toward each backend
             (off by default).
+        priority (str | None): the class of the client's calls, ``"interactive"``
+            (default) or ``"batch"``; a call's ``priority=`` overrides it.
         clock (Clock): monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng (random.Random | None): random source for jitter (seeded in tests).
         env_file (str | Path | None): the ``.env`` file read when configuring from the
@@ -166,6 +168,7 @@ class Client(_BaseClient):
         deadline: float | None = ...,
         stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        priority: Priority | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
@@ -182,6 +185,7 @@ class Client(_BaseClient):
         deadline: float | None = ...,
         stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        priority: Priority | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
@@ -197,6 +201,7 @@ class Client(_BaseClient):
         deadline: float | None = None,
         stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        priority: Priority | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
@@ -215,6 +220,11 @@ class Client(_BaseClient):
                 (the client's by default: none); past it the stream is closed and
                 ``StreamDeadlineExceeded`` raised.
             allow_fallback: ``False`` keeps the call off fallbacks (data guard).
+            priority: ``"interactive"`` or ``"batch"`` (the client's by default), sent as
+                ``X-Herdless-Priority``: a herdless gateway serves interactive work first,
+                and answers a batch call it displaced with a 429 and a time to come back
+                (the call waits for it, spending no retry budget). A batch call never
+                spills to an ``external`` fallback: it waits for the GPU, up to its deadline.
             extra_body: request fields herdless does not know, sent unchanged (as
                 openai-python's ``extra_body``).
             extra_headers: headers sent with every attempt of this call, to every
@@ -244,6 +254,7 @@ class Client(_BaseClient):
             allow_fallback=allow_fallback,
             extra_body=extra_body,
             extra=extra,
+            priority=priority,
         )
         steps = flow.run()
         hooked = bool(self._hooks)
@@ -383,6 +394,7 @@ class AsyncClient(_BaseClient):
         deadline: float | None = ...,
         stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        priority: Priority | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
@@ -399,6 +411,7 @@ class AsyncClient(_BaseClient):
         deadline: float | None = ...,
         stream_deadline: float | None = ...,
         allow_fallback: bool = ...,
+        priority: Priority | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         **extra: Any,
@@ -414,6 +427,7 @@ class AsyncClient(_BaseClient):
         deadline: float | None = None,
         stream_deadline: float | None = None,
         allow_fallback: bool = True,
+        priority: Priority | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         **extra: Any,
@@ -431,6 +445,7 @@ class AsyncClient(_BaseClient):
             allow_fallback=allow_fallback,
             extra_body=extra_body,
             extra=extra,
+            priority=priority,
         )
         steps = flow.run()
         hooked = bool(self._hooks)

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
@@ -25,12 +25,24 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._window import WindowPolicy
 
-__all__ = ["DEFAULT_DEADLINE", "ClientConfig", "ClientOptions", "derived_config"]
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "PRIORITIES",
+    "ClientConfig",
+    "ClientOptions",
+    "Priority",
+    "derived_config",
+]
 
 # Seconds for a whole call, waits and fallback included. An LLM answer of a few hundred
 # tokens takes seconds to tens of seconds; a minute leaves room for a slow primary and
 # still bounds a caller that would otherwise wait forever.
 DEFAULT_DEADLINE = 60.0
+
+Priority = Literal["interactive", "batch"]
+"""A call's class, sent as ``X-Herdless-Priority``: a herdless gateway serves interactive
+work first and lets batch work use the capacity it leaves idle."""
+PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 
 
 class ClientOptions(TypedDict, total=False):
@@ -49,6 +61,9 @@ class ClientOptions(TypedDict, total=False):
         fallback_policy: when to leave a backend, where a call may not go.
         window: flow control: how many calls may be at one backend at once.
         pacing: a rate the client never exceeds toward each backend (off by default).
+        priority: the class of the client's calls unless a call says otherwise:
+            ``"interactive"`` (default) or ``"batch"`` (``X-Herdless-Priority``). Batch
+            calls wait for the primaries and never spill to an ``external`` fallback.
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng: random source for jitter (seeded in tests).
         env_file: the ``.env`` file read when configuring from the environment.
@@ -64,6 +79,7 @@ class ClientOptions(TypedDict, total=False):
     fallback_policy: FallbackPolicy | None
     window: WindowPolicy | None
     pacing: PacingPolicy | None
+    priority: Priority | None
     clock: Clock
     rng: random.Random | None
     env_file: str | Path | None
@@ -85,6 +101,7 @@ class ClientConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     deadline: float = DEFAULT_DEADLINE
     stream_deadline: float | None = None
+    priority: Priority = "interactive"
 
     def __post_init__(self) -> None:
         if not self.primaries:
@@ -96,6 +113,8 @@ class ClientConfig:
             raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
         if self.stream_deadline is not None and not self.stream_deadline > 0:
             raise ValueError(f"stream_deadline must be > 0 seconds, got {self.stream_deadline!r}")
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {self.priority!r}")
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -147,6 +166,7 @@ class ClientConfig:
             timeouts=timeouts or Timeouts(),
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
             stream_deadline=stream_deadline,
+            priority=options.get("priority") or "interactive",
         )
 
 

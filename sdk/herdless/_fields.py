@@ -120,6 +120,7 @@ CHAT_PARAMETERS: Final = (
     "deadline",
     "stream_deadline",
     "allow_fallback",
+    "priority",
     "extra_body",
     "extra_headers",
 )
@@ -138,6 +139,7 @@ _OWN_HEADERS: Final = frozenset(
         "x-request-id",
         "x-herdless-attempt",
         "x-herdless-deadline-ms",
+        "x-herdless-priority",
     }
 )
 

@@ -45,6 +45,7 @@ from herdless._backend import Backend
 from herdless._breaker import Permit
 from herdless._call import Call, Stay
 from herdless._checks import Fail
+from herdless._routing import Route
 from herdless._visit import serve
 from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.events import (
@@ -72,6 +73,11 @@ class CallFlow(Call):
         self.begin()
         state.spend.record_call()
         route = state.route(allow_fallback=self.allow_fallback)
+        if self.priority == "batch":  # batch work waits for the GPU: it never spills outside
+            kept = (
+                b for b in route.backends if not (b.external and b.name in state.fallback_names)
+            )
+            route = Route(tuple(kept), route.refused)
         reserve = state.config.fallback_policy.reserve * self.deadline
         errors: dict[str, HerdlessError] = {}
         previous: tuple[Backend, str] | None = None

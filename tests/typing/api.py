@@ -64,6 +64,7 @@ def sync_usage() -> None:
         timeouts=timeouts,
         fallback_policy=fallback_policy,
         pacing=pacing,
+        priority="interactive",
         clock=clock,
         rng=random.Random(1),
         sleep=clock.sleep,
@@ -76,6 +77,7 @@ def sync_usage() -> None:
             temperature=0.0,
             deadline=5.0,
             allow_fallback=False,
+            priority="batch",
             extra_body={"guided_regex": "[a-z]+"},
             extra_headers={"X-Tenant": "blue"},
             seed=1,
@@ -139,7 +141,9 @@ async def async_usage() -> None:
         sleep=clock.asleep,
         http_client=httpx.AsyncClient(),
     ) as client:
-        result: herdless.ChatResult = await client.chat([{"role": "user", "content": "hi"}])
+        result: herdless.ChatResult = await client.chat(
+            [{"role": "user", "content": "hi"}], priority="batch"
+        )
         del result
         stream: herdless.AsyncStream = await client.chat(
             [{"role": "user", "content": "hi"}], stream=True

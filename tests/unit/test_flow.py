@@ -62,6 +62,7 @@ def test_first_attempt_answers() -> None:
         "X-Request-ID": "req-42",
         "X-Herdless-Attempt": "1",
         "X-Herdless-Deadline-Ms": "60000",  # the whole deadline: no fallback to keep time for
+        "X-Herdless-Priority": "interactive",
     }
     assert send.model == "llama"
     assert "model" not in send.body

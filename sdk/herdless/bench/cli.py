@@ -92,6 +92,22 @@ def _spill(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioR
     return spill.run(spill.SpillParams(repeats=opts.repeats), progress)
 
 
+def _fairness(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import fairness  # lazy: starts real processes
+
+    if opts.target:
+        print("fairness: compares the gateway's schedulers it starts itself; --target is not used")
+    params = fairness.FairnessParams(repeats=opts.repeats, seed=opts.seed)
+    return fairness.run(params, out, progress)
+
+
+def _fairness_runs(opts: BenchSettings) -> int:
+    from herdless.bench.fairness import ARMS, RESERVES
+
+    # Scenario 1 and 3: every arm; scenario 2: every arm, the reserves and the baseline.
+    return (3 * len(ARMS) + len(RESERVES) + 1) * int(opts.repeats)
+
+
 def _outage(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     if opts.target:
         # A hang has to be injected into the primary: only the local emulator can do that.
@@ -131,6 +147,13 @@ SCENARIOS: dict[str, Scenario] = {
         help="the primary hangs, then recovers: time to fallback, added latency, time back",
         run=_outage,
         runs=lambda opts: 2 * int(opts.repeats),
+        needs=_SERVERS,
+    ),
+    "fairness": Scenario(
+        help="two users 512 vs 64 tokens; a batch user among interactive ones, with and "
+        "without priorities: token-fair queueing against round-robin and FCFS",
+        run=_fairness,
+        runs=_fairness_runs,
         needs=_SERVERS,
     ),
     "overhead": Scenario(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from herdless.bench.report import ScenarioResult
 
-__all__ = ["rate_panels", "table_bars"]
+__all__ = ["rate_panels", "service_panels", "table_bars"]
 
 
 def rate_panels(
@@ -67,6 +67,66 @@ def rate_panels(
     axes[-1].set_xlabel(f"seconds ({legend})")
     axes[-1].set_xlim(0, end)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def service_panels(
+    path: Path,
+    panels: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    title: str,
+    heavy: set[str],
+    bin_width: float = 1.0,
+) -> Path:
+    """One panel per arm: each user's cumulative service over time, one line per user.
+
+    Args:
+        path: the PNG to write.
+        panels: arm -> user -> service up to the end of each bin.
+        title: the figure's title.
+        heavy: users drawn in colour and named in the legend; the others, when there
+            are more than four users, are thin grey lines and their sum a dashed one.
+        bin_width: seconds per bin.
+    """
+    import matplotlib  # lazy: heavy; only loaded when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(panels), sharey=True, figsize=(3.6 * len(panels) + 0.6, 3.4), squeeze=False
+    )
+    colours = ["#c44e52", "#4c72b0", "#55a868", "#8172b2"]
+    for ax, (arm, users) in zip(axes[0], panels.items(), strict=True):
+        named = 0
+        crowd: list[float] = []
+        few = len(users) <= len(colours)
+        for user, totals in sorted(users.items()):
+            times = [(i + 1) * bin_width for i in range(len(totals))]
+            thousands = [t / 1000 for t in totals]
+            if user in heavy or few:
+                ax.plot(times, thousands, color=colours[named % len(colours)], label=user)
+                named += 1
+            else:  # one thin line per user of a crowd, and their sum
+                ax.plot(times, thousands, color="#999999", linewidth=0.6)
+                if crowd:
+                    crowd = [a + b for a, b in zip(crowd, thousands, strict=True)]
+                else:
+                    crowd = thousands
+        if crowd:
+            times = [(i + 1) * bin_width for i in range(len(crowd))]
+            ax.plot(times, crowd, color="#4c72b0", linestyle="--", label="the others, summed")
+        ax.set_title(arm, fontsize=9, loc="left")
+        ax.set_xlabel("seconds")
+        if named or crowd:
+            ax.legend(fontsize=7, loc="upper left")
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("weighted tokens served (thousands)")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)

@@ -1,0 +1,336 @@
+"""The ``fairness`` scenarios: one GPU shared fairly between users, and batch work kept
+off the interactive users' way.
+
+Real processes on 127.0.0.1: an emulated vLLM (``slots`` sequences) and, per arm, a
+gateway in front of it (``slots`` running + ``queue`` waiting, no API keys: users are
+told apart by the OpenAI ``user`` field). Arms, each in the same run against the same
+emulator: the gateway's ``--scheduler vtc`` (token-fair, with priority classes), and
+the reference orders ``round-robin`` (by requests, the gateway's order before) and
+``fcfs``. Three scenarios:
+
+1. ``fairness-tokens``: two users of one key, both backlogged (``backlog`` calls each
+   outstanding at all times), one asking 512-token answers, one 64-token answers.
+   Target (vtc): the tokens served to each within 10 % of the other, Jain >= 0.99.
+2. ``fairness-priority``: ``users`` interactive users (sequential chats, exponential
+   think time, 32-128-token answers) and one batch user with ``batch_calls`` calls
+   outstanding (it would take the whole GPU: more than ten times the load of all
+   the others), sent with ``priority="batch"`` from a herdless client whose fallback
+   is an external hosted model. Targets (vtc): interactive p95 latency <= 1.2x its
+   p95 without the batch user (measured in the same run); the batch user's code
+   sees no error and no call spills to the hosted model; GPU throughput >= 0.95x
+   ``fcfs``'s.
+3. ``fairness-no-priority``: the same, the batch user's calls sent without a class
+   (all interactive). Target (vtc): Jain >= 0.95 over the backlogged users' tokens
+   in every ``window``-second window.
+
+How service, throughput and the per-window index are computed from the clients'
+records: :mod:`herdless.bench.fairness_stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from herdless.bench.fairness_report import (
+    priority_figures,
+    priority_table,
+    tokens_figures,
+    tokens_table,
+    window_figures,
+    window_table,
+)
+from herdless.bench.fairness_stats import CallRecord, cumulative_service
+from herdless.bench.plots import service_panels
+from herdless.bench.report import ScenarioResult
+from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.testing.servers import emulator_process, gateway_process
+
+__all__ = ["ARMS", "FairnessParams", "run"]
+
+ARMS = ("vtc", "round-robin", "fcfs")
+"""The gateway's schedulers compared; ``vtc`` is the one under test."""
+BASELINE = "no batch user"
+RESERVES = (2, 3)
+"""Interactive reserves of the extra ``vtc`` arms of scenario 2 (the default is 1 at 8 slots)."""
+_MODEL = "emulated-llama-3-8b"
+_MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}]
+_UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FairnessParams:
+    """Sizes of the fairness scenarios (bounded: each run lasts ``warmup + seconds``).
+
+    Attributes:
+        slots: the emulator's ``max_num_seqs`` and the gateway's ``max_concurrency``.
+        queue: the gateway's ``max_queue``.
+        speed: the emulator's time scale.
+        warmup: seconds of each run not measured.
+        seconds: seconds measured per run.
+        window: seconds per window of the Jain index.
+        long_tokens: answer length of the heavy user (scenario 1).
+        short_tokens: answer length of the light user (scenario 1).
+        backlog: calls each user of scenario 1 keeps outstanding.
+        users: interactive users (scenarios 2 and 3).
+        think: mean think time between two chats of a user, seconds.
+        chat_tokens: answer lengths of the chats, drawn per chat.
+        batch_tokens: answer length of the batch user's calls.
+        batch_calls: calls the batch user keeps outstanding.
+        repeats: interleaved repetitions of every arm.
+        seed: first seed (repetition ``r`` uses ``seed + r``; the same in every arm).
+    """
+
+    slots: int = 8
+    queue: int = 32
+    speed: float = 2.0
+    warmup: float = 5.0
+    seconds: float = 30.0
+    window: float = 10.0
+    long_tokens: int = 512
+    short_tokens: int = 64
+    backlog: int = 16
+    users: int = 20
+    think: float = 3.0
+    chat_tokens: tuple[int, ...] = (32, 64, 96, 128)
+    batch_tokens: int = 256
+    batch_calls: int = 40
+    repeats: int = 1
+    seed: int = 1
+
+    @property
+    def step(self) -> float:
+        """Seconds per token of one sequence in a full batch (the emulator's defaults)."""
+        return (0.012 + 0.000_12 * self.slots) / self.speed
+
+    @property
+    def end(self) -> float:
+        """When the measured interval ends, seconds from the run's start."""
+        return self.warmup + self.seconds
+
+    @property
+    def stop(self) -> float:
+        """When the run stops: the load goes on past ``end`` for twice the longest
+        answer, so that the calls running at ``end`` finish and count (a call cut off
+        would take its share of the interval with it, and the longest calls most)."""
+        longest = max(self.long_tokens, self.batch_tokens, *self.chat_tokens)
+        return self.end + 2 * longest * self.step
+
+
+Load = Callable[[str, "FairnessParams", int, list[CallRecord]], Coroutine[Any, Any, None]]
+"""``(gateway /v1 URL, params, seed, records)``: play a scenario's users until ``stop``."""
+
+
+async def _until_end(p: FairnessParams, t0: float, work: list[Coroutine[Any, Any, None]]) -> None:
+    """Run the users' loops until ``p.stop`` (each records its own calls, an outstanding
+    one as unfinished when it is cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=p.stop - (time.monotonic() - t0))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _two_users(url: str, p: FairnessParams, seed: int, records: list[CallRecord]) -> None:
+    """Scenario 1: two users, each keeping ``backlog`` calls outstanding (raw HTTP)."""
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(timeout=600, limits=_UNLIMITED) as client:
+
+        async def loop(user: str, tokens: int) -> None:
+            body = {"model": _MODEL, "messages": _MESSAGES, "max_tokens": tokens}
+            body |= {"ignore_eos": True, "user": user}
+            while (sent := time.monotonic() - t0) < p.stop:
+                try:
+                    response = await client.post(f"{url}/chat/completions", json=body)
+                except asyncio.CancelledError:
+                    records.append(CallRecord(user=user, sent=sent, ended=None, ok=False))
+                    raise
+                ended = time.monotonic() - t0
+                if response.status_code != 200:
+                    records.append(CallRecord(user=user, sent=sent, ended=ended, ok=False))
+                    await asyncio.sleep(float(response.headers.get("retry-after", 1)))
+                    continue
+                usage = response.json()["usage"]
+                records.append(
+                    CallRecord(
+                        user=user,
+                        sent=sent,
+                        ended=ended,
+                        prompt=usage["prompt_tokens"],
+                        completion=usage["completion_tokens"],
+                        backend="primary",
+                    )
+                )
+
+        work = [loop("long", p.long_tokens) for _ in range(p.backlog)]
+        work += [loop("short", p.short_tokens) for _ in range(p.backlog)]
+        await _until_end(p, t0, work)
+
+
+def _crowd(*, batch: bool, priorities: bool, hosted: str) -> Load:
+    """Scenarios 2 and 3: interactive users, and (``batch``) the batch user."""
+
+    async def play(url: str, p: FairnessParams, seed: int, records: list[CallRecord]) -> None:
+        import herdless  # lazy: the SDK under its own load
+
+        t0 = time.monotonic()
+        rng = random.Random(seed)
+        chats = herdless.AsyncClient(
+            primary=herdless.Backend(name="primary", base_url=url, model=_MODEL),
+            rng=random.Random(rng.random()),
+            http_client=httpx.AsyncClient(limits=_UNLIMITED),
+        )
+        jobs = herdless.AsyncClient(
+            primary=herdless.Backend(name="primary", base_url=url, model=_MODEL),
+            fallback=herdless.Backend(name="hosted", base_url=hosted, external=True),
+            priority="batch" if priorities else "interactive",
+            deadline=300.0,
+            rng=random.Random(rng.random()),
+            http_client=httpx.AsyncClient(limits=_UNLIMITED),
+        )
+
+        async def call(client: herdless.AsyncClient, user: str, tokens: int) -> None:
+            sent = time.monotonic() - t0
+            try:
+                result = await client.chat(_MESSAGES, max_tokens=tokens, user=user, ignore_eos=True)
+            except asyncio.CancelledError:
+                records.append(CallRecord(user=user, sent=sent, ended=None, ok=False))
+                raise
+            except herdless.HerdlessError:
+                ended = time.monotonic() - t0
+                records.append(CallRecord(user=user, sent=sent, ended=ended, ok=False))
+                return
+            usage = result.usage
+            records.append(
+                CallRecord(
+                    user=user,
+                    sent=sent,
+                    ended=time.monotonic() - t0,
+                    prompt=0 if usage is None else usage.prompt_tokens,
+                    completion=0 if usage is None else usage.completion_tokens,
+                    backend=result.backend,
+                )
+            )
+
+        async def chatter(index: int) -> None:
+            own = random.Random(seed * 1000 + index)  # the same chats in every arm
+            while time.monotonic() - t0 < p.stop:
+                await asyncio.sleep(own.expovariate(1 / p.think))
+                await call(chats, f"chat-{index:02d}", own.choice(p.chat_tokens))
+
+        async def worker() -> None:
+            while time.monotonic() - t0 < p.stop:
+                await call(jobs, "batch", p.batch_tokens)
+
+        work = [chatter(index) for index in range(p.users)]
+        if batch:
+            work += [worker() for _ in range(p.batch_calls)]
+        try:
+            await _until_end(p, t0, work)
+        finally:
+            await chats.aclose()
+            await jobs.aclose()
+
+    return play
+
+
+@contextlib.contextmanager
+def _emulators(p: FairnessParams) -> Iterator[tuple[str, str]]:
+    """The GPU, and a small hosted model (the batch user's external fallback)."""
+    with (
+        emulator_process(
+            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
+        ) as gpu,
+        emulator_process(
+            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
+        ) as hosted,
+    ):
+        yield gpu.url, f"{hosted.url}/v1"
+
+
+Spec = tuple[dict[str, Any], Load]
+"""An arm: the gateway's flags (``scheduler``, ...) and the load played against it."""
+
+
+def _measure(
+    gpu: str,
+    p: FairnessParams,
+    specs: dict[str, Spec],
+    progress: Progress | None,
+    kept: dict[str, list[CallRecord]],
+    figures: Callable[[list[CallRecord]], dict[str, float]],
+) -> dict[str, list[dict[str, float]]]:
+    """Every arm (``name -> spec``) interleaved; ``kept`` gets each arm's records of its
+    first run (for the plots)."""
+
+    def arm(name: str, flags: dict[str, Any], load: Load) -> Arm:
+        def once(seed: int) -> dict[str, float]:
+            records: list[CallRecord] = []
+            with gateway_process(
+                upstream=gpu,
+                max_concurrency=p.slots,
+                max_queue=p.queue,
+                queue_timeout=120,
+                access_log=False,
+                log_level="warning",
+                **flags,
+            ) as gateway:
+                asyncio.run(load(f"{gateway.url}/v1", p, seed, records))
+            kept.setdefault(name, records)
+            return figures(records)
+
+        return Arm(name=name, run=once)
+
+    arms = [arm(name, flags, load) for name, (flags, load) in specs.items()]
+    return run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+
+
+def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[ScenarioResult]:
+    """The three scenarios, every arm; returns their tables and writes their plots."""
+    results = []
+    with _emulators(p) as (gpu, hosted):
+        kept: dict[str, list[CallRecord]] = {}
+        specs: dict[str, Spec] = {arm: ({"scheduler": arm}, _two_users) for arm in ARMS}
+        runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
+        result = tokens_table(runs, p)
+        result.plots.append(_plot(out / "fairness-tokens.png", kept, p, result.title))
+        results.append(result)
+
+        kept = {}
+        crowd = _crowd(batch=True, priorities=True, hosted=hosted)
+        specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
+        for reserve in RESERVES:  # the latency / throughput trade-off of the reserve
+            specs[f"vtc, reserve {reserve}"] = ({"interactive_reserve": reserve}, crowd)
+        specs[BASELINE] = ({}, _crowd(batch=False, priorities=True, hosted=hosted))
+        runs = _measure(gpu, p, specs, progress, kept, lambda r: priority_figures(r, p))
+        result = priority_table(runs, p, baseline=BASELINE)
+        result.plots.append(_plot(out / "fairness-priority.png", kept, p, result.title))
+        results.append(result)
+
+        kept = {}
+        crowd = _crowd(batch=True, priorities=False, hosted=hosted)
+        specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
+        runs = _measure(gpu, p, specs, progress, kept, lambda r: window_figures(r, p))
+        result = window_table(runs, p)
+        result.plots.append(_plot(out / "fairness-no-priority.png", kept, p, result.title))
+        results.append(result)
+    return results
+
+
+def _plot(path: Path, kept: dict[str, list[CallRecord]], p: FairnessParams, title: str) -> Path:
+    """Weighted tokens served per user over time, one panel per arm."""
+    panels = {
+        arm: cumulative_service(records, step=p.step, until=p.end) for arm, records in kept.items()
+    }
+    return service_panels(
+        path, panels, title=f"tokens served per user: {title}", heavy={"long", "batch"}
+    )

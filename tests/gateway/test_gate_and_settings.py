@@ -65,6 +65,33 @@ async def test_drain_wakes_waiters_with_a_503() -> None:
     assert (refused.status, refused.code) == (503, "draining")
 
 
+async def test_a_displaced_waiter_is_woken_with_its_refusal() -> None:
+    g = gate(max_concurrency=1, max_queue=1)
+    g.offer("a", 1, priority="batch")
+    queued = g.offer("a", 1, priority="batch")
+    assert isinstance(queued, Enqueued)
+    waiter = asyncio.create_task(g.wait(queued.ticket))
+    await until(lambda: queued.ticket.id in g._waiters)
+    chat = g.offer("a", 1, user="u-chat")
+    assert isinstance(chat, Enqueued)
+    refused = await waiter
+    assert refused is not None
+    assert (refused.status, refused.code) == (429, "displaced")
+
+
+async def test_a_waiter_refused_before_it_waits_still_hears_why() -> None:
+    g = gate(max_concurrency=1, max_queue=1)
+    g.offer("a", 1, priority="batch")
+    queued = g.offer("a", 1, priority="batch")
+    assert isinstance(queued, Enqueued)
+    g.offer("a", 1, user="u-chat")  # displaced before its caller came to wait
+    refused = await g.wait(queued.ticket)
+    assert refused is not None
+    assert refused.code == "displaced"
+    assert g._early == {}
+    g.release(queued.ticket)
+
+
 # -- settings and CLI -------------------------------------------------------------------
 
 
@@ -139,8 +166,10 @@ def test_usage_sniffer_finds_the_last_total_across_chunks() -> None:
     sniffer = UsageSniffer()
     assert sniffer.total_tokens is None
     sniffer.feed(b'data: {"usage":{"prompt_tokens":3,"total_to')
-    sniffer.feed(b'kens":42}}\n\ndata: [DONE]\n\n')
+    sniffer.feed(b'kens":42,"completion_tokens":39,"completion_tokens_details":null}}')
+    sniffer.feed(b"\n\ndata: [DONE]\n\n")
     assert sniffer.total_tokens == 42
+    assert (sniffer.prompt_tokens, sniffer.completion_tokens) == (3, 39)
 
 
 def test_histogram_is_cumulative() -> None:

@@ -28,11 +28,14 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_waiters", "admission")
+    __slots__ = ("_early", "_waiters", "admission")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}
+        # Refusals of queued tickets whose caller was not waiting yet (displaced or
+        # drained between its offer and its wait); taken by wait(), dropped by release().
+        self._early: dict[int, Refuse] = {}
 
     def offer(
         self,
@@ -60,6 +63,12 @@ class Gate:
 
         Cancellation (the client went away) drops the ticket and frees what it held.
         """
+        state = ticket.state  # (a local: the attribute changes while this waits)
+        if state == "running":  # started before its caller came to wait
+            return None
+        if state == "done":  # refused before its caller came to wait
+            early = self._early.pop(ticket.id, None)
+            return early if early is not None else self.admission.expire(ticket)
         future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = future
         limit = self.admission.config.queue_timeout
@@ -88,6 +97,7 @@ class Gate:
         completion_tokens: int | None = None,
     ) -> None:
         """End a ticket (settled against the usage given) and start whoever now fits."""
+        self._early.pop(ticket.id, None)
         self.admission.release(
             ticket,
             used_tokens=used_tokens,
@@ -117,5 +127,8 @@ class Gate:
 
     def _wake(self, ticket: Ticket, result: Refuse | None) -> None:
         future = self._waiters.get(ticket.id)
-        if future is not None and not future.done():
-            future.set_result(result)
+        if future is not None:
+            if not future.done():
+                future.set_result(result)
+        elif result is not None:
+            self._early[ticket.id] = result

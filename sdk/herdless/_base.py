@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Self
 
+    from herdless._config import Priority
     from herdless._retry import RetryPolicy
     from herdless._routing import FallbackPolicy
     from herdless._stats import ClientStats
@@ -134,6 +135,7 @@ class _BaseClient:
         stream_deadline: float | None = None,
         fallback_policy: FallbackPolicy | None = None,
         allow_fallback: bool | None = None,
+        priority: Priority | None = None,
     ) -> Self:
         """A client with other per-call defaults, sharing this one's connections and state.
 
@@ -158,6 +160,8 @@ class _BaseClient:
                 shared state.
             allow_fallback: ``False``: no call of the new client reaches a fallback, even
                 one that passes ``allow_fallback=True`` (a data guard for a whole module).
+            priority: the class of the new client's calls (``"interactive"`` or
+                ``"batch"``) unless a call says otherwise.
 
         What cannot change here, because it is the state shared with this client: the
         backends, the breaker, window and pacing policies, ``on_event``, the clock and
@@ -176,6 +180,7 @@ class _BaseClient:
             deadline=deadline,
             stream_deadline=stream_deadline,
             fallback_policy=fallback_policy,
+            priority=priority,
         )
         derived = copy.copy(self)  # the same HTTP client, hooks and sleep
         derived._state = _derived_state(self._state, config)

@@ -95,3 +95,17 @@ async def test_a_batch_call_refused_past_its_deadline_fails_without_spilling(
         await harness.chat(priority="batch", deadline=10.0)
     assert harness.hosted.requests == []
     assert len(harness.primary.requests) >= 2  # it waited for the GPU while it could
+
+
+async def test_a_derived_client_has_its_own_default_class(harness: Harness) -> None:
+    harness.primary.script(ok(), ok())
+    parent = harness.build()
+    jobs = parent.with_options(priority="batch")
+    harness.client = jobs  # the harness calls the derived client (it shares the parent's)
+    await harness.chat()
+    await harness.chat(priority="interactive")
+    harness.client = parent  # the one the harness closes
+    sent = [r.headers["x-herdless-priority"] for r in harness.primary.requests]
+    assert sent == ["batch", "interactive"]
+    with pytest.raises(ValueError, match="priority"):
+        jobs.with_options(priority="low")

@@ -124,6 +124,7 @@ def sync_usage() -> None:
             fallback_policy=fallback_policy,
             model="gemma",
             allow_fallback=False,
+            priority="batch",
         )
         del strict
     herdless.Client.from_env(env_file=None, on_event=on_event).close()

@@ -1,5 +1,6 @@
-"""The SDK through the real gateway: a drain switches to the fallback at once, and a crowd
-refused by a full queue is still served in full (Retry-After honoured, no herd)."""
+"""The SDK through the real gateway: a drain switches to the fallback at once, a crowd
+refused by a full queue is still served in full (Retry-After honoured, no herd), and batch
+work displaced by chats waits for the GPU."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.integration.sdk_harness import HI, SPEED, TIMEOUTS, client_for
+from tests.integration.sdk_harness import HI, SPEED, TIMEOUTS, client_for, hosted_backend
 
-from herdless import AsyncClient, BreakerPolicy, RetryPolicy
+from herdless import AsyncClient, BreakerPolicy, FallbackPolicy, RetryPolicy
 from herdless.events import Event
 from herdless.testing.servers import ServerProcess, emulator_process
 
@@ -106,3 +107,49 @@ async def test_a_crowd_refused_by_a_full_queue_is_served_in_full(gpu: ServerProc
     assert stats.by_backend["primary"].get("status_429", 0) > 0  # the queue did refuse
     assert stats.failed == 0
     assert stats.waits > 0
+
+
+async def test_batch_work_displaced_by_chats_is_served_by_the_gpu_not_the_fallback(
+    hosted: ServerProcess,
+) -> None:
+    """End to end: priority="batch" reaches the gateway, chats (the user field) displace
+    waiting batch calls, which come back at their reservation: none spills outside."""
+    with (
+        emulator_process(speed=4, max_num_seqs=1) as slow_gpu,
+        _gateway(slow_gpu.url, max_concurrency="1", max_queue="2", max_retry_after="1") as gw,
+    ):
+        url = gw.url + "/v1"
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=5) as http,
+            AsyncClient(
+                primary=url,
+                model="emulated-llama-3-8b",
+                fallback=hosted_backend(hosted),
+                fallback_policy=FallbackPolicy(on_backpressure="fallback"),
+                priority="batch",
+                deadline=60.0,
+                env_file=None,
+            ) as jobs,
+            AsyncClient(primary=url, model="emulated-llama-3-8b", env_file=None) as chats,
+        ):
+            batch = asyncio.gather(*(jobs.chat(HI, max_tokens=64, user="etl") for _ in range(4)))
+            waiting = 'herdless_gateway_class_queue_depth{class="batch"} 2'
+            for _ in range(1000):  # until the batch calls fill the queue (bounded: 10 s)
+                if waiting in (await http.get("/metrics")).text:
+                    break
+                await asyncio.sleep(0.01)
+            answers = await asyncio.gather(
+                *(chats.chat(HI, max_tokens=8, user=f"employee-{n}") for n in range(2))
+            )
+            done = await batch
+            text = (await http.get("/metrics")).text
+    assert {r.backend for r in done} == {"primary"}  # waited for the GPU, never spilled
+    assert {r.backend for r in answers} == {"primary"}
+    assert any(a.status == 429 for r in done for a in r.attempts)  # displaced, then served
+    lines = text.splitlines()
+    (displaced,) = [x for x in lines if x.startswith("herdless_gateway_displacements_total ")]
+    assert float(displaced.split()[-1]) >= 1
+    served = {x.split()[0]: float(x.split()[1]) for x in lines if "tokens_served_total{" in x}
+    assert served['herdless_gateway_tokens_served_total{class="batch"}'] > 0
+    assert served['herdless_gateway_tokens_served_total{class="interactive"}'] > 0
+    assert any('user="anonymous/u-' in x for x in lines)

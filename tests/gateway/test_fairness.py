@@ -376,6 +376,13 @@ def test_the_deadline_check_uses_the_users_place(clock: FakeClock) -> None:
     assert heavy.code == "deadline_unattainable"  # behind its own six: 7 s
     light = offer(adm, "u-light", deadline=3.0)
     assert isinstance(light, Enqueued)  # every other slot: the 2nd to start, 2 s
+    fcfs = make(clock, max_concurrency=1, max_queue=10, scheduler="fcfs")
+    started(fcfs, "u-heavy")
+    for _ in range(6):
+        queued(fcfs, "u-heavy")
+    late = offer(fcfs, "u-light", deadline=3.0)
+    assert isinstance(late, Refuse)  # one line: behind all six, 7 s
+    assert late.code == "deadline_unattainable"
 
 
 # -- bounded table, metrics -----------------------------------------------------------------

@@ -374,8 +374,10 @@ class FairQueue:
     def place(self, flow: Flow) -> int:
         """About how many waiters start before a new request of ``flow``, plus one: its
         own waiters and, at its share, the others' (every interactive waiter first
-        for a batch one)."""
+        for a batch one); under ``fcfs``, every waiter."""
         cls = self._classes[flow.priority]
+        if self._config.scheduler == "fcfs":
+            return cls.depth + 1  # one line: behind every waiter
         own = len(flow.waiting) + 1
         place = min(cls.depth + 1, math.ceil(own / self.share(flow)))
         if flow.priority == "batch":

@@ -31,9 +31,13 @@ prompt is read in a batched pass.
 **Lift.** A user (or key) that starts waiting takes ``max(own counter, the least
 counter of those already waiting)``; when nobody waits, ``max(own, the counter of
 the last one that stopped waiting)``. A user who was away banks no credit, and one
-who used more than the others keeps its debt. While two users both wait, the
-service they are charged never differs by more than the largest charge of one
-request, so over any interval their service differs by at most twice that.
+who used more than the others keeps its debt.
+
+**Bound.** While two users both wait, and their answers are as long as predicted
+(steady lengths, or ``ignore_eos``), the service they are charged never differs
+by more than the largest charge of one request, so over any interval their service
+differs by at most twice that (VTC's bound). A prediction that was off moves a
+counter when its request ends, by the tokens mispredicted.
 
 The reference schedulers keep the same flows: ``round-robin`` serves the keys, then
 the users of a key, in turn by requests (the gateway's order before ``vtc``), and

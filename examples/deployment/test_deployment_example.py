@@ -65,7 +65,9 @@ def fleet():
     gateways = [
         ServerProcess(
             ["serve", "--upstream", gpu.url, "--drain-retry-after", "1"],
-            ready_path="/healthz",
+            # Ready when the gateway has seen its GPU ready too: before that it answers
+            # 503 upstream_loading, and a client sends its calls to the other GPU.
+            ready_path="/readyz",
             env=env,
         )
         for gpu in (gpu0, gpu1)

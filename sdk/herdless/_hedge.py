@@ -10,7 +10,7 @@ its kind, so that about 5 % of requests are sent twice.
 - **When** (``after``): a fixed number of seconds, or ``"auto"``: the 95th percentile of
   the first-byte times the backend showed lately (its last ``_SAMPLES`` answers), never
   below ``HedgePolicy.min_after``; before ``_WARMUP`` answers are known, ``_START``
-  seconds.
+  seconds (the slowest attempts answer last, so the first answers are the fast ones).
 - **How often** (``max_share``): a token bucket over calls. Every call adds ``max_share``
   of a token, up to ``max_share * _BUCKET_CALLS`` (at least one); a hedge takes one
   token. So over any run of ``n`` calls at most ``max_share * (n + _BUCKET_CALLS)``
@@ -34,9 +34,10 @@ _SAMPLES: Final = 200
 """First-byte times kept per backend."""
 _REFRESH: Final = 20
 """The quantile is computed again every this many new times (sorting 200 floats per
-answer would show in per-call CPU)."""
-_WARMUP: Final = 20
-"""Below this many first-byte times, ``"auto"`` uses ``_START``."""
+answer would show in per-call CPU); at every new time while fewer are known."""
+_WARMUP: Final = 5
+"""Below this many first-byte times, ``"auto"`` uses ``_START``. A few suffice: until
+twenty are known the quantile is their maximum, the cautious side (fewer hedges)."""
 _START: Final = 1.0
 """Seconds ``"auto"`` waits before it has measured the backend."""
 _BUCKET_CALLS: Final = 100
@@ -153,14 +154,16 @@ class FirstByteTimes:
         with self._lock:
             self._times.append(seconds)
             self._fresh += 1
-            if self._fresh >= _REFRESH or (self._quantile is None and len(self._times) >= _WARMUP):
+            known = len(self._times)
+            if known >= _WARMUP and (known <= _REFRESH or self._fresh >= _REFRESH):
                 ordered = sorted(self._times)
                 self._quantile = ordered[min(len(ordered) - 1, int(_QUANTILE * len(ordered)))]
                 self._fresh = 0
 
     @property
     def quantile(self) -> float | None:
-        """The 95th percentile of the recent times; ``None`` before ``_WARMUP`` of them."""
+        """The 95th percentile of the recent times (their maximum while fewer than 20 are
+        known); ``None`` before ``_WARMUP`` of them."""
         return self._quantile
 
 

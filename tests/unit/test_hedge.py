@@ -433,6 +433,14 @@ def test_after_a_handoff_the_hedges_backend_retries_until_the_deadline() -> None
 def test_auto_waits_the_95th_percentile_of_recent_first_bytes_at_least_min_after() -> None:
     hedging = Hedging(HedgePolicy(after="auto", min_after=0.1))
     assert hedging.delay("primary") == 1.0  # nothing measured yet
+    for seconds in (0.3, 0.5, 0.2, 0.4):
+        hedging.answered("primary", seconds)
+    assert hedging.delay("primary") == 1.0  # four are not enough
+    hedging.answered("primary", 0.35)
+    assert hedging.delay("primary") == 0.5  # five: the slowest of them, until twenty
+    hedging.answered("primary", 0.45)
+    assert hedging.delay("primary") == 0.5
+    hedging = Hedging(HedgePolicy(after="auto", min_after=0.1))
     for index in range(100):
         hedging.answered("primary", 0.01 * (index + 1))  # 0.01 ... 1.00 s
     assert hedging.delay("primary") == pytest.approx(0.96)

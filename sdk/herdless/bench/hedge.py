@@ -325,10 +325,15 @@ def _cdf(samples: dict[str, list[float]], path: Path, p: HedgeParams) -> Path:
         style: dict[str, Any] = {"linestyle": "--"} if arm == REFERENCE else {}
         for ax in (whole, tail):
             ax.step(ordered, fraction, where="post", label=arm, linewidth=1.4, **style)
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
     for ax in (whole, tail):
         ax.set_xscale("log")
-        ax.set_xlabel("latency, seconds (log)")
-        ax.grid(True, which="both", linewidth=0.3)
+        ax.xaxis.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 1, 2, 3, 5, 10]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("latency, seconds (log scale)")
+        ax.grid(True, which="major", linewidth=0.3)
     whole.set_ylabel("fraction of calls answered")
     whole.set_ylim(0, 1.01)
     tail.set_ylim(0.8, 1.001)

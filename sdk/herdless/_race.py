@@ -64,11 +64,13 @@ class _Duel:
     __slots__ = ("first", "first_at", "first_send", "hedge", "hedge_at", "hedge_send", "running")
 
     def __init__(
-        self, first: Stay, first_send: Send, first_at: float, hedge: Stay, hedge_send: Send
+        self,
+        first: tuple[Stay, Send, float],
+        hedge: tuple[Stay, Send, float],
     ) -> None:
-        self.first, self.first_send, self.first_at = first, first_send, first_at
-        self.hedge, self.hedge_send, self.hedge_at = hedge, hedge_send, 0.0
-        self.running = [first_send, hedge_send]  # by identity: a Send is not hashable
+        self.first, self.first_send, self.first_at = first  # (stay, its attempt, sent at)
+        self.hedge, self.hedge_send, self.hedge_at = hedge
+        self.running = [self.first_send, self.hedge_send]  # by identity: not hashable
 
     def stay_of(self, sent: Send) -> Stay:
         return self.first if sent is self.first_send else self.hedge
@@ -104,8 +106,7 @@ def race(call: Call, stay: Stay, attempt: Send) -> Steps:
         return _alone(call, stay, ended.outcome)
     stay.backup = None  # once per call
     hedge_send = send(call, hedge, now)
-    duel = _Duel(stay, attempt, sent_at, hedge, hedge_send)
-    duel.hedge_at = now
+    duel = _Duel((stay, attempt, sent_at), (hedge, hedge_send, now))
     call.emit(
         HedgeStarted,
         now,

@@ -4,6 +4,7 @@ from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import AsyncClient, Client
 from herdless._config import ClientOptions
+from herdless._hedge import HedgePolicy
 from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
@@ -69,6 +70,7 @@ __all__ = [
     "FallbackPolicy",
     "FunctionCall",
     "FunctionCallDelta",
+    "HedgePolicy",
     "HerdlessError",
     "InternalServerError",
     "Message",

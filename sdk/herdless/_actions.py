@@ -11,6 +11,12 @@ performs each and sends back the *outcome*::
             action = flow.send(perform(action))
     # the flow ends with StopIteration(value=Accepted(...)) or raises a HerdlessError
 
+A hedged attempt (``herdless._race``) runs as ``Race`` actions: the driver starts a
+send without waiting for it, and reports whichever of its running sends ends first
+(``Ended``), or ``None`` when the race's time ran out first. Every send still running
+when the flow yields anything but a ``Race``, or ends, is cancelled (its connection
+closed): the loser of a race is never read.
+
 ``Client`` performs the actions with ``httpx.Client`` and ``time.sleep``;
 ``AsyncClient`` with ``httpx.AsyncClient`` and ``asyncio.sleep``. Every rule
 (retry, backoff, breaker, budget, fallback, deadline) lives in the flow, once.
@@ -30,7 +36,9 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "Accepted",
     "Action",
+    "Ended",
     "Outcome",
+    "Race",
     "Response",
     "Send",
     "Sleep",
@@ -91,7 +99,24 @@ class SlotWait:
     timeout: float
 
 
-Action: TypeAlias = Send | Sleep | SlotWait
+@dataclass(slots=True, kw_only=True)
+class Race:
+    """Start ``send`` (when not ``None``) beside the sends this call already has running,
+    then wait until one of them ends, at most ``timeout`` seconds (``None``: until one
+    does); send back its ``Ended``, or ``None`` when the time ran out first (the sends
+    keep running).
+
+    Sends still running are cancelled, their connections closed, as soon as the flow
+    yields anything but a ``Race`` or ends; one that ended but was not reported yet is
+    closed unread. ``timeout`` is real time, as ``SlotWait``'s: the driver waits on its
+    sends, not on the flow's clock.
+    """
+
+    send: Send | None
+    timeout: float | None
+
+
+Action: TypeAlias = Send | Sleep | SlotWait | Race
 
 
 @dataclass(slots=True, kw_only=True)
@@ -133,6 +158,15 @@ class TransportFailure:
 
 
 Outcome: TypeAlias = Response | TransportFailure
+
+
+@dataclass(slots=True, kw_only=True)
+class Ended:
+    """One send of a ``Race`` ended: ``send`` is the action the flow yielded (the same
+    object), ``outcome`` what it came to."""
+
+    send: Send
+    outcome: Outcome
 
 
 @dataclass(slots=True, kw_only=True)

@@ -160,8 +160,8 @@ class _BaseClient:
                 one that passes ``allow_fallback=True`` (a data guard for a whole module).
 
         What cannot change here, because it is the state shared with this client: the
-        backends, the breaker, window and pacing policies, ``on_event``, the clock and
-        the HTTP client.
+        backends, the breaker, window, pacing and hedge policies, ``on_event``, the clock
+        and the HTTP client.
 
         >>> strict = client.with_options(deadline=5, allow_fallback=False)  # doctest: +SKIP
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import Permit, Transition
@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from herdless._window import SlotTicket, Window
     from herdless.errors import HerdlessError
 
-__all__ = ["Call", "Stay"]
+__all__ = ["Backup", "Call", "Stay"]
+
+Backup: TypeAlias = tuple[Backend, float, bool]
+"""A hedge's backend, and the ``end`` and ``last`` its stay would have in the route."""
 
 
 class Call:
@@ -222,7 +225,9 @@ class Stay:
 
     __slots__ = (
         "admitted",
+        "attempt",
         "backend",
+        "backup",
         "breaker",
         "broken",
         "budget",
@@ -255,6 +260,10 @@ class Stay:
         self.window: Window = state.window(backend)
         self.pacer: Pacer | None = state.pacer(backend)
         self.sent = 0  # attempts sent here
+        self.attempt = 0  # the number of the last attempt sent here (across the call)
+        self.backup: Backup | None = None
+        """Where an attempt here may be hedged: the next backend, with the ``end`` and
+        ``last`` of its stay (``herdless._race``); ``None``: it is not."""
         self.broken = 0  # of those, failures that say the backend is broken
         self.ceiling = 0.0  # the last full-jitter ceiling of a retry here
         self.waits = 0  # waits (not retries) here: grows their backoff

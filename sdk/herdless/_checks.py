@@ -243,7 +243,7 @@ def send(call: Call, stay: Stay, now: float) -> Send:
     stay.scheduled = False
     if stay.slot is not None:
         stay.window.sent(stay.slot)
-    attempt = call.next_attempt()
+    attempt = stay.attempt = call.next_attempt()
     model = call.model_for(backend)
     call.attempt_started(backend, attempt, model, now)
     left = stay.end - now
@@ -262,9 +262,15 @@ def send(call: Call, stay: Stay, now: float) -> Send:
     )
 
 
-def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | Wait | None:
+def judge(
+    call: Call, stay: Stay, outcome: Outcome, *, decide: bool = True
+) -> Accepted | Move | Fail | Wait | None:
     """What the attempt's outcome means: the answer, a move, the end, a wait to retry, or
     ``None``: retry as soon as the checks let it (a refused call back in the window's line).
+
+    With ``decide=False`` a failure is only recorded (the attempt record, the breaker, the
+    window, the event, a backend hold) and ``None`` returned: the call's next step is
+    another attempt's to decide (a hedge's race, ``herdless._race``).
 
     Raises:
         HerdlessError: a request no backend can serve (400, 401, 403, ...).
@@ -285,7 +291,7 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     call.records.append(
         AttemptRecord(
             backend=name,
-            attempt=call.attempt,
+            attempt=stay.attempt,
             kind=verdict.kind,
             status=verdict.status,
             waited=stay.waited,
@@ -310,7 +316,7 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     call.emit(
         AttemptFailed,
         backend=name,
-        attempt=call.attempt,
+        attempt=stay.attempt,
         kind=verdict.kind,
         status=verdict.status,
         retry_after=verdict.retry_after,
@@ -327,8 +333,10 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
         requeued = stay.window.requeue(stay.slot)
     if verdict.backend_wide:
         _hold_backend(call, stay, verdict)
-        if not stay.last:
-            return Move("draining" if verdict.draining else "unavailable", error)
+    if not decide:
+        return None
+    if verdict.backend_wide and not stay.last:
+        return Move("draining" if verdict.draining else "unavailable", error)
     if verdict.unattainable:  # the server says the deadline cannot be met there
         late = call.errors.busy(name, verdict.retry_after)
         return give_up(call, stay, "deadline_unattainable", late)
@@ -342,7 +350,7 @@ def judge(call: Call, stay: Stay, outcome: Outcome) -> Accepted | Move | Fail | 
     why = f"status_{verdict.status}" if verdict.status is not None else verdict.kind
     if requeued:  # the window shrank below its calls: this one waits first in line
         stay.scheduled = True
-        call.emit(RetryScheduled, backend=name, attempt=call.attempt, delay=0.0, reason=why)
+        call.emit(RetryScheduled, backend=name, attempt=stay.attempt, delay=0.0, reason=why)
         return None
     if verdict.busy:
         ra = verdict.retry_after

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 import httpx
 
-from herdless._actions import Accepted, Outcome, Send, Sleep, SlotWait
+from herdless._actions import Accepted, Outcome, Race, Send, Sleep, SlotWait
 from herdless._backend import Backend
 from herdless._base import AsyncHooks, SyncHooks, _BaseClient, hooks_of, is_async_hook
 from herdless._config import ClientOptions
 from herdless._fields import check_extra_headers
+from herdless._parallel import AsyncSends, SyncSends, Workers
 from herdless._stream import AsyncStream, Stream, _StreamState
 from herdless._transport import (
     ERROR_BODY_CAP,
@@ -109,6 +111,9 @@ class Client(_BaseClient):
             at one backend at once; the others wait in the client.
         pacing (PacingPolicy | None): a rate the client never exceeds toward each backend
             (off by default).
+        hedge (HedgePolicy | None): after ``HedgePolicy.after`` seconds without a first
+            byte from the primary, send the same request to the next backend and keep
+            the first answer (off by default; at most ``max_share`` of calls).
         clock (Clock): monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng (random.Random | None): random source for jitter (seeded in tests).
         env_file (str | Path | None): the ``.env`` file read when configuring from the
@@ -145,13 +150,15 @@ class Client(_BaseClient):
         # Its own HTTP client bounds every socket wait by the attempt's time (see
         # herdless._transport); a client or transport of the user's cannot be.
         self._limit: AttemptLimit | None = None
+        self._workers = Workers()  # threads for hedges' races, started at the first one
         if http_client is not None:
             self._http = http_client
         elif transport is not None:
             self._http = httpx.Client(transport=transport)
         else:
             limit = AttemptLimit()
-            self._http, bounded = bounded_http_client(limit)
+            hedges = self.config.hedge is not None
+            self._http, bounded = bounded_http_client(limit, watched=hedges)
             self._limit = limit if bounded else None
 
     @overload
@@ -247,12 +254,17 @@ class Client(_BaseClient):
         )
         steps = flow.run()
         hooked = bool(self._hooks)
+        sends: SyncSends | None = None  # a hedge's race: its sends on worker threads
         try:
             action = next(steps)
             while True:
                 if hooked:
                     self._dispatch(flow.take_events())
-                if isinstance(action, Sleep):
+                if type(action) is Send:
+                    outcome = self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
+                elif isinstance(action, Sleep):
                     self._sleep(action.seconds)
                     action = steps.send(None)
                 elif isinstance(action, SlotWait):
@@ -261,12 +273,20 @@ class Client(_BaseClient):
                     woken.wait(action.timeout)
                     action = steps.send(None)
                 else:
-                    outcome = self._perform(action, headers)
-                    self._answered(flow, action, outcome)
-                    action = steps.send(outcome)
+                    if sends is None:
+                        perform = functools.partial(self._perform, headers=headers)
+                        sends = SyncSends(perform, self._workers, self._limit)
+                    ended = sends.race(action)  # type: ignore[arg-type]  # the last kind: Race
+                    if ended is not None:
+                        self._answered(flow, ended.send, ended.outcome)
+                    action = steps.send(ended)
+                    if not isinstance(action, Race):
+                        sends.cancel()  # the flow waits for none of them any more
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
+            if sends is not None:
+                sends.cancel()
             steps.close()  # the driver stopped early (KeyboardInterrupt): free what the flow holds
             if hooked:
                 self._dispatch(flow.take_events())
@@ -337,6 +357,8 @@ class Client(_BaseClient):
     def close(self) -> None:
         """Close the connections (idempotent)."""
         self._closed[0] = True
+        if self._closes_http:
+            self._workers.shutdown()
         if self._owns_http and self._closes_http:
             self._http.close()
 
@@ -434,24 +456,36 @@ class AsyncClient(_BaseClient):
         )
         steps = flow.run()
         hooked = bool(self._hooks)
+        sends: AsyncSends | None = None  # a hedge's race: its sends as tasks
         try:
             action = next(steps)
             while True:
                 if hooked:
                     await self._dispatch(flow.take_events())
-                if isinstance(action, Sleep):
+                if type(action) is Send:
+                    outcome = await self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
+                elif isinstance(action, Sleep):
                     await self._sleep(action.seconds)
                     action = steps.send(None)
                 elif isinstance(action, SlotWait):
                     await _slot_wait(action)
                     action = steps.send(None)
                 else:
-                    outcome = await self._perform(action, headers)
-                    self._answered(flow, action, outcome)
-                    action = steps.send(outcome)
+                    if sends is None:
+                        sends = AsyncSends(functools.partial(self._perform, headers=headers))
+                    ended = await sends.race(action)  # type: ignore[arg-type]  # the last kind: Race
+                    if ended is not None:
+                        self._answered(flow, ended.send, ended.outcome)
+                    action = steps.send(ended)
+                    if not isinstance(action, Race):
+                        await sends.cancel()  # the flow waits for none of them any more
         except StopIteration as stop:
             accepted: Accepted = stop.value
         finally:
+            if sends is not None:
+                await sends.cancel()
             steps.close()  # cancelled mid-call: free what the flow holds
             if hooked:
                 await self._dispatch(flow.take_events())

@@ -3,9 +3,9 @@
 ``ClientConfig`` (``herdless._config``) is what the client was told: frozen. This is
 what it learns while it works: per backend a breaker, a retry budget, a window (flow
 control) and a pacer; client-wide the backend holds (``herdless._gate``), the spend
-guard and the counters behind ``stats()``. Two clients in one process share none of it.
-Each object guards itself with its own lock, so threads (``Client``) and tasks
-(``AsyncClient``) share one client safely.
+guard, the hedge budget and the counters behind ``stats()``. Two clients in one process
+share none of it. Each object guards itself with its own lock, so threads (``Client``)
+and tasks (``AsyncClient``) share one client safely.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless._config import ClientConfig
 from herdless._gate import BackpressureGate
+from herdless._hedge import Hedging
 from herdless._pacing import Pacer
 from herdless._routing import Route, SpendGuard, plan_route
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
@@ -78,6 +79,8 @@ class ClientState:
         self._windows = {name: Window(config.window, clock=clock) for name in names}
         pacing = config.pacing
         self._pacers = {name: Pacer(pacing, clock=clock) for name in names} if pacing else {}
+        self.hedging = Hedging(config.hedge) if config.hedge is not None else None
+        """The hedge budget and first-byte times (``HedgePolicy``); ``None``: no hedging."""
         self._degraded = DegradedTracker(config.fallback_policy.degraded_interval)
         self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
 

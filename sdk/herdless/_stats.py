@@ -27,6 +27,8 @@ from herdless.events import (
     CallFinished,
     Event,
     FallbackUsed,
+    HedgeFinished,
+    HedgeStarted,
     ResponseReceived,
     RetryScheduled,
     WaitScheduled,
@@ -69,6 +71,9 @@ class ClientStats:
         tokens: per backend name, ``"prompt_tokens"`` and ``"completion_tokens"`` of the
             answers it gave (from their ``usage``; a stream's comes in its last chunk).
         cost: per backend with a ``Price``, what its answers cost, in the price's currency.
+        hedges: per backend, the hedges sent to it (``HedgePolicy``).
+        hedge_wins: per backend, the hedge races it won (its answer came first): the
+            hedge's backend, or the late attempt's when it answered first after all.
     """
 
     calls: int = 0
@@ -86,6 +91,8 @@ class ClientStats:
     latency: Mapping[str, float] = field(default_factory=dict)
     tokens: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     cost: Mapping[str, float] = field(default_factory=dict)
+    hedges: Mapping[str, int] = field(default_factory=dict)
+    hedge_wins: Mapping[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts and numbers, for JSON or a log line."""
@@ -105,6 +112,8 @@ class ClientStats:
             "latency": dict(self.latency),
             "tokens": {name: dict(counts) for name, counts in self.tokens.items()},
             "cost": dict(self.cost),
+            "hedges": dict(self.hedges),
+            "hedge_wins": dict(self.hedge_wins),
         }
 
 
@@ -116,6 +125,8 @@ class StatsRecorder:
         "_cost",
         "_failed",
         "_fallbacks",
+        "_hedge_wins",
+        "_hedges",
         "_latencies",
         "_lock",
         "_queued",
@@ -138,6 +149,8 @@ class StatsRecorder:
         self._queued_for = 0.0
         self._tokens: dict[str, list[int]] = {}  # [prompt, completion]: no Counter per call
         self._cost: dict[str, float] = {}
+        self._hedges: Counter[str] = Counter()
+        self._hedge_wins: Counter[str] = Counter()
 
     def record(self, event: Event) -> None:
         """Count one event."""
@@ -201,6 +214,10 @@ class StatsRecorder:
             self._retries += isinstance(event, RetryScheduled)
             self._waits += 1
             self._waited += event.delay
+        elif isinstance(event, HedgeStarted):
+            self._hedges[backend] += 1
+        elif isinstance(event, HedgeFinished) and event.winner is not None:
+            self._hedge_wins[event.winner] += 1
 
     def snapshot(
         self, breakers: Mapping[str, BreakerState], windows: Mapping[str, float]
@@ -232,6 +249,8 @@ class StatsRecorder:
                     for name, (prompt, completion) in self._tokens.items()
                 },
                 cost=dict(self._cost),
+                hedges=dict(self._hedges),
+                hedge_wins=dict(self._hedge_wins),
             )
 
 

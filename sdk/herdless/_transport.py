@@ -272,6 +272,9 @@ class AttemptLimit(threading.local):
     and of each read of a stream, and clears it before handing control back."""
 
     end: float = math.inf
+    watch: Any = None
+    """A racing send this thread performs (``herdless._parallel``): its ``cancelled``
+    flag is read between the slices of a watched socket's reads; ``None``: no race."""
 
     def clip(self, timeout: float | None, error: type[Exception]) -> float | None:
         """``timeout``, or less: what is left before ``end``.
@@ -328,22 +331,63 @@ class _BoundedStream(httpcore.NetworkStream):
         timeout: float | None = None,
     ) -> httpcore.NetworkStream:
         timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
-        return _BoundedStream(
-            self._stream.start_tls(ssl_context, server_hostname, timeout), self._limit
-        )
+        stream = self._stream.start_tls(ssl_context, server_hostname, timeout)
+        return type(self)(stream, self._limit)
 
     def get_extra_info(self, info: str) -> Any:
         return self._stream.get_extra_info(info)
 
 
+# Seconds: a racing send's socket read waits at most this long at a time, so that the
+# thread notices within it that the race was lost (a thread cannot be interrupted).
+_SLICE: Final = 0.05
+
+
+class _WatchedStream(_BoundedStream):
+    """A ``_BoundedStream`` whose reads, on a thread performing a racing send
+    (``AttemptLimit.watch``), wait in slices and stop once the send is cancelled: the
+    error closes the connection, which is how the server learns that the loser left."""
+
+    __slots__ = ()
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        limit = self._limit
+        watch = limit.watch
+        if watch is None:  # not racing (a stream read after its call was accepted)
+            return super().read(max_bytes, timeout)
+        now = time.monotonic()
+        until = math.inf if timeout is None else now + timeout
+        until = min(until, limit.end)
+        while True:
+            if watch.cancelled:
+                raise httpcore.ReadError("cancelled: the other attempt of the race answered")
+            left = until - now
+            if left <= 0:
+                raise httpcore.ReadTimeout("the call's time for this read ran out")
+            try:
+                return self._stream.read(max_bytes, min(left, _SLICE))
+            except httpcore.ReadTimeout:
+                now = time.monotonic()  # a slice ran out: look at the race, then again
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        watch = self._limit.watch
+        if watch is not None and watch.cancelled:
+            raise httpcore.WriteError("cancelled: the other attempt of the race answered")
+        super().write(buffer, timeout)
+
+
 class _BoundedBackend(httpcore.NetworkBackend):
-    """httpcore's network backend, with every socket it opens a ``_BoundedStream``."""
+    """httpcore's network backend, with every socket it opens a ``_BoundedStream`` (a
+    ``_WatchedStream`` for a client that races sends)."""
 
-    __slots__ = ("_backend", "_limit")
+    __slots__ = ("_backend", "_limit", "_stream")
 
-    def __init__(self, backend: httpcore.NetworkBackend, limit: AttemptLimit) -> None:
+    def __init__(
+        self, backend: httpcore.NetworkBackend, limit: AttemptLimit, *, watched: bool = False
+    ) -> None:
         self._backend = backend
         self._limit = limit
+        self._stream = _WatchedStream if watched else _BoundedStream
 
     def connect_tcp(
         self,
@@ -355,24 +399,25 @@ class _BoundedBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:
         timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
         stream = self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
-        return _BoundedStream(stream, self._limit)
+        return self._stream(stream, self._limit)
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.NetworkStream:
         timeout = self._limit.clip(timeout, httpcore.ConnectTimeout)
         stream = self._backend.connect_unix_socket(path, timeout, socket_options)
-        return _BoundedStream(stream, self._limit)
+        return self._stream(stream, self._limit)
 
     def sleep(self, seconds: float) -> None:
         self._backend.sleep(seconds)
 
 
-def bounded_http_client(limit: AttemptLimit) -> tuple[httpx.Client, bool]:
+def bounded_http_client(limit: AttemptLimit, *, watched: bool = False) -> tuple[httpx.Client, bool]:
     """The sync client's own ``httpx.Client`` (httpx's defaults), its sockets bounded by
     ``limit``; and whether they are (``False`` if httpx or httpcore moved the network
     backend: the driver's clock checks still bound a trickling body, and the test of
-    this function fails loudly on such an upgrade).
+    this function fails loudly on such an upgrade). ``watched``: the client races sends
+    (a ``HedgePolicy``), and a racing send's reads stop once it is cancelled.
 
     httpx takes no network backend, so the one of the transport's httpcore pool is
     wrapped in place: a private attribute on each side, checked here.
@@ -382,5 +427,5 @@ def bounded_http_client(limit: AttemptLimit) -> tuple[httpx.Client, bool]:
     backend = getattr(pool, "_network_backend", None)
     if not isinstance(backend, httpcore.NetworkBackend):
         return httpx.Client(transport=transport), False
-    pool._network_backend = _BoundedBackend(backend, limit)
+    pool._network_backend = _BoundedBackend(backend, limit, watched=watched)
     return httpx.Client(transport=transport), True

@@ -115,8 +115,9 @@ class AttemptRecord:
         kind: ``"ok"``; ``"status"`` (the server answered with an error status);
             a transport failure kind (``"connect"``, ``"connect_timeout"``,
             ``"first_byte_timeout"``, ``"read_timeout"``, ``"read"``, ``"protocol"``);
-            ``"stream_cut"``; or a reason the backend was not tried at all
-            (``"skipped_breaker_open"``, ...).
+            ``"stream_cut"``; ``"cancelled"`` (a hedge's race was won by the other
+            attempt: this one was closed unanswered); or a reason the backend was not
+            tried at all (``"skipped_breaker_open"``, ...).
         status: the HTTP status when the server answered, else ``None``.
         waited: seconds the call waited before this attempt (backoff, Retry-After).
         elapsed: seconds the attempt itself took (0 when skipped).
@@ -146,8 +147,9 @@ class ChatResult:
         model: the model the server says answered.
         usage: token counts, when the server sent them.
         attempts: every attempt of the call, oldest first (the last one is ``"ok"``).
-        fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...);
-            ``None`` when the primary answered.
+        fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...;
+            ``"hedge"``: the answer came from a hedge, ``HedgePolicy``); ``None`` when the
+            primary answered.
         request_id: the call's id, sent as ``X-Request-ID`` on every attempt.
         finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ...; ``None`` when absent.
         tool_calls: the tools the model asks to call (first choice), in order; empty when

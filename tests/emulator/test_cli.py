@@ -30,6 +30,13 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     assert settings.speed == 1.0
 
 
+def test_the_slow_fault_flags_reach_the_faults() -> None:
+    args = build_parser().parse_args(["--slow-rate", "0.1", "--slow-latency", "5"])
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    faults = EmulatorSettings(**given).faults()
+    assert (faults.slow_rate, faults.slow_latency) == (0.1, 5.0)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -35,6 +35,8 @@ fallback_policy = herdless.FallbackPolicy(
     spend_window=86_400.0,
 )
 pacing = herdless.PacingPolicy(rate=20.0, burst=5)
+hedge = herdless.HedgePolicy(after="auto", max_share=0.05, min_after=0.1)
+fixed_hedge = herdless.HedgePolicy(after=2.0)
 clock = FakeClock()
 
 
@@ -42,6 +44,14 @@ def on_event(event: events.Event) -> None:
     if isinstance(event, events.RetryScheduled):
         delay: float = event.delay
         del delay
+    if isinstance(event, events.HedgeStarted):
+        waited: float = event.after
+        late: str = event.from_backend
+        del waited, late
+    if isinstance(event, events.HedgeFinished):
+        winner: str | None = event.winner
+        cancelled: bool = event.loser_cancelled
+        del winner, cancelled
 
 
 async def on_event_async(event: events.Event) -> None:
@@ -64,6 +74,7 @@ def sync_usage() -> None:
         timeouts=timeouts,
         fallback_policy=fallback_policy,
         pacing=pacing,
+        hedge=hedge,
         clock=clock,
         rng=random.Random(1),
         sleep=clock.sleep,
@@ -113,7 +124,9 @@ def sync_usage() -> None:
         stats: herdless.ClientStats = client.stats()
         tokens: int = stats.tokens["primary"]["prompt_tokens"]
         spent: float = stats.cost.get("hosted", 0.0)
-        del stats, tokens, spent
+        hedges: int = stats.hedges.get("hosted", 0)
+        wins: int = stats.hedge_wins.get("primary", 0)
+        del stats, tokens, spent, hedges, wins
         strict: herdless.Client = client.with_options(
             deadline=5.0,
             stream_deadline=30.0,
@@ -135,6 +148,7 @@ async def async_usage() -> None:
     async with herdless.AsyncClient(
         primary="http://gpu:8080/v1",
         fallback=[hosted],
+        hedge=fixed_hedge,
         on_event=(on_event_async, on_event),
         sleep=clock.asleep,
         http_client=httpx.AsyncClient(),

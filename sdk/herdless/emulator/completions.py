@@ -76,6 +76,7 @@ async def _generate(
             "Service Unavailable",
             503,
         )
+    hold = faults.hold(state.rng)  # the slow fault: held before the first byte
     if faults.extra_latency:
         await asyncio.sleep(faults.extra_latency)
     seq = Sequence(
@@ -88,7 +89,7 @@ async def _generate(
     )
     state.driver.submit(seq)
     respond = StreamGeneration if stream else JsonGeneration
-    return respond(state, seq, seed, encoder)
+    return respond(state, seq, seed, encoder, hold=hold)
 
 
 async def chat_completions(request: Request) -> Response:

@@ -12,8 +12,6 @@ delay is a real ``AFTER`` seconds (a race's timer is real time in both drivers, 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -385,23 +383,17 @@ async def test_a_caller_that_leaves_mid_race_closes_both_and_frees_their_slots(
         assert primary.closed.is_set()
         assert hosted.closed.is_set()
     else:
-        # The caller's thread waits for the race; a signal stops it there, as Ctrl-C does.
-        def interrupt(*_: object) -> None:
+        # The caller's thread leaves the race by an exception while both sends run: here
+        # the hedge's send raises one (a BaseException, as KeyboardInterrupt is) the
+        # moment it reaches the backend, and the driver raises it in the caller's thread.
+        # Deterministic, unlike a signal, whose moment of delivery a busy machine decides.
+        def leave() -> None:
             raise _Interrupted
 
-        def when_both_run() -> None:
-            racing_now.wait(HELD_FOR)
-            os.kill(os.getpid(), signal.SIGUSR1)
-
-        previous = signal.signal(signal.SIGUSR1, interrupt)
-        try:
-            threading.Thread(target=when_both_run, daemon=True).start()
-            with pytest.raises(_Interrupted):
-                await rig.chat(stream=True)
-        finally:
-            signal.signal(signal.SIGUSR1, previous)
-        assert _closed_soon(primary)
-        assert _closed_soon(hosted)
+        hosted.on_enter = leave
+        with pytest.raises(_Interrupted):
+            await rig.chat(stream=True)
+        assert _closed_soon(primary)  # the primary's send was cancelled and closed
     backends = rig.client.config.backends
     assert [state.window(backend).in_use for backend in backends] == [0, 0]
     assert rig.client.stats().hedges == {"hosted": 1}

@@ -20,9 +20,6 @@ from herdless._types import AttemptRecord
 from herdless.events import AttemptStarted, BreakerStateChanged, CallFinished, Event
 
 if TYPE_CHECKING:
-    from herdless._breaker import CircuitBreaker
-    from herdless._budget import RetryBudget
-    from herdless._pacing import Pacer
     from herdless._state import ClientState
     from herdless._window import SlotTicket, Window
     from herdless.errors import HerdlessError
@@ -254,11 +251,9 @@ class Stay:
         self.backend = backend
         self.end = end
         self.last = last
+        # One lookup for the backend's objects (four method calls showed in per-call CPU).
+        self.breaker, self.budget, self.window, self.pacer = state.parts[backend.name]
         self.limits: Timeouts = backend.timeouts or state.config.timeouts
-        self.breaker: CircuitBreaker = state.breaker(backend)
-        self.budget: RetryBudget = state.budget(backend)
-        self.window: Window = state.window(backend)
-        self.pacer: Pacer | None = state.pacer(backend)
         self.sent = 0  # attempts sent here
         self.attempt = 0  # the number of the last attempt sent here (across the call)
         self.backup: Backup | None = None

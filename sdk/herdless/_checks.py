@@ -21,6 +21,7 @@ is not taken.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -50,11 +51,13 @@ from herdless.events import (
 
 __all__ = [
     "CHECKS",
+    "Check",
     "Decision",
     "Fail",
     "Move",
     "Queue",
     "Wait",
+    "checks_for",
     "judge",
     "send",
 ]
@@ -100,6 +103,8 @@ class Fail:
 
 Decision: TypeAlias = Wait | Queue | Move | Fail | None
 """What a check says; ``None``: nothing in the way, ask the next one."""
+Check: TypeAlias = Callable[[Call, Stay, float], Decision]
+"""One rule asked before an attempt: ``check(call, stay, now)``."""
 
 
 def give_up(call: Call, stay: Stay, reason: str, error: HerdlessError | None = None) -> Move | Fail:
@@ -229,6 +234,24 @@ def breaker(call: Call, stay: Stay, now: float) -> Decision:
 
 CHECKS = (hold, window, budget, pacing, spend, breaker)
 """The checks before every attempt, in order."""
+
+# The checks a stay asks, by (external backend, pacing on): the others never stop a call
+# there (they showed in per-call CPU, asked before every attempt).
+_APPLICABLE = {
+    (external, paced): tuple(
+        check
+        for check in CHECKS
+        if (check is not spend or external) and (check is not pacing or paced)
+    )
+    for external in (False, True)
+    for paced in (False, True)
+}
+
+
+def checks_for(stay: Stay) -> tuple[Check, ...]:
+    """The checks that apply to ``stay`` (the spend guard to external backends only,
+    pacing when it is on), in ``CHECKS`` order."""
+    return _APPLICABLE[stay.backend.external, stay.pacer is not None]
 
 
 # -- the attempt ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from herdless._backend import Backend
 from herdless._breaker import CircuitBreaker
@@ -27,7 +27,10 @@ from herdless._routing import Route, SpendGuard, plan_route
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
 from herdless._window import Window
 
-__all__ = ["ClientState"]
+__all__ = ["BackendParts", "ClientState"]
+
+BackendParts: TypeAlias = tuple[CircuitBreaker, RetryBudget, Window, Pacer | None]
+"""One backend's objects in a client: breaker, retry budget, window, pacer."""
 
 
 class ClientState:
@@ -82,6 +85,16 @@ class ClientState:
         self.hedging = Hedging(config.hedge) if config.hedge is not None else None
         """The hedge budget and first-byte times (``HedgePolicy``); ``None``: no hedging."""
         self._degraded = DegradedTracker(config.fallback_policy.degraded_interval)
+        self.parts: dict[str, BackendParts] = {
+            b.name: (
+                self._breakers[b.name],
+                self._budgets[b.name],
+                self._windows[b.name],
+                self._pacers.get(b.name),
+            )
+            for b in config.backends
+        }
+        """Per backend name: its breaker, retry budget, window and pacer."""
         self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
 
     def stats(self) -> ClientStats:

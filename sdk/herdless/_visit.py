@@ -19,7 +19,7 @@ from typing import Any
 
 from herdless._actions import Accepted, Action, Sleep, SlotWait
 from herdless._call import Call, Stay
-from herdless._checks import CHECKS, Decision, Fail, Move, Queue, Wait, judge, send
+from herdless._checks import Decision, Fail, Move, Queue, Wait, checks_for, judge, send
 from herdless._race import race
 from herdless.events import RetryScheduled, WaitScheduled
 
@@ -35,6 +35,7 @@ def serve(
     ``pending``: the stay begins with an attempt already in flight (a hedge the call
     moved to, ``herdless._race.awaiting``): its verdict comes first, then the loop."""
     clock = call.state.clock
+    checks = checks_for(stay)
     accepted = False
     try:
         while True:
@@ -46,7 +47,7 @@ def serve(
                 if decision is None:
                     continue
             else:
-                for check in CHECKS:
+                for check in checks:
                     decision = check(call, stay, now)
                     if decision is not None:
                         break

@@ -163,6 +163,7 @@ class Window:
         "_size",
         "_threshold",
         "_waiting",
+        "_whole",
     )
 
     def __init__(self, policy: WindowPolicy, *, clock: Clock) -> None:
@@ -170,6 +171,7 @@ class Window:
         self._clock = clock
         self._lock = threading.Lock()
         self._size = float(policy.initial) if policy.enabled else math.inf
+        self._whole = _whole(self._size)  # the calls it lets through: whole ones
         self._threshold = math.inf  # slow start until the first refusal
         self._ceiling = float(policy.maximum) if policy.enabled else math.inf
         self._epoch = 0  # cuts so far: a refusal cuts by the factor only in the current one
@@ -220,7 +222,7 @@ class Window:
         wait already does not fit)."""
         ticket = SlotTicket(end, max_wait)
         with self._lock:
-            if not self._waiting and self._in_use < self._slots():
+            if not self._waiting and self._in_use < self._whole:
                 self._grant(ticket)
                 return ticket
             if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
@@ -258,7 +260,7 @@ class Window:
                     # A place at the backend freed: it goes to a call the backend refused
                     # (oldest first), not to a new one, which would only be refused too.
                     self._wake(self._listeners.popleft())
-                else:
+                elif self._waiting:
                     self._hand_over(now)
 
     # -- what the backend said ---------------------------------------------------------------
@@ -271,12 +273,12 @@ class Window:
                 elapsed if self._answer is None else self._answer + _EWMA * (elapsed - self._answer)
             )
             # Grow only when the window is full and nobody it let through is refused now.
-            full = self._in_use >= self._slots() - 1 and not self._resting
+            full = self._in_use >= self._whole - 1 and not self._resting
             if full and self._size < self._ceiling:
                 grow = 1.0 if self._size < self._threshold else 1.0 / self._size
                 if self._size + 1 >= self._failed_at:  # probing the level refused before
                     grow /= self._patience
-                self._size = min(self._ceiling, self._size + grow)
+                self._resize(min(self._ceiling, self._size + grow))
                 if self._size >= self._failed_at:  # that level holds now: forget it
                     self._failed_at, self._patience = math.inf, 1.0
                 self._hand_over(self._clock.monotonic())
@@ -309,12 +311,14 @@ class Window:
                 sum(1 for t in self._granted if t.sent and not t.refused),
             )
             if held < self._size:
-                self._size = self._threshold = float(held)
+                self._threshold = float(held)
+                self._resize(self._threshold)
             elif ticket.epoch == self._epoch:
                 # Nothing new measured (the window holds more calls than its size, as when
                 # its ceiling just fell): shrink by the factor, once per round.
                 size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
-                self._size = self._threshold = float(min(self._size, size))
+                self._threshold = float(min(self._size, size))
+                self._resize(self._threshold)
             if self._size < before:
                 self._epoch += 1
             return self._size < before
@@ -332,7 +336,7 @@ class Window:
         (it just shrank): give its slot back and put it first in line, so that it goes
         again when the window has room, not into a full server. Returns whether it did."""
         with self._lock:
-            if ticket.state != "granted" or self._in_use <= self._slots():
+            if ticket.state != "granted" or self._in_use <= self._whole:
                 return False
             if ticket.refused:
                 ticket.refused = False
@@ -371,15 +375,15 @@ class Window:
         with self._lock:
             self._ceiling = float(min(capacity, self._policy.maximum))
             if self._threshold == math.inf:  # no refusal yet: start near the right size
-                self._size = self._ceiling
-            self._size = min(self._size, self._ceiling)
+                self._resize(self._ceiling)
+            self._resize(min(self._size, self._ceiling))
             self._hand_over(self._clock.monotonic())
 
     # -- under the lock -----------------------------------------------------------------------
 
-    def _slots(self) -> float:
-        """Whole calls the window lets through: it grows by fractions, calls come whole."""
-        return math.floor(self._size) if self._size != math.inf else math.inf
+    def _resize(self, size: float) -> None:
+        self._size = size
+        self._whole = _whole(size)
 
     def _grant(self, ticket: SlotTicket) -> None:
         ticket.state = "granted"
@@ -391,7 +395,7 @@ class Window:
         """Give free slots to the oldest waiters; tell those whose wait no longer fits."""
         waiting = self._waiting
         woken: list[SlotTicket] = []
-        while waiting and self._in_use < self._slots():
+        while waiting and self._in_use < self._whole:
             ticket = waiting.popleft()
             self._grant(ticket)
             woken.append(ticket)
@@ -425,3 +429,9 @@ class Window:
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"
+
+
+def _whole(size: float) -> float:
+    """Whole calls a window of ``size`` lets through: it grows by fractions, calls come
+    whole."""
+    return math.floor(size) if size != math.inf else math.inf

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 STALLED = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: appl"
 

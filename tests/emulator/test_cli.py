@@ -8,7 +8,7 @@ import pytest
 
 from herdless.emulator.cli import build_parser, main
 from herdless.emulator.settings import EmulatorSettings
-from herdless.testing.servers import ServerProcess, flags
+from herdless.launch.servers import ServerProcess, flags
 
 pytestmark = [pytest.mark.server]
 

@@ -36,7 +36,7 @@ pytest.importorskip("starlette")
 import httpx
 from tests.fuzz._counts import COUNTS, OUTCOMES
 
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

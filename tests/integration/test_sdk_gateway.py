@@ -13,7 +13,7 @@ from tests.integration.sdk_harness import HI, SPEED, TIMEOUTS, client_for
 
 from herdless import AsyncClient, BreakerPolicy, RetryPolicy
 from herdless.events import Event
-from herdless.testing.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

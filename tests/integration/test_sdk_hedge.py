@@ -21,8 +21,8 @@ from tests.integration.sdk_harness import HI, hosted_backend
 
 import herdless
 from herdless.events import Event, HedgeFinished, HedgeStarted
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
-from herdless.testing.vllm import read_metric, wait_for_metric
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.vllm import read_metric, wait_for_metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -34,7 +34,7 @@ import httpx
 
 from herdless.bench.stats import percentile
 from herdless.emulator.engine import EngineConfig
-from herdless.testing.servers import emulator_process
+from herdless.launch.servers import emulator_process
 
 __all__ = ["CapacityReport", "LevelResult", "main", "run_capacity"]
 

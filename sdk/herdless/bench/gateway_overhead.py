@@ -41,7 +41,7 @@ import httpx
 from aiolimiter import AsyncLimiter
 
 from herdless.bench.stats import median, percentile, ratio
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["OverheadParams", "OverheadResult", "main", "run"]
 

@@ -39,7 +39,7 @@ from typing import Any
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import percentile, ratio
-from herdless.testing.servers import emulator_process, gateway_process
+from herdless.launch.servers import emulator_process, gateway_process
 
 __all__ = ["HedgeParams", "run"]
 

@@ -41,7 +41,7 @@ from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import ratio
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["SharedParams", "run"]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from herdless import AsyncClient, Backend, BreakerPolicy, HerdlessError, RetryPolicy, Timeouts
-from herdless.testing.servers import ServerProcess
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["Phase", "SoakReport", "main", "run_soak"]
 

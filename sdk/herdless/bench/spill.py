@@ -29,7 +29,7 @@ import httpx
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import percentile
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["SpillParams", "run"]
 

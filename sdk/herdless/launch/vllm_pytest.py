@@ -1,12 +1,12 @@
-"""pytest fixtures for a real vLLM on CPU (:mod:`herdless.testing.vllm`).
+"""pytest fixtures for a real vLLM on CPU (:mod:`herdless.launch.vllm`).
 
-Enable with ``-p herdless.testing.vllm_pytest`` or ``pytest_plugins``. Where
+Enable with ``-p herdless.launch.vllm_pytest`` or ``pytest_plugins``. Where
 the server comes from, first match wins (read once, when the plugin loads):
 
 - ``HERDLESS_TEST_VLLM_URL``: a vLLM already running there; the fixtures that
   stop and restart the server skip.
 - ``HERDLESS_TEST_VLLM_HOME``: a cache folder prepared with
-  ``python -m herdless.testing.vllm prepare --cache DIR``; one server is started
+  ``python -m herdless.launch.vllm prepare --cache DIR``; one server is started
   for the whole session and stopped by its pid at the end.
 - ``.cache/vllm`` under pytest's root folder, when an earlier ``prepare`` left
   it ready (so ``pytest -m vllm`` works after one ``nox -s tests_vllm``).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from herdless.testing.vllm import VllmHome, VllmServer
+from herdless.launch.vllm import VllmHome, VllmServer
 
 __all__ = ["VLLM_ARGS", "vllm_server", "vllm_url"]
 

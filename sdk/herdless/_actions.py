@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from herdless._backend import Backend, Timeouts
+from herdless._wire import Completion
 
 __all__ = [
     "ATTEMPT_HEADER",
@@ -125,17 +126,23 @@ class Response:
 
     ``body`` is the whole body for a non-streaming answer and for any error status
     (read with a size cap); it is ``b""`` for an accepted (2xx) stream. ``elapsed`` is
-    seconds since the send. ``stream`` is the driver's own slot, which the flow never
-    reads: the open stream for an accepted stream, the decoded answer for an accepted
-    non-streaming call (the driver decodes a 2xx before handing it over, so that garbage
-    in a 200 comes back as a ``TransportFailure(kind="protocol")``, a failed attempt).
+    seconds since the send. The flow never reads the last two fields; the driver fills
+    them for itself, for the call's result:
+
+    - ``completion``: an accepted (2xx) non-streaming answer, decoded. The driver decodes
+      it before handing the outcome over, so that garbage in a 200 comes back as a
+      ``TransportFailure(kind="protocol")``, a failed attempt, not an error after the
+      call was accepted.
+    - ``opened``: an accepted stream, open, its first event read
+      (``herdless._outcomes.OpenStream``).
     """
 
     status: int
     headers: Mapping[str, str]
     body: bytes
     elapsed: float
-    stream: Any = field(default=None, repr=False, compare=False)
+    completion: Completion | None = field(default=None, repr=False, compare=False)
+    opened: Any = field(default=None, repr=False, compare=False)
 
 
 TransportFailureKind: TypeAlias = Literal[

@@ -21,11 +21,11 @@ from herdless._backend import Backend, Timeouts
 from herdless._clock import SYSTEM_CLOCK
 from herdless._config import ClientConfig, ClientOptions, derived_config
 from herdless._flow import CallFlow
+from herdless._request import Endpoints
 from herdless._state import ClientState
 from herdless._stats import response_received
-from herdless._transport import Endpoints
 from herdless._types import ChatResult
-from herdless._wire import Completion, build_body
+from herdless._wire import build_body
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -243,8 +243,8 @@ class _BaseClient:
     def _answered(flow: CallFlow, send: Send, outcome: Outcome) -> None:
         """Count a whole answer's tokens before the flow accepts it (and emits
         ``CallFinished``): ``ResponseReceived`` comes first."""
-        if not send.stream and type(outcome) is Response and outcome.stream is not None:
-            completion: Completion = outcome.stream
+        if type(outcome) is Response and outcome.completion is not None:
+            completion = outcome.completion
             response_received(
                 flow,
                 send.backend,
@@ -256,7 +256,9 @@ class _BaseClient:
 
     @staticmethod
     def _result(accepted: Accepted, request_id: str) -> ChatResult:
-        completion: Completion = accepted.response.stream
+        completion = accepted.response.completion
+        if completion is None:  # the driver decodes every accepted whole answer (accept)
+            raise TypeError("the driver must decode an accepted answer into Response.completion")
         return ChatResult(
             content=completion.content,
             backend=accepted.backend.name,

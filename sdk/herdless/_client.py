@@ -28,17 +28,10 @@ from herdless._backend import Backend
 from herdless._base import AsyncHooks, SyncHooks, _BaseClient, hooks_of, is_async_hook
 from herdless._config import ClientOptions
 from herdless._fields import check_extra_headers
+from herdless._outcomes import ERROR_BODY_CAP, OpenStream, accept, failure, stream_waits
 from herdless._parallel import AsyncSends, SyncSends, Workers
+from herdless._sockets import AttemptLimit, bounded_http_client
 from herdless._stream import AsyncStream, Stream, _StreamState
-from herdless._transport import (
-    ERROR_BODY_CAP,
-    AttemptLimit,
-    OpenStream,
-    accept,
-    bounded_http_client,
-    failure,
-    stream_waits,
-)
 from herdless._types import ChatResult
 
 if TYPE_CHECKING:
@@ -148,7 +141,7 @@ class Client(_BaseClient):
         self._sleep = sleep
         self._owns_http = http_client is None
         # Its own HTTP client bounds every socket wait by the attempt's time (see
-        # herdless._transport); a client or transport of the user's cannot be.
+        # herdless._sockets); a client or transport of the user's cannot be.
         self._limit: AttemptLimit | None = None
         self._workers = Workers()  # threads for hedges' races, started at the first one
         if http_client is not None:

@@ -11,7 +11,7 @@ cannot wait for two sockets at once.
 not read to its end, so the server sees the client leave (vLLM frees the sequence; a
 herdless gateway passes the disconnect on). A thread cannot be interrupted, so the sync
 client's own HTTP client reads a racing send's socket in slices of ``_SLICE`` seconds
-(``_transport.AttemptLimit.watch``) and gives up between two slices once cancelled,
+(``_sockets.AttemptLimit.watch``) and gives up between two slices once cancelled,
 closing the connection the same way. With an HTTP client of the user's, a cancelled
 send runs until its own limits end it; its answer is then closed unread. A send that
 ended but was not reported yet (the loser of a close race) is closed unread too.
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Final
 from herdless._actions import Ended, Outcome, Race, Response, Send
 
 if TYPE_CHECKING:
-    from herdless._transport import AttemptLimit, OpenStream
+    from herdless._outcomes import OpenStream
+    from herdless._sockets import AttemptLimit
 
 __all__ = ["AsyncSends", "SyncSends", "Workers"]
 
@@ -43,7 +44,7 @@ thread, which only delays it."""
 def _open_stream(send: Send, outcome: Outcome) -> OpenStream | None:
     """The open stream an accepted streaming ``outcome`` of ``send`` carries, if any."""
     if send.stream and type(outcome) is Response and 200 <= outcome.status < 300:
-        stream: OpenStream = outcome.stream
+        stream: OpenStream = outcome.opened
         return stream
     return None
 
@@ -132,7 +133,7 @@ class Workers:
 
 class _Running:
     """One send on a worker thread; ``cancelled`` is read by the thread's socket reads
-    (``_transport._WatchedStream``) between two slices."""
+    (``_sockets._WatchedStream``) between two slices."""
 
     __slots__ = ("cancelled", "lock", "send")
 

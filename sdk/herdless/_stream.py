@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
     from herdless._actions import Accepted
     from herdless._flow import CallFlow
-    from herdless._transport import AttemptLimit, OpenStream
+    from herdless._outcomes import OpenStream
+    from herdless._sockets import AttemptLimit
     from herdless.events import Event
 
 __all__ = ["AsyncStream", "Stream"]
@@ -88,7 +89,7 @@ class _StreamState:
     ) -> None:
         self.flow = flow
         self.accepted = accepted
-        self.opened: OpenStream = accepted.response.stream
+        self.opened: OpenStream = accepted.response.opened
         self.request_id = request_id
         self.delivered_chunks = 0
         self.delivered_chars = 0

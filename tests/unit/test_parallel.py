@@ -1,5 +1,5 @@
 """The drivers' half of a race (``herdless._parallel``) and the sync client's watched
-sockets (``herdless._transport._WatchedStream``), with fake sends and a fake socket: no
+sockets (``herdless._sockets._WatchedStream``), with fake sends and a fake socket: no
 HTTP, no server.
 
 Sends here block on events the test sets, so which one ends first never depends on
@@ -19,7 +19,7 @@ import pytest
 from herdless._actions import Race, Response, Send, TransportFailure
 from herdless._backend import Backend, Timeouts
 from herdless._parallel import AsyncSends, SyncSends, Workers
-from herdless._transport import AttemptLimit, _WatchedStream
+from herdless._sockets import AttemptLimit, _WatchedStream
 
 BACKEND = Backend(name="b", base_url="http://b.test/v1")
 
@@ -45,7 +45,7 @@ class _Opened:
 
 
 def _stream_answer(opened: _Opened) -> Response:
-    return Response(status=200, headers={}, body=b"", elapsed=0.0, stream=opened)
+    return Response(status=200, headers={}, body=b"", elapsed=0.0, opened=opened)
 
 
 # -- sync ------------------------------------------------------------------------------------

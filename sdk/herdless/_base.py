@@ -278,7 +278,7 @@ class _BaseClient:
 
 def _derived_state(state: ClientState, config: ClientConfig) -> ClientState:
     """``state`` seen through a derived ``config`` (``with_options``): the same breakers,
-    budgets, windows, pacers, gate, spend guard and counters, shared, not copied."""
+    budgets, windows, pacers, backend holds, spend guard and counters, shared, not copied."""
     derived = copy.copy(state)  # a shallow copy: every per-backend object is the same one
     derived.config = config
     if config.fallback_policy.allow_external != state.config.fallback_policy.allow_external:

@@ -15,7 +15,7 @@ brief blip that refused a crowd (the gateway's queue was full for a moment) lets
 the crowd through as fast as its retries succeed, and every call is served.
 
 The budget bounds attempts, not outcomes: a call that finds it spent waits behind
-the gate for budget, or goes to the fallback (the flow decides). Pure: no sleeping,
+for budget, or goes to the fallback (the flow decides). Pure: no sleeping,
 no I/O; one lock makes it safe across threads and tasks.
 """
 

@@ -118,13 +118,13 @@ def give_up(call: Call, stay: Stay, reason: str, error: HerdlessError | None = N
 
 def hold(call: Call, stay: Stay, now: float) -> Decision:
     """A drain or an outage the backend announced holds every call of the client."""
-    blocked, draining = call.state.gate.blocked(stay.backend.name, now)
-    if blocked <= 0:
+    held, draining = call.state.holds.held(stay.backend.name, now)
+    if held <= 0:
         return None
     why = "draining" if draining else "unavailable"
     if not stay.last:
         return Move(why, stay.last_error or call.errors.blocked(stay.backend.name))
-    delay = call.state.config.retry.after_server(blocked, call.state.rng)
+    delay = call.state.config.retry.after_server(held, call.state.rng)
     if not call.fits(now + delay, stay.end):
         return give_up(call, stay, "retry_after_exceeds_deadline")
     return Wait(delay, "draining" if draining else "backpressure")
@@ -456,7 +456,7 @@ def _hold_backend(call: Call, stay: Stay, verdict: Verdict) -> None:
     full jitter, rather than all coming back when a guessed hold ends."""
     state, backend, seconds = call.state, stay.backend, verdict.retry_after
     if seconds is not None:
-        state.gate.block(backend.name, seconds, draining=verdict.draining)
+        state.holds.hold(backend.name, seconds, draining=verdict.draining)
         call.emit(
             BackpressureReceived,
             backend=backend.name,

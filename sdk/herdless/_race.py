@@ -250,7 +250,7 @@ def _admitted(call: Call, hedge: Stay, now: float) -> bool:
     counts for good (the spend guard) is asked last."""
     state = call.state
     name = hedge.backend.name
-    if state.gate.blocked(name, now)[0] > 0:
+    if state.holds.held(name, now)[0] > 0:
         return False
     hedge.slot = hedge.window.acquire(end=hedge.end, max_wait=0.0)
     if hedge.slot.state != "granted":

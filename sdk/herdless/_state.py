@@ -2,7 +2,7 @@
 
 ``ClientConfig`` (``herdless._config``) is what the client was told: frozen. This is
 what it learns while it works: per backend a breaker, a retry budget, a window (flow
-control) and a pacer; client-wide the backend holds (``herdless._gate``), the spend
+control) and a pacer; client-wide the backend holds (``herdless._holds``), the spend
 guard, the hedge budget and the counters behind ``stats()``. Two clients in one process
 share none of it. Each object guards itself with its own lock, so threads (``Client``)
 and tasks (``AsyncClient``) share one client safely.
@@ -20,8 +20,8 @@ from herdless._breaker import CircuitBreaker
 from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless._config import ClientConfig
-from herdless._gate import BackpressureGate
 from herdless._hedge import Hedging
+from herdless._holds import BackendHolds
 from herdless._pacing import Pacer
 from herdless._routing import Route, SpendGuard, plan_route
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
@@ -61,7 +61,7 @@ class ClientState:
         self.keep_events = True
         """Whether calls keep their events for the driver's hook (``Call.take_events``);
         a client without ``on_event`` turns it off. Stats see every event either way."""
-        self.gate = BackpressureGate(clock=clock)
+        self.holds = BackendHolds(clock=clock)
         self.spend = SpendGuard(config.fallback_policy, clock=clock)
         self.counts = StatsRecorder()
         """What ``stats()`` reports; calls count every event they emit here."""
@@ -149,7 +149,7 @@ class ClientState:
         )
 
     def _healthy(self, backend: Backend) -> bool:
-        return self.breaker(backend).state != "open" and self.gate.blocked(backend.name)[0] == 0
+        return self.breaker(backend).state != "open" and self.holds.held(backend.name)[0] == 0
 
     def __repr__(self) -> str:
         return f"ClientState(backends={[b.name for b in self.config.backends]!r})"

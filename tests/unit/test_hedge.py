@@ -318,7 +318,7 @@ def test_no_hedge_when_its_backend_would_make_it_wait(obstacle: str) -> None:
     elif obstacle == "breaker":
         state.breaker(HOSTED).force_open(60.0, "test")
     else:
-        state.gate.block("hosted", 60.0)
+        state.holds.hold("hosted", 60.0)
     tokens = state.hedging.budget.tokens  # type: ignore[union-attr]
     accepted = driver.run()
     assert accepted.backend is PRIMARY

@@ -26,7 +26,7 @@ from herdless.errors import (
 )
 
 if TYPE_CHECKING:
-    from herdless._routing import SpendGuard
+    from herdless._spend import SpendGuard
 
 __all__ = ["CallErrors"]
 

@@ -23,7 +23,8 @@ from herdless._config import ClientConfig
 from herdless._hedge import Hedging
 from herdless._holds import BackendHolds
 from herdless._pacing import Pacer
-from herdless._routing import Route, SpendGuard, plan_route
+from herdless._routing import Route, plan_route
+from herdless._spend import SpendGuard
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
 from herdless._window import Window
 

@@ -13,7 +13,7 @@ import math
 import os
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Outcome, Response, Send
@@ -36,16 +36,12 @@ if TYPE_CHECKING:
     from herdless._stats import ClientStats
     from herdless.events import Event
 
-__all__ = ["AsyncHooks", "Hook", "SyncHooks", "hooks_of", "is_async_hook"]
+__all__ = ["Hook", "SyncHooks", "hooks_of", "is_async_hook"]
 
 logger = logging.getLogger("herdless")
 
 Hook: TypeAlias = Callable[["Event"], Any]
 SyncHooks: TypeAlias = Callable[["Event"], None] | Sequence[Callable[["Event"], None]]
-AsyncHooks: TypeAlias = (
-    Callable[["Event"], Awaitable[None] | None]
-    | Sequence[Callable[["Event"], Awaitable[None] | None]]
-)
 
 
 def hooks_of(on_event: Hook | Sequence[Hook] | None) -> tuple[Hook, ...]:

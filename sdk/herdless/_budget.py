@@ -89,15 +89,6 @@ class RetryBudget:
         with self._lock:
             self._waiting = max(0, self._waiting - 1)
 
-    def free_in(self) -> float:
-        """Seconds until the oldest failed retry leaves the window (budget frees up then at
-        the latest; a new call or a successful retry may free it sooner)."""
-        with self._lock:
-            self._prune()
-            if not self._retries:
-                return 0.0
-            return max(0.0, self._retries[0] + self._window - self._clock.monotonic())
-
     def _prune(self) -> None:
         horizon = self._clock.monotonic() - self._window
         for entries in (self._calls, self._retries):

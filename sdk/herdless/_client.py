@@ -25,7 +25,7 @@ import httpx
 
 from herdless._actions import Accepted, Outcome, Race, Send, Sleep, SlotWait
 from herdless._backend import Backend
-from herdless._base import AsyncHooks, SyncHooks, _BaseClient, hooks_of, is_async_hook
+from herdless._base import SyncHooks, _BaseClient, hooks_of, is_async_hook
 from herdless._config import ClientOptions
 from herdless._fields import check_extra_headers
 from herdless._outcomes import ERROR_BODY_CAP, OpenStream, accept, failure, stream_waits
@@ -37,7 +37,7 @@ from herdless._types import ChatResult
 if TYPE_CHECKING:
     from typing import Self
 
-    from herdless.events import Event
+    from herdless.events import Event, EventHook
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -375,7 +375,7 @@ class AsyncClient(_BaseClient):
         self,
         primary: str | Backend | Sequence[str | Backend] | None = None,
         *,
-        on_event: AsyncHooks | None = None,
+        on_event: EventHook | Sequence[EventHook] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,

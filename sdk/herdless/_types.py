@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 __all__ = [
     "AttemptRecord",
@@ -17,26 +17,10 @@ __all__ = [
     "Chunk",
     "FunctionCall",
     "FunctionCallDelta",
-    "Message",
     "ToolCall",
     "ToolCallDelta",
     "Usage",
 ]
-
-
-class Message(TypedDict):
-    """One chat message in the OpenAI format, e.g. ``{"role": "user", "content": "Hi"}``.
-
-    Tool use: an assistant message that called tools carries ``tool_calls`` (its
-    ``content`` may be ``None``); the answer to a call is a ``"tool"`` message with the
-    call's ``tool_call_id``.
-    """
-
-    role: str
-    content: str | None
-    name: NotRequired[str]
-    tool_calls: NotRequired[list[dict[str, Any]]]
-    tool_call_id: NotRequired[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -272,8 +272,13 @@ class CallFailed(Event):
 
 
 class EventHook(Protocol):
-    """Receives events. A sync client needs a plain callable; an async client
-    accepts a coroutine function too. A hook that raises is logged and never
-    breaks the call."""
+    """What ``AsyncClient(on_event=...)`` takes (one, or a sequence of them): a callable
+    that receives each event, a plain function or a coroutine function (awaited before
+    the client goes on). ``Client`` takes plain callables only. A hook that raises is
+    logged and never breaks the call.
+
+    >>> async def on_event(event: Event) -> None:
+    ...     print(type(event).__name__, event.backend)
+    """
 
     def __call__(self, event: Event, /) -> Awaitable[None] | None: ...

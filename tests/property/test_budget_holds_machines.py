@@ -88,10 +88,6 @@ class BudgetMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @invariant()
-    def free_in_is_within_the_window(self) -> None:
-        assert 0.0 <= self.budget.free_in() <= self.window + 1e-9  # float rounding
-
 
 class HoldsMachine(RuleBasedStateMachine):
     """Retry-After and drain signals from several backends; time moving."""

@@ -58,6 +58,10 @@ async def on_event_async(event: events.Event) -> None:
     return None
 
 
+# EventHook is what AsyncClient(on_event=...) takes: a coroutine function or a plain one.
+async_hooks: list[events.EventHook] = [on_event_async, on_event]
+
+
 # -- the sync client ---------------------------------------------------------------------
 
 
@@ -166,6 +170,8 @@ async def async_usage() -> None:
         del derived
     async with herdless.AsyncClient.from_env(on_event=on_event) as from_env:
         del from_env
+    async with herdless.AsyncClient("http://gpu:8080/v1", on_event=async_hooks) as hooked:
+        del hooked
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -215,8 +221,6 @@ errors: tuple[type[herdless.HerdlessError], ...] = (
     herdless.FallbackNotAllowed,
     herdless.SpendLimitExceeded,
 )
-message: herdless.Message = {"role": "user", "content": "hi"}
-tool_answer: herdless.Message = {"role": "tool", "content": "21 C", "tool_call_id": "call_0"}
 received: events.ResponseReceived = events.ResponseReceived(
     call_id="r",
     backend="hosted",

@@ -26,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from herdless._percentiles import nearest_rank
+
 __all__ = ["FirstByteTimes", "HedgeBudget", "HedgePolicy", "Hedging"]
 
 _QUANTILE: Final = 0.95
@@ -157,7 +159,7 @@ class FirstByteTimes:
             known = len(self._times)
             if known >= _WARMUP and (known <= _REFRESH or self._fresh >= _REFRESH):
                 ordered = sorted(self._times)
-                self._quantile = ordered[min(len(ordered) - 1, int(_QUANTILE * len(ordered)))]
+                self._quantile = nearest_rank(ordered, _QUANTILE)
                 self._fresh = 0
 
     @property

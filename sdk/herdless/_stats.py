@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from herdless._percentiles import nearest_rank
 from herdless.events import (
     AttemptFailed,
     AttemptStarted,
@@ -228,7 +229,7 @@ class StatsRecorder:
             latency: dict[str, float] = {}
             if ordered:
                 for name, q in _PERCENTILES.items():
-                    latency[name] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+                    latency[name] = nearest_rank(ordered, q)
                 latency["max"] = ordered[-1]
             return ClientStats(
                 calls=self._succeeded + self._failed,

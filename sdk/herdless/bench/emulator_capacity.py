@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from herdless.bench.stats import percentile
+from herdless._percentiles import percentile
 from herdless.emulator.engine import EngineConfig
 from herdless.launch.servers import emulator_process
 

@@ -40,7 +40,8 @@ from typing import TypedDict
 import httpx
 from aiolimiter import AsyncLimiter
 
-from herdless.bench.stats import median, percentile, ratio
+from herdless._percentiles import percentile
+from herdless.bench.stats import median, ratio
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["OverheadParams", "OverheadResult", "main", "run"]

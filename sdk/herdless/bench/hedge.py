@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from herdless._percentiles import percentile
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import percentile, ratio
+from herdless.bench.stats import ratio
 from herdless.launch.servers import emulator_process, gateway_process
 
 __all__ = ["HedgeParams", "run"]

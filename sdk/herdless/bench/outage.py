@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import httpx
 
 import herdless
+from herdless._percentiles import percentile
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import percentile
 from herdless.events import BreakerStateChanged, Event, FallbackUsed
 from herdless.launch.servers import emulator_process
 

@@ -11,13 +11,11 @@ hide behind a working fallback.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from herdless._percentiles import nearest_rank
 from herdless.events import (
@@ -36,11 +34,9 @@ from herdless.events import (
 )
 
 if TYPE_CHECKING:
-    from herdless._backend import Backend
-    from herdless._call import Call
-    from herdless._types import Usage
+    pass
 
-__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder", "response_received"]
+__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder"]
 
 # Latency percentiles are computed over the most recent calls only: bounded memory
 # for a client that lives for weeks, and recent numbers are the ones that matter.
@@ -253,63 +249,6 @@ class StatsRecorder:
                 hedges=dict(self._hedges),
                 hedge_wins=dict(self._hedge_wins),
             )
-
-
-@functools.lru_cache(maxsize=64)
-def _address(base_url: str) -> tuple[str | None, int | None]:
-    """``(host, port)`` of a base URL; the port implied by the scheme when not given."""
-    parts = urlsplit(base_url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.hostname, port
-
-
-def response_received(
-    call: Call,
-    backend: Backend,
-    *,
-    usage: Usage | None,
-    model: str | None,
-    finish_reason: str | None,
-    response_id: str | None = None,
-    raw: Mapping[str, Any] | None = None,
-) -> None:
-    """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
-    the spend guard for an external backend), and emit ``ResponseReceived`` when someone
-    would see it (building it on every call showed in per-call CPU). The answer's id is
-    ``response_id``, or read from its ``raw`` JSON only then."""
-    state = call.state
-    if usage is None and not call.public:
-        return  # nothing to count, nobody to tell
-    input_tokens = output_tokens = None
-    cost = None
-    if usage is not None:
-        input_tokens, output_tokens = usage.prompt_tokens, usage.completion_tokens
-        if backend.price is not None:
-            cost = backend.price.cost(input_tokens=input_tokens, output_tokens=output_tokens)
-        if backend.external:
-            state.spend.record_usage(input_tokens + output_tokens, cost)
-    state.counts.response(backend.name, input_tokens, output_tokens, cost)
-    if call.public:
-        if response_id is None and raw is not None:
-            ident = raw.get("id")
-            response_id = ident if isinstance(ident, str) else None
-        host, port = _address(backend.base_url)
-        call.publish(
-            ResponseReceived(
-                call_id=call.request_id,
-                backend=backend.name,
-                at=state.clock.monotonic(),
-                model=model,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cost=cost,
-                finish_reason=finish_reason,
-                response_id=response_id,
-                server_address=host,
-                server_port=port,
-                external=backend.external,
-            )
-        )
 
 
 class DegradedTracker:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
-from herdless._stats import response_received
+from herdless._call import response_received
 from herdless._types import AttemptRecord, Chunk, FunctionCall, ToolCall, ToolCallDelta, Usage
 from herdless._wire import DONE, parse_chunk
 from herdless.errors import HerdlessError, StreamDeadlineExceeded, StreamInterrupted

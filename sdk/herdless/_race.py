@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Action, Ended, Outcome, Race, Response, Send
+from herdless._attempt import judge, send
 from herdless._breaker import Permit
 from herdless._call import Backup, Call, Stay
-from herdless._checks import Fail, Move, Wait, judge, send
+from herdless._checks import Fail, Move, Wait
 from herdless._types import AttemptRecord
 from herdless.events import FallbackUsed, HedgeFinished, HedgeStarted
 

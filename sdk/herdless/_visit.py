@@ -1,8 +1,9 @@
 """One call's stay at one backend: the checks, the attempt, the verdict, in a loop.
 
 ``serve`` is what ``CallFlow.run`` runs for each backend of the route, in order. The
-rules themselves are the small functions of ``herdless._checks``; this loop only
-strings them together and turns their decisions into actions for the driver::
+rules themselves are the small functions of ``herdless._checks`` and
+``herdless._attempt`` (``send``, ``judge``); this loop only strings them together and
+turns their decisions into actions for the driver::
 
     until the backend answers, or the call must move on or end:
         ask each check (hold, window, budget, pacing, spend, breaker)
@@ -18,8 +19,9 @@ from collections.abc import Generator
 from typing import Any
 
 from herdless._actions import Accepted, Action, Sleep, SlotWait
+from herdless._attempt import judge, send
 from herdless._call import Call, Stay
-from herdless._checks import Decision, Fail, Move, Queue, Wait, checks_for, judge, send
+from herdless._checks import Decision, Fail, Move, Queue, Wait, checks_for
 from herdless._race import race
 from herdless.events import RetryScheduled, WaitScheduled
 

@@ -23,10 +23,16 @@ from pathlib import Path
 
 import pytest
 
-# Found, not imported: a cycle must fail its test, not the collection of this file.
-_SPEC = importlib.util.find_spec("herdless")
-assert _SPEC is not None and _SPEC.origin is not None
-PACKAGE = Path(_SPEC.origin).parent
+
+def _package() -> Path:
+    # Found, not imported: a cycle must fail its test, not the collection of this file.
+    spec = importlib.util.find_spec("herdless")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("herdless is not installed")
+    return Path(spec.origin).parent
+
+
+PACKAGE = _package()
 
 # Packages at the same rank may not import each other; a lower rank never imports a higher.
 RANKS = {

@@ -1,8 +1,9 @@
 """herdless: run your own LLM next to a hosted one."""
 
+from herdless._async_client import AsyncClient
 from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
-from herdless._client import AsyncClient, Client
+from herdless._client import Client
 from herdless._config import ClientOptions
 from herdless._hedge import HedgePolicy
 from herdless._pacing import PacingPolicy

@@ -19,16 +19,18 @@ body, which is all they can do with an HTTP client the user gave them.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final
 
 import httpx
 
 from herdless._actions import Response, TransportFailure, TransportFailureKind
 from herdless._backend import Timeouts
+from herdless._clock import Clock
 from herdless._types import Chunk
 from herdless._wire import DONE, SSEDecoder, parse_chunk, parse_completion
 
-__all__ = ["ERROR_BODY_CAP", "OpenStream", "accept", "failure", "stream_waits"]
+__all__ = ["ERROR_BODY_CAP", "Body", "OpenStream", "accept", "failure", "stream_waits", "too_slow"]
 
 # An error body is read for its message only; a proxy's HTML page can be large.
 ERROR_BODY_CAP: Final = 64 * 1024
@@ -85,6 +87,56 @@ def accept(response: httpx.Response, body: bytes, *, stream: bool, elapsed: floa
         elapsed=elapsed,
         completion=decoded,
     )
+
+
+def too_slow(what: str) -> httpx.ReadTimeout:
+    """The error for ``what`` (an answer, a stream's first event) that arrived in pieces
+    past the attempt's time: ``failure`` makes it a ``first_byte_timeout``."""
+    return httpx.ReadTimeout(f"{what} arrived too slowly: the attempt's time ran out")
+
+
+class Body:
+    """A whole answer's body, which the driver reads piece by piece, not with ``read()``:
+    a body that trickles in must not outlast the attempt (each socket read alone is
+    bounded, not their sum). An error body is read up to ``ERROR_BODY_CAP``, for its
+    message only.
+
+    Args:
+        response: the answer whose body this is.
+        clock: the client's clock.
+        end: the clock's time at which the attempt's time runs out.
+    """
+
+    __slots__ = ("_cap", "_clock", "_end", "_parts", "_size")
+
+    def __init__(self, response: httpx.Response, clock: Clock, end: float) -> None:
+        self._cap = math.inf if response.is_success else ERROR_BODY_CAP
+        self._clock = clock
+        self._end = end
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def add(self, part: bytes) -> bool:
+        """Keep ``part``; return whether enough was read (an error body past its cap).
+
+        Raises:
+            httpx.ReadTimeout: the attempt's time ran out (``too_slow``).
+        """
+        self._parts.append(part)
+        self._size += len(part)
+        if self._size > self._cap:
+            return True
+        if self._clock.monotonic() > self._end:
+            raise too_slow("the answer")
+        return False
+
+    def outcome(self, response: httpx.Response, *, stream: bool, elapsed: float) -> Response:
+        """The read answer as the flow's outcome (``accept``).
+
+        Raises:
+            ValueError: a 2xx non-streaming body is not a chat completion.
+        """
+        return accept(response, b"".join(self._parts), stream=stream, elapsed=elapsed)
 
 
 def stream_waits(response: httpx.Response, limits: Timeouts) -> tuple[float | None, float | None]:

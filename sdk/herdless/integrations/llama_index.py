@@ -21,7 +21,8 @@ from herdless.integrations.openai import _unserved_http_client, async_http_clien
 if TYPE_CHECKING:
     from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    from herdless._client import AsyncClient, Client
+    from herdless._async_client import AsyncClient
+    from herdless._client import Client
 
 __all__ = ["openai_llm"]
 

@@ -63,7 +63,8 @@ from herdless.integrations._extras import import_extra
 if TYPE_CHECKING:
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    from herdless._client import AsyncClient, Client
+    from herdless._async_client import AsyncClient
+    from herdless._client import Client
     from herdless._stream import AsyncStream, Stream
 
 __all__ = [

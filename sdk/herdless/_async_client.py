@@ -26,7 +26,8 @@ from herdless._config import ClientOptions
 from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import AsyncSends
-from herdless._stream import AsyncStream, _StreamState
+from herdless._stream import AsyncStream
+from herdless._stream_state import StreamState
 from herdless._types import ChatResult
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class AsyncClient(_BaseClient):
             if hooked:
                 await self._dispatch(flow.take_events())
         if stream:
-            state = _StreamState(flow, accepted, request_id, stream_deadline=total)
+            state = StreamState(flow, accepted, request_id, stream_deadline=total)
             return AsyncStream(state, self._dispatch)
         return self._result(accepted, request_id)
 

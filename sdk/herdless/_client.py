@@ -33,7 +33,8 @@ from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import SyncSends, Workers
 from herdless._sockets import AttemptLimit, bounded_http_client
-from herdless._stream import Stream, _StreamState
+from herdless._stream import Stream
+from herdless._stream_state import StreamState
 from herdless._types import ChatResult
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ class Client(_BaseClient):
             if hooked:
                 self._dispatch(flow.take_events())
         if stream:
-            state = _StreamState(
+            state = StreamState(
                 flow, accepted, request_id, stream_deadline=total, limit=self._limit
             )
             return Stream(state, self._dispatch)

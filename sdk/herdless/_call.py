@@ -31,7 +31,8 @@ from herdless.events import (
 if TYPE_CHECKING:
     from herdless._state import ClientState
     from herdless._types import Usage
-    from herdless._window import SlotTicket, Window
+    from herdless._window import Window
+    from herdless._window_wait import SlotTicket
     from herdless.errors import HerdlessError
 
 __all__ = ["Backup", "Call", "Stay", "response_received"]

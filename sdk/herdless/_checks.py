@@ -28,7 +28,7 @@ from typing import TypeAlias
 from herdless._breaker import Permit
 from herdless._call import Call, Stay
 from herdless._types import AttemptRecord
-from herdless._window import SlotTicket
+from herdless._window_wait import SlotTicket
 from herdless.errors import HerdlessError
 from herdless.events import (
     SlotAwaited,

@@ -29,20 +29,9 @@ first served; a call that leaves hands its slot to the next waiting call at once
               than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
-**How long a waiter will wait.** Slots free at the rate measured over the last
-``_RATE_SAMPLES`` releases, ``rate = (n - 1) / (now - the first of them)`` (measured to
-*now*, so that a backend that stops answering reads as slower and slower), so the
-waiter at position ``p`` (0 = next) expects::
-
-    wait = (p + 1 + max(0, in_use - size)) / rate
-
-and then its own answer (``answer``: an EWMA of the time from sending an attempt to its
-accepted answer; for a stream, its first chunk). A waiter whose ``now + wait + answer``
-passes the time it may stay (its deadline, less the reserve kept for a fallback), or
-whose ``wait`` passes its patience, is told to leave at once (``"spill"``), re-checked at
-every release. Until two releases and an answer are measured the estimate is unknown
-and nobody is told to leave: a call that hoped wrongly leaves when its time runs out,
-never later.
+**How long a waiter will wait**: ``herdless._window_wait`` (``Turnover``), which also
+holds a call's place (``SlotTicket``). A waiter whose wait no longer fits is told to
+leave at once (``"spill"``), re-checked at every release.
 
 Pure apart from one lock: no sleeping, no I/O, an injected clock. The drivers do the
 waiting: a waiter's ``listen(callback)`` is called once its state is decided.
@@ -55,21 +44,14 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from herdless._clock import Clock
+from herdless._window_wait import SlotTicket, Turnover
 
-__all__ = ["SlotTicket", "Window", "WindowPolicy"]
+__all__ = ["Window", "WindowPolicy"]
 
-# Weight of the newest sample in the answer EWMA: about the last ten answers.
-_EWMA = 0.2
 # How much slower, at most, the window probes a level the backend keeps refusing.
 _MAX_PATIENCE = 64.0
-# Releases the rate is measured over: several rounds of a GPU that finishes a whole batch
-# at once, few enough to follow a change within seconds.
-_RATE_SAMPLES = 32
-
-TicketState = Literal["waiting", "granted", "spill", "done"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,30 +90,6 @@ class WindowPolicy:
             raise ValueError(f"WindowPolicy.decrease must be in (0, 1), got {self.decrease!r}")
 
 
-class SlotTicket:
-    """One call's place at one backend's window.
-
-    ``state`` is ``"granted"`` (it holds a slot), ``"waiting"`` (in the client's queue),
-    ``"spill"`` (told to leave: its wait no longer fits) or ``"done"`` (its place was
-    given back). ``end`` is the latest time its answer is still useful, ``max_wait`` the
-    longest wait it accepts, ``epoch`` the window's round when its slot was granted.
-    """
-
-    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "sent", "state")
-
-    def __init__(self, end: float, max_wait: float) -> None:
-        self.end = end
-        self.max_wait = max_wait
-        self.state: TicketState = "waiting"
-        self.epoch = -1  # the window's round when the slot was granted
-        self.refused = False  # refused, and waiting to retry in its slot
-        self.sent = 0  # the window's count of sends when its last attempt went (0: none)
-        self._notify: Callable[[], None] | None = None
-
-    def __repr__(self) -> str:
-        return f"SlotTicket(state={self.state!r})"
-
-
 class Window:
     """One backend's window for one client. Thread- and task-safe.
 
@@ -146,12 +104,10 @@ class Window:
     """
 
     __slots__ = (
-        "_answer",
         "_ceiling",
         "_clock",
         "_epoch",
         "_failed_at",
-        "_freed",
         "_granted",
         "_in_use",
         "_listeners",
@@ -162,6 +118,7 @@ class Window:
         "_sends",
         "_size",
         "_threshold",
+        "_turnover",
         "_waiting",
         "_whole",
     )
@@ -183,8 +140,7 @@ class Window:
         self._granted: set[SlotTicket] = set()  # the calls holding a slot
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
-        self._freed: deque[float] = deque(maxlen=_RATE_SAMPLES)  # when slots were freed
-        self._answer: float | None = None
+        self._turnover = Turnover()  # how fast slots free, how long answers take
 
     # -- observation ---------------------------------------------------------------------
 
@@ -255,7 +211,7 @@ class Window:
                 if ticket.refused and ticket in self._listeners:
                     self._listeners.remove(ticket)
                 now = self._clock.monotonic()
-                self._freed.append(now)
+                self._turnover.freed(now)
                 if self._listeners:
                     # A place at the backend freed: it goes to a call the backend refused
                     # (oldest first), not to a new one, which would only be refused too.
@@ -269,9 +225,7 @@ class Window:
         """An attempt was answered with success after ``elapsed`` seconds: the window was
         right, and may grow if it was full."""
         with self._lock:
-            self._answer = (
-                elapsed if self._answer is None else self._answer + _EWMA * (elapsed - self._answer)
-            )
+            self._turnover.answered(elapsed)
             # Grow only when the window is full and nobody it let through is refused now.
             full = self._in_use >= self._whole - 1 and not self._resting
             if full and self._size < self._ceiling:
@@ -353,7 +307,7 @@ class Window:
     @property
     def answer_time(self) -> float | None:
         """An EWMA of the time from sending an attempt to its accepted answer, seconds."""
-        return self._answer
+        return self._turnover.answer
 
     def sent(self, ticket: SlotTicket) -> None:
         """``ticket``'s call sends an attempt (again, after a refusal)."""
@@ -399,7 +353,7 @@ class Window:
             ticket = waiting.popleft()
             self._grant(ticket)
             woken.append(ticket)
-        if waiting and self._answer is not None and len(self._freed) > 1:
+        if waiting and self._turnover.measured:
             for position, ticket in enumerate(list(waiting)):
                 if not self._fits(ticket, position, now):
                     waiting.remove(ticket)
@@ -415,17 +369,13 @@ class Window:
             notify()
 
     def _wait_for(self, position: int, now: float) -> float | None:
-        freed = self._freed
-        if len(freed) < 2 or now <= freed[0]:
-            return None
-        rate = (len(freed) - 1) / (now - freed[0])
-        return (position + 1 + max(0, self._in_use - math.floor(self._size))) / rate
+        # The slots to free before this waiter's: those ahead of it, its own, and the
+        # calls the window holds beyond its size (it just shrank).
+        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
+        return self._turnover.wait(ahead, now)
 
     def _fits(self, ticket: SlotTicket, position: int, now: float) -> bool:
-        wait = self._wait_for(position, now)
-        if wait is None or self._answer is None:
-            return True  # nothing measured: no grounds to send anyone away
-        return wait <= ticket.max_wait and now + wait + self._answer <= ticket.end
+        return self._turnover.fits(ticket, self._wait_for(position, now), now)
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"

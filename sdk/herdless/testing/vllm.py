@@ -16,7 +16,9 @@ from herdless.launch.vllm import main
 warnings.warn(
     "herdless.testing.vllm moved to herdless.launch.vllm; import it from there",
     DeprecationWarning,
-    stacklevel=2,
+    # Run as a command, the warning is the command's own (shown by default); imported,
+    # it is the importer's.
+    stacklevel=1 if __name__ == "__main__" else 2,
 )
 
 if __name__ == "__main__":

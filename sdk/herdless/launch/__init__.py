@@ -9,7 +9,8 @@
 - ``herdless.launch.vllm_pytest``: pytest fixtures for that vLLM (``vllm_server``,
   ``vllm_url``).
 
-Only the standard library and httpx run in this process: vLLM, torch and transformers
-live in the venv ``prepare`` makes. Test doubles (a fake clock, scripted backends) are
-``herdless.testing``, which imports nothing from here.
+In this process they need the standard library and httpx (and pytest for the fixtures,
+prometheus-client, imported when used, to read vLLM's metrics); vLLM, torch and
+transformers live in the venv ``prepare`` makes. Test doubles (a fake clock, scripted
+backends) are ``herdless.testing``, which imports nothing from here.
 """

@@ -14,7 +14,8 @@ Command line (the ``tests_vllm`` nox session uses ``prepare``)::
     python -m herdless.launch.vllm prepare [--cache DIR]
     python -m herdless.launch.vllm serve [--cache DIR] [--port P] [-- VLLM FLAGS...]
 
-Only the standard library and httpx: the heavy packages live in the venv.
+The standard library and httpx (``read_metric`` imports prometheus-client when used):
+the heavy packages live in the venv.
 """
 
 from __future__ import annotations

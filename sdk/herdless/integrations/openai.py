@@ -322,6 +322,39 @@ def _unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client |
     return httpx.Client(transport=transport)
 
 
+def _framework_http_clients(
+    kwargs: dict[str, Any],
+    client: Client | None,
+    async_client: AsyncClient | None,
+    *,
+    pass_model: bool,
+    who: str,
+    keys: tuple[str, str],
+    methods: tuple[str, str],
+) -> None:
+    """Set the two HTTP clients a framework's openai class takes, in ``kwargs`` under
+    ``keys`` (sync, async): herdless's for each client given; for the other, one that
+    answers ``501`` at once, saying that ``who`` got no such client for ``methods``
+    (unless ``kwargs`` already has one of the user's).
+
+    Raises:
+        ValueError: neither client was given.
+    """
+    if client is None and async_client is None:
+        raise ValueError(f"{who} needs a herdless Client, an AsyncClient, or both")
+    sync_key, async_key = keys
+    if client is not None:
+        kwargs[sync_key] = http_client(client, pass_model=pass_model)
+    else:
+        missing = f"{who} was given no herdless Client: {methods[0]} need one"
+        kwargs.setdefault(sync_key, _unserved_http_client(missing, asynchronous=False))
+    if async_client is not None:
+        kwargs[async_key] = async_http_client(async_client, pass_model=pass_model)
+    else:
+        missing = f"{who} was given no herdless AsyncClient: {methods[1]} need one"
+        kwargs.setdefault(async_key, _unserved_http_client(missing, asynchronous=True))
+
+
 def native_flavor() -> Flavor:
     """The HTTP library the installed openai is built on: ``httpx2`` from 3.x.
 

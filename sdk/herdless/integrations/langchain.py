@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import _framework_http_clients
+from herdless.integrations._frameworks import framework_http_clients
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -58,7 +58,7 @@ def chat_openai(
     langchain_openai = import_extra(
         "langchain_openai", package="langchain-openai", extra="langchain", needed_by="chat_openai()"
     )
-    _framework_http_clients(
+    framework_http_clients(
         kwargs,
         client,
         async_client,

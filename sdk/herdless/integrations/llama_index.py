@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import _framework_http_clients
+from herdless.integrations._frameworks import framework_http_clients
 
 if TYPE_CHECKING:
     from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
@@ -55,7 +55,7 @@ def openai_llm(
         extra="llamaindex",
         needed_by="openai_llm()",
     )
-    _framework_http_clients(
+    framework_http_clients(
         kwargs,
         client,
         async_client,

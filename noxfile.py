@@ -105,7 +105,7 @@ def tests_vllm(session: nox.Session) -> None:
     _install_project(session, "all")
     session.install(*_group("test"))
     cache = ROOT / ".cache" / "vllm"
-    prepare = ["python", "-m", "herdless.testing.vllm", "prepare", "--cache", str(cache)]
+    prepare = ["python", "-m", "herdless.launch.vllm", "prepare", "--cache", str(cache)]
     session.run(*prepare, success_codes=[0, 3])  # 3: unavailable, reason in status.json
     status = json.loads((cache / "status.json").read_text())
     if not status["available"]:
@@ -121,7 +121,7 @@ def tests_openai2(session: nox.Session) -> None:
     session.install(
         *_group("test"), "openai>=2.45,<3", "langchain-openai>=1.0", "llama-index-llms-openai>=0.5"
     )
-    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or ["tests/integrations"]))
+    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or ["tests/frameworks"]))
 
 
 @nox.session

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 # vllm_server / vllm_url for tests/contract and tests/vllm: one real vLLM per session.
-pytest_plugins = ["herdless.testing.vllm_pytest"]
+pytest_plugins = ["herdless.launch.vllm_pytest"]
 
 # The `tests(core)` nox session installs the SDK without the server extras: the
 # folders that import starlette/uvicorn at module level cannot even be collected.

@@ -2,7 +2,7 @@
 
     python tools/measure_gateway_vllm.py [--cache .cache/vllm]
 
-Starts vLLM (``herdless.testing.vllm``, four sequences) and ``herdless serve``
+Starts vLLM (``herdless.launch.vllm``, four sequences) and ``herdless serve``
 in front of it (two admitted, two queued), runs three short phases and prints a
 Markdown table; both servers are stopped at the end, also on failure. Every
 phase compares the gateway with vLLM directly, in the same run, interleaved.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from herdless.testing.servers import gateway_process
-from herdless.testing.vllm import MODEL_NAME, VllmServer, prepare
+from herdless.launch.servers import gateway_process
+from herdless.launch.vllm import MODEL_NAME, VllmServer, prepare
 
 CONCURRENCY, QUEUE = 2, 2
 

@@ -36,17 +36,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.bench.procfs import rss_bytes
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 STALLED = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: appl"
 
 
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("VmRSS not found")
+    return rss_bytes(pid) / 2**20
 
 
 @dataclass

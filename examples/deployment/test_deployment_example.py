@@ -1,6 +1,6 @@
 """The deployment files parse and say what the docs say; the runbook works on real processes.
 
-Real emulators and gateways on 127.0.0.1 (``herdless.testing.servers``), the
+Real emulators and gateways on 127.0.0.1 (``herdless.launch.servers``), the
 emulator at 50x speed so that the whole runbook takes a few seconds.
 """
 
@@ -16,7 +16,7 @@ import runbook
 import yaml
 from client_config import build_client, gateways
 
-from herdless.testing.servers import ServerProcess, flags
+from herdless.launch.servers import ServerProcess, flags
 
 HERE = Path(__file__).parent
 TOKEN = "test-admin-token"
@@ -65,7 +65,9 @@ def fleet():
     gateways = [
         ServerProcess(
             ["serve", "--upstream", gpu.url, "--drain-retry-after", "1"],
-            ready_path="/healthz",
+            # Ready when the gateway has seen its GPU ready too: before that it answers
+            # 503 upstream_loading, and a client sends its calls to the other GPU.
+            ready_path="/readyz",
             env=env,
         )
         for gpu in (gpu0, gpu1)

@@ -1,9 +1,11 @@
 """herdless: run your own LLM next to a hosted one."""
 
+from herdless._async_client import AsyncClient
 from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
-from herdless._client import AsyncClient, Client
+from herdless._client import Client
 from herdless._config import ClientOptions
+from herdless._hedge import HedgePolicy
 from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
@@ -15,7 +17,6 @@ from herdless._types import (
     Chunk,
     FunctionCall,
     FunctionCallDelta,
-    Message,
     ToolCall,
     ToolCallDelta,
     Usage,
@@ -69,9 +70,9 @@ __all__ = [
     "FallbackPolicy",
     "FunctionCall",
     "FunctionCallDelta",
+    "HedgePolicy",
     "HerdlessError",
     "InternalServerError",
-    "Message",
     "NotFoundError",
     "PacingPolicy",
     "PermissionDeniedError",

@@ -11,6 +11,12 @@ performs each and sends back the *outcome*::
             action = flow.send(perform(action))
     # the flow ends with StopIteration(value=Accepted(...)) or raises a HerdlessError
 
+A hedged attempt (``herdless._race``) runs as ``Race`` actions: the driver starts a
+send without waiting for it, and reports whichever of its running sends ends first
+(``Ended``), or ``None`` when the race's time ran out first. Every send still running
+when the flow yields anything but a ``Race``, or ends, is cancelled (its connection
+closed): the loser of a race is never read.
+
 ``Client`` performs the actions with ``httpx.Client`` and ``time.sleep``;
 ``AsyncClient`` with ``httpx.AsyncClient`` and ``asyncio.sleep``. Every rule
 (retry, backoff, breaker, budget, fallback, deadline) lives in the flow, once.
@@ -23,14 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from herdless._backend import Backend, Timeouts
+from herdless._wire import Completion
 
 __all__ = [
     "ATTEMPT_HEADER",
     "DEADLINE_HEADER",
+    "PRIORITY_HEADER",
     "REQUEST_ID_HEADER",
     "Accepted",
     "Action",
+    "Ended",
     "Outcome",
+    "Race",
     "Response",
     "Send",
     "Sleep",
@@ -48,6 +58,9 @@ DEADLINE_HEADER: Final = "X-Herdless-Deadline-Ms"
 """The header that carries the milliseconds the call still waits for this attempt's
 answer (its deadline, less the reserve kept for a fallback): a herdless gateway refuses
 at once (``deadline_unattainable``) what it predicts it cannot start in that time."""
+PRIORITY_HEADER: Final = "X-Herdless-Priority"
+"""The header that carries the call's class, ``interactive`` or ``batch``: a herdless
+gateway serves interactive work first and lets batch work use the capacity it leaves idle."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -91,7 +104,24 @@ class SlotWait:
     timeout: float
 
 
-Action: TypeAlias = Send | Sleep | SlotWait
+@dataclass(slots=True, kw_only=True)
+class Race:
+    """Start ``send`` (when not ``None``) beside the sends this call already has running,
+    then wait until one of them ends, at most ``timeout`` seconds (``None``: until one
+    does); send back its ``Ended``, or ``None`` when the time ran out first (the sends
+    keep running).
+
+    Sends still running are cancelled, their connections closed, as soon as the flow
+    yields anything but a ``Race`` or ends; one that ended but was not reported yet is
+    closed unread. ``timeout`` is real time, as ``SlotWait``'s: the driver waits on its
+    sends, not on the flow's clock.
+    """
+
+    send: Send | None
+    timeout: float | None
+
+
+Action: TypeAlias = Send | Sleep | SlotWait | Race
 
 
 @dataclass(slots=True, kw_only=True)
@@ -100,17 +130,23 @@ class Response:
 
     ``body`` is the whole body for a non-streaming answer and for any error status
     (read with a size cap); it is ``b""`` for an accepted (2xx) stream. ``elapsed`` is
-    seconds since the send. ``stream`` is the driver's own slot, which the flow never
-    reads: the open stream for an accepted stream, the decoded answer for an accepted
-    non-streaming call (the driver decodes a 2xx before handing it over, so that garbage
-    in a 200 comes back as a ``TransportFailure(kind="protocol")``, a failed attempt).
+    seconds since the send. The flow never reads the last two fields; the driver fills
+    them for itself, for the call's result:
+
+    - ``completion``: an accepted (2xx) non-streaming answer, decoded. The driver decodes
+      it before handing the outcome over, so that garbage in a 200 comes back as a
+      ``TransportFailure(kind="protocol")``, a failed attempt, not an error after the
+      call was accepted.
+    - ``opened``: an accepted stream, open, its first event read
+      (``herdless._outcomes.OpenStream``).
     """
 
     status: int
     headers: Mapping[str, str]
     body: bytes
     elapsed: float
-    stream: Any = field(default=None, repr=False, compare=False)
+    completion: Completion | None = field(default=None, repr=False, compare=False)
+    opened: Any = field(default=None, repr=False, compare=False)
 
 
 TransportFailureKind: TypeAlias = Literal[
@@ -133,6 +169,15 @@ class TransportFailure:
 
 
 Outcome: TypeAlias = Response | TransportFailure
+
+
+@dataclass(slots=True, kw_only=True)
+class Ended:
+    """One send of a ``Race`` ended: ``send`` is the action the flow yielded (the same
+    object), ``outcome`` what it came to."""
+
+    send: Send
+    outcome: Outcome
 
 
 @dataclass(slots=True, kw_only=True)

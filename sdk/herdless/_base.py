@@ -13,19 +13,19 @@ import math
 import os
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Outcome, Response, Send
 from herdless._backend import Backend, Timeouts
+from herdless._call import response_received
 from herdless._clock import SYSTEM_CLOCK
 from herdless._config import ClientConfig, ClientOptions, derived_config
 from herdless._flow import CallFlow
+from herdless._request import Endpoints
 from herdless._state import ClientState
-from herdless._stats import response_received
-from herdless._transport import Endpoints
 from herdless._types import ChatResult
-from herdless._wire import Completion, build_body
+from herdless._wire import build_body
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,16 +37,12 @@ if TYPE_CHECKING:
     from herdless._stats import ClientStats
     from herdless.events import Event
 
-__all__ = ["AsyncHooks", "Hook", "SyncHooks", "hooks_of", "is_async_hook"]
+__all__ = ["Hook", "SyncHooks", "hooks_of", "is_async_hook"]
 
 logger = logging.getLogger("herdless")
 
 Hook: TypeAlias = Callable[["Event"], Any]
 SyncHooks: TypeAlias = Callable[["Event"], None] | Sequence[Callable[["Event"], None]]
-AsyncHooks: TypeAlias = (
-    Callable[["Event"], Awaitable[None] | None]
-    | Sequence[Callable[["Event"], Awaitable[None] | None]]
-)
 
 
 def hooks_of(on_event: Hook | Sequence[Hook] | None) -> tuple[Hook, ...]:
@@ -164,8 +160,8 @@ class _BaseClient:
                 ``"batch"``) unless a call says otherwise.
 
         What cannot change here, because it is the state shared with this client: the
-        backends, the breaker, window and pacing policies, ``on_event``, the clock and
-        the HTTP client.
+        backends, the breaker, window, pacing and hedge policies, ``on_event``, the clock
+        and the HTTP client.
 
         >>> strict = client.with_options(deadline=5, allow_fallback=False)  # doctest: +SKIP
 
@@ -250,8 +246,8 @@ class _BaseClient:
     def _answered(flow: CallFlow, send: Send, outcome: Outcome) -> None:
         """Count a whole answer's tokens before the flow accepts it (and emits
         ``CallFinished``): ``ResponseReceived`` comes first."""
-        if not send.stream and type(outcome) is Response and outcome.stream is not None:
-            completion: Completion = outcome.stream
+        if type(outcome) is Response and outcome.completion is not None:
+            completion = outcome.completion
             response_received(
                 flow,
                 send.backend,
@@ -263,7 +259,9 @@ class _BaseClient:
 
     @staticmethod
     def _result(accepted: Accepted, request_id: str) -> ChatResult:
-        completion: Completion = accepted.response.stream
+        completion = accepted.response.completion
+        if completion is None:  # the driver decodes every accepted whole answer (accept)
+            raise TypeError("the driver must decode an accepted answer into Response.completion")
         return ChatResult(
             content=completion.content,
             backend=accepted.backend.name,
@@ -283,7 +281,7 @@ class _BaseClient:
 
 def _derived_state(state: ClientState, config: ClientConfig) -> ClientState:
     """``state`` seen through a derived ``config`` (``with_options``): the same breakers,
-    budgets, windows, pacers, gate, spend guard and counters, shared, not copied."""
+    budgets, windows, pacers, backend holds, spend guard and counters, shared, not copied."""
     derived = copy.copy(state)  # a shallow copy: every per-backend object is the same one
     derived.config = config
     if config.fallback_policy.allow_external != state.config.fallback_policy.allow_external:

@@ -15,7 +15,7 @@ brief blip that refused a crowd (the gateway's queue was full for a moment) lets
 the crowd through as fast as its retries succeed, and every call is served.
 
 The budget bounds attempts, not outcomes: a call that finds it spent waits behind
-the gate for budget, or goes to the fallback (the flow decides). Pure: no sleeping,
+for budget, or goes to the fallback (the flow decides). Pure: no sleeping,
 no I/O; one lock makes it safe across threads and tasks.
 """
 
@@ -88,15 +88,6 @@ class RetryBudget:
         """A reserved retry ends without an answer (not sent, or abandoned in flight)."""
         with self._lock:
             self._waiting = max(0, self._waiting - 1)
-
-    def free_in(self) -> float:
-        """Seconds until the oldest failed retry leaves the window (budget frees up then at
-        the latest; a new call or a successful retry may free it sooner)."""
-        with self._lock:
-            self._prune()
-            if not self._retries:
-                return 0.0
-            return max(0.0, self._retries[0] + self._window - self._clock.monotonic())
 
     def _prune(self) -> None:
         horizon = self._clock.monotonic() - self._window

@@ -20,6 +20,7 @@ from typing import Literal, TypedDict
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._clock import Clock
+from herdless._hedge import HedgePolicy
 from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
@@ -64,6 +65,8 @@ class ClientOptions(TypedDict, total=False):
         priority: the class of the client's calls unless a call says otherwise:
             ``"interactive"`` (default) or ``"batch"`` (``X-Herdless-Priority``). Batch
             calls wait for the primaries and never spill to an ``external`` fallback.
+        hedge: send a late attempt again to the next backend, keep the first answer
+            (off by default).
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng: random source for jitter (seeded in tests).
         env_file: the ``.env`` file read when configuring from the environment.
@@ -80,6 +83,7 @@ class ClientOptions(TypedDict, total=False):
     window: WindowPolicy | None
     pacing: PacingPolicy | None
     priority: Priority | None
+    hedge: HedgePolicy | None
     clock: Clock
     rng: random.Random | None
     env_file: str | Path | None
@@ -98,6 +102,7 @@ class ClientConfig:
     fallback_policy: FallbackPolicy = field(default_factory=FallbackPolicy)
     window: WindowPolicy = field(default_factory=WindowPolicy)
     pacing: PacingPolicy | None = None
+    hedge: HedgePolicy | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     deadline: float = DEFAULT_DEADLINE
     stream_deadline: float | None = None
@@ -142,6 +147,7 @@ class ClientConfig:
         timeouts = options.get("timeouts")
         retry = options.get("retry")
         breaker = options.get("breaker")
+        hedge = options.get("hedge")
         if primary is None:  # the environment says everything not given
             from herdless._settings import env_options  # lazy: pydantic only when needed
 
@@ -154,6 +160,7 @@ class ClientConfig:
             timeouts = timeouts or env.timeouts
             retry = retry or env.retry
             breaker = breaker or env.breaker
+            hedge = hedge or env.hedge
         return cls(
             primaries=_primaries(primary),
             fallbacks=_as_tuple(fallback),
@@ -163,6 +170,7 @@ class ClientConfig:
             fallback_policy=options.get("fallback_policy") or FallbackPolicy(),
             window=options.get("window") or WindowPolicy(),
             pacing=options.get("pacing"),
+            hedge=hedge,
             timeouts=timeouts or Timeouts(),
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
             stream_deadline=stream_deadline,

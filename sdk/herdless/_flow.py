@@ -26,6 +26,10 @@ is delivered *before* the wait it announces::
 A stream is accepted at its first chunk; the driver then reports its end with
 ``stream_ended(ok=...)`` so the breaker, the window and the stats see it.
 
+With a ``HedgePolicy``, an attempt at the route's first backend that is late is raced
+against a copy at the next backend (``herdless._race``); the driver then runs two sends
+at once (``Race`` actions) and closes the one the flow no longer waits for.
+
 The call walks its route (``herdless._routing``: primaries, then fallbacks, less what
 the data guard keeps out). At each backend it runs ``herdless._visit.serve`` until that
 backend answers, or the call must move on (the reason becomes ``FallbackUsed.reason``
@@ -40,12 +44,12 @@ from collections.abc import Generator
 from dataclasses import replace
 from typing import TypeAlias
 
-from herdless._actions import Accepted, Action, Outcome
+from herdless._actions import Accepted, Action, Ended, Outcome
 from herdless._backend import Backend
 from herdless._breaker import Permit
 from herdless._call import Call, Stay
 from herdless._checks import Fail
-from herdless._routing import Route
+from herdless._race import Handoff, awaiting
 from herdless._visit import serve
 from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.events import (
@@ -58,7 +62,7 @@ from herdless.events import (
 
 __all__ = ["CallFlow"]
 
-Steps: TypeAlias = Generator[Action, Outcome | None, Accepted]
+Steps: TypeAlias = Generator[Action, Outcome | Ended | None, Accepted]
 
 
 class CallFlow(Call):
@@ -73,16 +77,19 @@ class CallFlow(Call):
         self.begin()
         state.spend.record_call()
         route = state.route(allow_fallback=self.allow_fallback)
+        backends = route.backends
         if self.priority == "batch":  # batch work waits for the GPU: it never spills outside
-            kept = (
-                b for b in route.backends if not (b.external and b.name in state.fallback_names)
-            )
-            route = Route(tuple(kept), route.refused)
+            fallbacks = state.fallback_names
+            backends = tuple(b for b in backends if not (b.external and b.name in fallbacks))
         reserve = state.config.fallback_policy.reserve * self.deadline
+        hedging = state.hedging
+        if hedging is not None:
+            hedging.budget.deposit()
         errors: dict[str, HerdlessError] = {}
         previous: tuple[Backend, str] | None = None
+        handoff: Handoff | None = None
         try:
-            for index, backend in enumerate(route.backends):
+            for index, backend in enumerate(backends):
                 if previous is not None:
                     self.emit(
                         FallbackUsed,
@@ -90,22 +97,36 @@ class CallFlow(Call):
                         from_backend=previous[0].name,
                         reason=previous[1],
                     )
-                last = index == len(route.backends) - 1
+                last = index == len(backends) - 1
                 end = self.deadline_at if last else self.deadline_at - reserve
-                result = yield from serve(self, Stay(self, backend, end=end, last=last))
+                if handoff is not None:  # the hedge's attempt here is in flight
+                    result = yield from serve(self, handoff.stay, awaiting(self, handoff))
+                    handoff = None
+                else:
+                    stay = Stay(self, backend, end=end, last=last)
+                    if hedging is not None and index == 0 and not last:
+                        after_last = len(backends) == 2
+                        after_end = self.deadline_at if after_last else end
+                        stay.backup = (backends[1], after_end, after_last)
+                    result = yield from serve(self, stay)
                 if isinstance(result, Accepted):
-                    reason = previous[1] if previous is not None else None
-                    accepted = result if reason is None else replace(result, fallback_reason=reason)
+                    backend = result.backend  # a hedge's, when it won
+                    reason = result.fallback_reason
+                    if reason is None and previous is not None:
+                        reason = previous[1]
+                        result = replace(result, fallback_reason=reason)
                     if self.stream:
                         self.served = (backend, reason)
                     else:
                         self._finish(backend, reason)
-                    return accepted
+                    return result
                 if isinstance(result.error, SpendLimitExceeded):
                     raise result.error  # a cap the user set: say exactly that
                 errors[backend.name] = result.error
                 if isinstance(result, Fail):
                     break
+                if isinstance(result, Handoff):
+                    handoff = result
                 previous = (backend, result.reason)
             raise self.errors.final(errors, route.refused)
         except HerdlessError as error:
@@ -165,6 +186,10 @@ class CallFlow(Call):
                     fallback_reason=reason,
                 )
             )
+        if reason == "hedge":
+            # A hedge answers for a primary that is late, not down: that is no degraded
+            # period (one that is down shows in the calls the hedge budget leaves alone).
+            return
         degraded = state.served(backend, reason, now=now)
         if degraded is not None:
             self.emit(PrimaryDegraded, now, **degraded)

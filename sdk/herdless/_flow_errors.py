@@ -1,8 +1,8 @@
 """The errors one call raises, built with its context (request id, attempts so far).
 
 Kept apart from the flow's decisions: what to say is not how to decide. Every message
-says what happened and what to do; none contains an API key (``errors.status_error`` and
-``errors.transport_error`` redact what a server echoes).
+says what happened and what to do; none contains an API key (``status_error`` and
+``transport_error``, ``herdless._attempt_errors``, redact what a server echoes).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from herdless._actions import Outcome, Response
+from herdless._attempt_errors import status_error, transport_error
 from herdless._backend import Backend
 from herdless._retry import Verdict
 from herdless._types import AttemptRecord
@@ -21,12 +22,10 @@ from herdless.errors import (
     FallbackNotAllowed,
     HerdlessError,
     SpendLimitExceeded,
-    status_error,
-    transport_error,
 )
 
 if TYPE_CHECKING:
-    from herdless._routing import SpendGuard
+    from herdless._spend import SpendGuard
 
 __all__ = ["CallErrors"]
 

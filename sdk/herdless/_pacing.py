@@ -89,6 +89,11 @@ class Pacer:
             self._tokens -= 1.0
             return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
 
+    def refund(self) -> None:
+        """Give back the last booking: it was not used (a hedge that did not start)."""
+        with self._lock:
+            self._tokens = min(self._policy.burst, self._tokens + 1.0)
+
     def throttled(self) -> None:
         """The backend answered 429: halve the rate."""
         with self._lock:

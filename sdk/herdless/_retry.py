@@ -29,9 +29,6 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from itertools import islice
-
-import backoff
 
 from herdless._actions import Outcome, Response
 
@@ -121,10 +118,10 @@ class RetryPolicy:
 
     def ceiling(self, n: int) -> float:
         """The full-jitter upper bound before retry ``n`` (0-based): ``min(cap, base * 2**n)``."""
-        # backoff.expo is the exponential generator; it is primed with one next().
-        steps = backoff.expo(base=2, factor=self.base, max_value=self.cap)
-        next(steps)
-        return float(next(islice(steps, n, None)))
+        # Past the cap, 2**n is not computed: it would overflow a float from n = 1024.
+        if n >= math.log2(self.cap / self.base):
+            return self.cap
+        return min(self.cap, self.base * 2.0**n)
 
     def backoff(self, n: int, rng: random.Random) -> float:
         """Seconds to wait before retry ``n`` (0-based) when the server gave no time."""

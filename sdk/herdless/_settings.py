@@ -2,7 +2,8 @@
 
 pydantic-settings reads ``HERDLESS_*`` variables (and a ``.env`` file) into
 ``HerdlessSettings``; ``env_options()`` turns them into the frozen objects the
-clients take (``Backend``, ``Timeouts``, ``RetryPolicy``, ``BreakerPolicy``). Every
+clients take (``Backend``, ``Timeouts``, ``RetryPolicy``, ``BreakerPolicy``,
+``HedgePolicy``). Every
 problem becomes a ``ConfigurationError`` that names the variable to fix.
 
 Variables (all optional unless marked):
@@ -26,6 +27,9 @@ Variables (all optional unless marked):
 ``HERDLESS_RETRY_<FIELD>``             any ``RetryPolicy`` field, e.g. ``HERDLESS_RETRY_CAP``
 ``HERDLESS_BREAKER_<FIELD>``           any ``BreakerPolicy`` field, e.g.
                                        ``HERDLESS_BREAKER_OPEN_FOR``
+``HERDLESS_HEDGE_AFTER``               hedge late attempts: seconds, or ``auto``
+                                       (``HedgePolicy``; unset: no hedging)
+``HERDLESS_HEDGE_MAX_SHARE``           at most this share of calls hedge (default 0.05)
 =====================================  ==================================================
 
 A ``HERDLESS_*`` variable that is none of these but close to one (``HERDLESS_PRIMARY_ULR``)
@@ -51,6 +55,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
+from herdless._hedge import HedgePolicy
 from herdless._retry import RetryPolicy
 from herdless.errors import ConfigurationError
 
@@ -81,6 +86,8 @@ class _Settings(BaseSettings):
     connect_timeout: float | None = None
     first_byte_timeout: float | None = None
     read_timeout: float | None = None
+    hedge_after: str | None = None
+    hedge_max_share: float | None = None
 
 
 def _policy_fields(cls: type[Any], prefix: str) -> dict[str, Any]:
@@ -111,6 +118,7 @@ class EnvOptions:
     timeouts: Timeouts
     retry: RetryPolicy
     breaker: BreakerPolicy
+    hedge: HedgePolicy | None = None
 
 
 def _var(field: str) -> str:
@@ -218,7 +226,37 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
         ),
         retry=_build(RetryPolicy, _group(settings, "retry_")),
         breaker=_build(BreakerPolicy, _group(settings, "breaker_")),
+        hedge=_hedge(settings),
     )
+
+
+def _hedge(settings: Any) -> HedgePolicy | None:
+    """``HedgePolicy`` from ``HERDLESS_HEDGE_AFTER`` (``auto`` or seconds) and
+    ``HERDLESS_HEDGE_MAX_SHARE``; ``None`` (no hedging) when neither is set."""
+    after_var, share_var = _var("hedge_after"), _var("hedge_max_share")
+    raw, share = settings.hedge_after, settings.hedge_max_share
+    if raw is None:
+        if share is not None:
+            raise ConfigurationError(
+                f"{after_var} is not set: {share_var} caps hedging, which "
+                f"{after_var} turns on (seconds, or auto)",
+                variable=after_var,
+            )
+        return None
+    after: float | str = raw.strip().lower()
+    if after != "auto":
+        try:
+            after = float(after)
+        except ValueError:
+            raise ConfigurationError(
+                f"{after_var} must be seconds or auto, got {raw!r}",
+                variable=after_var,
+            ) from None
+    policy: HedgePolicy = _build(
+        HedgePolicy,
+        {"after": (after_var, after), "max_share": (share_var, share)},
+    )
+    return policy
 
 
 def _fallback(settings: Any) -> tuple[Backend, ...]:

@@ -2,10 +2,10 @@
 
 ``ClientConfig`` (``herdless._config``) is what the client was told: frozen. This is
 what it learns while it works: per backend a breaker, a retry budget, a window (flow
-control) and a pacer; client-wide the backend holds (``herdless._gate``), the spend
-guard and the counters behind ``stats()``. Two clients in one process share none of it.
-Each object guards itself with its own lock, so threads (``Client``) and tasks
-(``AsyncClient``) share one client safely.
+control) and a pacer; client-wide the backend holds (``herdless._holds``), the spend
+guard, the hedge budget and the counters behind ``stats()``. Two clients in one process
+share none of it. Each object guards itself with its own lock, so threads (``Client``)
+and tasks (``AsyncClient``) share one client safely.
 """
 
 from __future__ import annotations
@@ -13,20 +13,25 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from herdless._backend import Backend
 from herdless._breaker import CircuitBreaker
 from herdless._budget import RetryBudget
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless._config import ClientConfig
-from herdless._gate import BackpressureGate
+from herdless._hedge import Hedging
+from herdless._holds import BackendHolds
 from herdless._pacing import Pacer
-from herdless._routing import Route, SpendGuard, plan_route
+from herdless._routing import Route, plan_route
+from herdless._spend import SpendGuard
 from herdless._stats import ClientStats, DegradedTracker, StatsRecorder
 from herdless._window import Window
 
-__all__ = ["ClientState"]
+__all__ = ["BackendParts", "ClientState"]
+
+BackendParts: TypeAlias = tuple[CircuitBreaker, RetryBudget, Window, Pacer | None]
+"""One backend's objects in a client: breaker, retry budget, window, pacer."""
 
 
 class ClientState:
@@ -57,7 +62,7 @@ class ClientState:
         self.keep_events = True
         """Whether calls keep their events for the driver's hook (``Call.take_events``);
         a client without ``on_event`` turns it off. Stats see every event either way."""
-        self.gate = BackpressureGate(clock=clock)
+        self.holds = BackendHolds(clock=clock)
         self.spend = SpendGuard(config.fallback_policy, clock=clock)
         self.counts = StatsRecorder()
         """What ``stats()`` reports; calls count every event they emit here."""
@@ -78,7 +83,19 @@ class ClientState:
         self._windows = {name: Window(config.window, clock=clock) for name in names}
         pacing = config.pacing
         self._pacers = {name: Pacer(pacing, clock=clock) for name in names} if pacing else {}
+        self.hedging = Hedging(config.hedge) if config.hedge is not None else None
+        """The hedge budget and first-byte times (``HedgePolicy``); ``None``: no hedging."""
         self._degraded = DegradedTracker(config.fallback_policy.degraded_interval)
+        self.parts: dict[str, BackendParts] = {
+            b.name: (
+                self._breakers[b.name],
+                self._budgets[b.name],
+                self._windows[b.name],
+                self._pacers.get(b.name),
+            )
+            for b in config.backends
+        }
+        """Per backend name: its breaker, retry budget, window and pacer."""
         self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
 
     def stats(self) -> ClientStats:
@@ -133,7 +150,7 @@ class ClientState:
         )
 
     def _healthy(self, backend: Backend) -> bool:
-        return self.breaker(backend).state != "open" and self.gate.blocked(backend.name)[0] == 0
+        return self.breaker(backend).state != "open" and self.holds.held(backend.name)[0] == 0
 
     def __repr__(self) -> str:
         return f"ClientState(backends={[b.name for b in self.config.backends]!r})"

@@ -11,14 +11,13 @@ hide behind a working fallback.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
+from herdless._percentiles import nearest_rank
 from herdless.events import (
     AttemptFailed,
     AttemptStarted,
@@ -27,17 +26,17 @@ from herdless.events import (
     CallFinished,
     Event,
     FallbackUsed,
+    HedgeFinished,
+    HedgeStarted,
     ResponseReceived,
     RetryScheduled,
     WaitScheduled,
 )
 
 if TYPE_CHECKING:
-    from herdless._backend import Backend
-    from herdless._call import Call
-    from herdless._types import Usage
+    pass
 
-__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder", "response_received"]
+__all__ = ["ClientStats", "DegradedTracker", "StatsRecorder"]
 
 # Latency percentiles are computed over the most recent calls only: bounded memory
 # for a client that lives for weeks, and recent numbers are the ones that matter.
@@ -69,6 +68,9 @@ class ClientStats:
         tokens: per backend name, ``"prompt_tokens"`` and ``"completion_tokens"`` of the
             answers it gave (from their ``usage``; a stream's comes in its last chunk).
         cost: per backend with a ``Price``, what its answers cost, in the price's currency.
+        hedges: per backend, the hedges sent to it (``HedgePolicy``).
+        hedge_wins: per backend, the hedge races it won (its answer came first): the
+            hedge's backend, or the late attempt's when it answered first after all.
     """
 
     calls: int = 0
@@ -86,6 +88,8 @@ class ClientStats:
     latency: Mapping[str, float] = field(default_factory=dict)
     tokens: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     cost: Mapping[str, float] = field(default_factory=dict)
+    hedges: Mapping[str, int] = field(default_factory=dict)
+    hedge_wins: Mapping[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts and numbers, for JSON or a log line."""
@@ -105,6 +109,8 @@ class ClientStats:
             "latency": dict(self.latency),
             "tokens": {name: dict(counts) for name, counts in self.tokens.items()},
             "cost": dict(self.cost),
+            "hedges": dict(self.hedges),
+            "hedge_wins": dict(self.hedge_wins),
         }
 
 
@@ -116,6 +122,8 @@ class StatsRecorder:
         "_cost",
         "_failed",
         "_fallbacks",
+        "_hedge_wins",
+        "_hedges",
         "_latencies",
         "_lock",
         "_queued",
@@ -138,6 +146,8 @@ class StatsRecorder:
         self._queued_for = 0.0
         self._tokens: dict[str, list[int]] = {}  # [prompt, completion]: no Counter per call
         self._cost: dict[str, float] = {}
+        self._hedges: Counter[str] = Counter()
+        self._hedge_wins: Counter[str] = Counter()
 
     def record(self, event: Event) -> None:
         """Count one event."""
@@ -201,6 +211,10 @@ class StatsRecorder:
             self._retries += isinstance(event, RetryScheduled)
             self._waits += 1
             self._waited += event.delay
+        elif isinstance(event, HedgeStarted):
+            self._hedges[backend] += 1
+        elif isinstance(event, HedgeFinished) and event.winner is not None:
+            self._hedge_wins[event.winner] += 1
 
     def snapshot(
         self, breakers: Mapping[str, BreakerState], windows: Mapping[str, float]
@@ -211,7 +225,7 @@ class StatsRecorder:
             latency: dict[str, float] = {}
             if ordered:
                 for name, q in _PERCENTILES.items():
-                    latency[name] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+                    latency[name] = nearest_rank(ordered, q)
                 latency["max"] = ordered[-1]
             return ClientStats(
                 calls=self._succeeded + self._failed,
@@ -232,64 +246,9 @@ class StatsRecorder:
                     for name, (prompt, completion) in self._tokens.items()
                 },
                 cost=dict(self._cost),
+                hedges=dict(self._hedges),
+                hedge_wins=dict(self._hedge_wins),
             )
-
-
-@functools.lru_cache(maxsize=64)
-def _address(base_url: str) -> tuple[str | None, int | None]:
-    """``(host, port)`` of a base URL; the port implied by the scheme when not given."""
-    parts = urlsplit(base_url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.hostname, port
-
-
-def response_received(
-    call: Call,
-    backend: Backend,
-    *,
-    usage: Usage | None,
-    model: str | None,
-    finish_reason: str | None,
-    response_id: str | None = None,
-    raw: Mapping[str, Any] | None = None,
-) -> None:
-    """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
-    the spend guard for an external backend), and emit ``ResponseReceived`` when someone
-    would see it (building it on every call showed in per-call CPU). The answer's id is
-    ``response_id``, or read from its ``raw`` JSON only then."""
-    state = call.state
-    if usage is None and not call.public:
-        return  # nothing to count, nobody to tell
-    input_tokens = output_tokens = None
-    cost = None
-    if usage is not None:
-        input_tokens, output_tokens = usage.prompt_tokens, usage.completion_tokens
-        if backend.price is not None:
-            cost = backend.price.cost(input_tokens=input_tokens, output_tokens=output_tokens)
-        if backend.external:
-            state.spend.record_usage(input_tokens + output_tokens, cost)
-    state.counts.response(backend.name, input_tokens, output_tokens, cost)
-    if call.public:
-        if response_id is None and raw is not None:
-            ident = raw.get("id")
-            response_id = ident if isinstance(ident, str) else None
-        host, port = _address(backend.base_url)
-        call.publish(
-            ResponseReceived(
-                call_id=call.request_id,
-                backend=backend.name,
-                at=state.clock.monotonic(),
-                model=model,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cost=cost,
-                finish_reason=finish_reason,
-                response_id=response_id,
-                server_address=host,
-                server_port=port,
-                external=backend.external,
-            )
-        )
 
 
 class DegradedTracker:

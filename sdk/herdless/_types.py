@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 __all__ = [
     "AttemptRecord",
@@ -17,26 +17,10 @@ __all__ = [
     "Chunk",
     "FunctionCall",
     "FunctionCallDelta",
-    "Message",
     "ToolCall",
     "ToolCallDelta",
     "Usage",
 ]
-
-
-class Message(TypedDict):
-    """One chat message in the OpenAI format, e.g. ``{"role": "user", "content": "Hi"}``.
-
-    Tool use: an assistant message that called tools carries ``tool_calls`` (its
-    ``content`` may be ``None``); the answer to a call is a ``"tool"`` message with the
-    call's ``tool_call_id``.
-    """
-
-    role: str
-    content: str | None
-    name: NotRequired[str]
-    tool_calls: NotRequired[list[dict[str, Any]]]
-    tool_call_id: NotRequired[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,8 +99,9 @@ class AttemptRecord:
         kind: ``"ok"``; ``"status"`` (the server answered with an error status);
             a transport failure kind (``"connect"``, ``"connect_timeout"``,
             ``"first_byte_timeout"``, ``"read_timeout"``, ``"read"``, ``"protocol"``);
-            ``"stream_cut"``; or a reason the backend was not tried at all
-            (``"skipped_breaker_open"``, ...).
+            ``"stream_cut"``; ``"cancelled"`` (a hedge's race was won by the other
+            attempt: this one was closed unanswered); or a reason the backend was not
+            tried at all (``"skipped_breaker_open"``, ...).
         status: the HTTP status when the server answered, else ``None``.
         waited: seconds the call waited before this attempt (backoff, Retry-After).
         elapsed: seconds the attempt itself took (0 when skipped).
@@ -146,8 +131,9 @@ class ChatResult:
         model: the model the server says answered.
         usage: token counts, when the server sent them.
         attempts: every attempt of the call, oldest first (the last one is ``"ok"``).
-        fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...);
-            ``None`` when the primary answered.
+        fallback_reason: why a fallback answered (``"breaker_open"``, ``"draining"``, ...;
+            ``"hedge"``: the answer came from a hedge, ``HedgePolicy``); ``None`` when the
+            primary answered.
         request_id: the call's id, sent as ``X-Request-ID`` on every attempt.
         finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ...; ``None`` when absent.
         tool_calls: the tools the model asks to call (first choice), in order; empty when

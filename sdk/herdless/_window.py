@@ -29,20 +29,9 @@ first served; a call that leaves hands its slot to the next waiting call at once
               than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
-**How long a waiter will wait.** Slots free at the rate measured over the last
-``_RATE_SAMPLES`` releases, ``rate = (n - 1) / (now - the first of them)`` (measured to
-*now*, so that a backend that stops answering reads as slower and slower), so the
-waiter at position ``p`` (0 = next) expects::
-
-    wait = (p + 1 + max(0, in_use - size)) / rate
-
-and then its own answer (``answer``: an EWMA of the time from sending an attempt to its
-accepted answer; for a stream, its first chunk). A waiter whose ``now + wait + answer``
-passes the time it may stay (its deadline, less the reserve kept for a fallback), or
-whose ``wait`` passes its patience, is told to leave at once (``"spill"``), re-checked at
-every release. Until two releases and an answer are measured the estimate is unknown
-and nobody is told to leave: a call that hoped wrongly leaves when its time runs out,
-never later.
+**How long a waiter will wait**: ``herdless._window_wait`` (``Turnover``), which also
+holds a call's place (``SlotTicket``). A waiter whose wait no longer fits is told to
+leave at once (``"spill"``), re-checked at every release.
 
 Pure apart from one lock: no sleeping, no I/O, an injected clock. The drivers do the
 waiting: a waiter's ``listen(callback)`` is called once its state is decided.
@@ -55,21 +44,14 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from herdless._clock import Clock
+from herdless._window_wait import SlotTicket, Turnover
 
-__all__ = ["SlotTicket", "Window", "WindowPolicy"]
+__all__ = ["Window", "WindowPolicy"]
 
-# Weight of the newest sample in the answer EWMA: about the last ten answers.
-_EWMA = 0.2
 # How much slower, at most, the window probes a level the backend keeps refusing.
 _MAX_PATIENCE = 64.0
-# Releases the rate is measured over: several rounds of a GPU that finishes a whole batch
-# at once, few enough to follow a change within seconds.
-_RATE_SAMPLES = 32
-
-TicketState = Literal["waiting", "granted", "spill", "done"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,30 +90,6 @@ class WindowPolicy:
             raise ValueError(f"WindowPolicy.decrease must be in (0, 1), got {self.decrease!r}")
 
 
-class SlotTicket:
-    """One call's place at one backend's window.
-
-    ``state`` is ``"granted"`` (it holds a slot), ``"waiting"`` (in the client's queue),
-    ``"spill"`` (told to leave: its wait no longer fits) or ``"done"`` (its place was
-    given back). ``end`` is the latest time its answer is still useful, ``max_wait`` the
-    longest wait it accepts, ``epoch`` the window's round when its slot was granted.
-    """
-
-    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "sent", "state")
-
-    def __init__(self, end: float, max_wait: float) -> None:
-        self.end = end
-        self.max_wait = max_wait
-        self.state: TicketState = "waiting"
-        self.epoch = -1  # the window's round when the slot was granted
-        self.refused = False  # refused, and waiting to retry in its slot
-        self.sent = 0  # the window's count of sends when its last attempt went (0: none)
-        self._notify: Callable[[], None] | None = None
-
-    def __repr__(self) -> str:
-        return f"SlotTicket(state={self.state!r})"
-
-
 class Window:
     """One backend's window for one client. Thread- and task-safe.
 
@@ -146,12 +104,10 @@ class Window:
     """
 
     __slots__ = (
-        "_answer",
         "_ceiling",
         "_clock",
         "_epoch",
         "_failed_at",
-        "_freed",
         "_granted",
         "_in_use",
         "_listeners",
@@ -162,7 +118,9 @@ class Window:
         "_sends",
         "_size",
         "_threshold",
+        "_turnover",
         "_waiting",
+        "_whole",
     )
 
     def __init__(self, policy: WindowPolicy, *, clock: Clock) -> None:
@@ -170,6 +128,7 @@ class Window:
         self._clock = clock
         self._lock = threading.Lock()
         self._size = float(policy.initial) if policy.enabled else math.inf
+        self._whole = _whole(self._size)  # the calls it lets through: whole ones
         self._threshold = math.inf  # slow start until the first refusal
         self._ceiling = float(policy.maximum) if policy.enabled else math.inf
         self._epoch = 0  # cuts so far: a refusal cuts by the factor only in the current one
@@ -181,8 +140,7 @@ class Window:
         self._granted: set[SlotTicket] = set()  # the calls holding a slot
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
-        self._freed: deque[float] = deque(maxlen=_RATE_SAMPLES)  # when slots were freed
-        self._answer: float | None = None
+        self._turnover = Turnover()  # how fast slots free, how long answers take
 
     # -- observation ---------------------------------------------------------------------
 
@@ -220,7 +178,7 @@ class Window:
         wait already does not fit)."""
         ticket = SlotTicket(end, max_wait)
         with self._lock:
-            if not self._waiting and self._in_use < self._slots():
+            if not self._waiting and self._in_use < self._whole:
                 self._grant(ticket)
                 return ticket
             if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
@@ -253,12 +211,12 @@ class Window:
                 if ticket.refused and ticket in self._listeners:
                     self._listeners.remove(ticket)
                 now = self._clock.monotonic()
-                self._freed.append(now)
+                self._turnover.freed(now)
                 if self._listeners:
                     # A place at the backend freed: it goes to a call the backend refused
                     # (oldest first), not to a new one, which would only be refused too.
                     self._wake(self._listeners.popleft())
-                else:
+                elif self._waiting:
                     self._hand_over(now)
 
     # -- what the backend said ---------------------------------------------------------------
@@ -267,16 +225,14 @@ class Window:
         """An attempt was answered with success after ``elapsed`` seconds: the window was
         right, and may grow if it was full."""
         with self._lock:
-            self._answer = (
-                elapsed if self._answer is None else self._answer + _EWMA * (elapsed - self._answer)
-            )
+            self._turnover.answered(elapsed)
             # Grow only when the window is full and nobody it let through is refused now.
-            full = self._in_use >= self._slots() - 1 and not self._resting
+            full = self._in_use >= self._whole - 1 and not self._resting
             if full and self._size < self._ceiling:
                 grow = 1.0 if self._size < self._threshold else 1.0 / self._size
                 if self._size + 1 >= self._failed_at:  # probing the level refused before
                     grow /= self._patience
-                self._size = min(self._ceiling, self._size + grow)
+                self._resize(min(self._ceiling, self._size + grow))
                 if self._size >= self._failed_at:  # that level holds now: forget it
                     self._failed_at, self._patience = math.inf, 1.0
                 self._hand_over(self._clock.monotonic())
@@ -309,12 +265,14 @@ class Window:
                 sum(1 for t in self._granted if t.sent and not t.refused),
             )
             if held < self._size:
-                self._size = self._threshold = float(held)
+                self._threshold = float(held)
+                self._resize(self._threshold)
             elif ticket.epoch == self._epoch:
                 # Nothing new measured (the window holds more calls than its size, as when
                 # its ceiling just fell): shrink by the factor, once per round.
                 size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
-                self._size = self._threshold = float(min(self._size, size))
+                self._threshold = float(min(self._size, size))
+                self._resize(self._threshold)
             if self._size < before:
                 self._epoch += 1
             return self._size < before
@@ -332,7 +290,7 @@ class Window:
         (it just shrank): give its slot back and put it first in line, so that it goes
         again when the window has room, not into a full server. Returns whether it did."""
         with self._lock:
-            if ticket.state != "granted" or self._in_use <= self._slots():
+            if ticket.state != "granted" or self._in_use <= self._whole:
                 return False
             if ticket.refused:
                 ticket.refused = False
@@ -349,7 +307,7 @@ class Window:
     @property
     def answer_time(self) -> float | None:
         """An EWMA of the time from sending an attempt to its accepted answer, seconds."""
-        return self._answer
+        return self._turnover.answer
 
     def sent(self, ticket: SlotTicket) -> None:
         """``ticket``'s call sends an attempt (again, after a refusal)."""
@@ -371,15 +329,15 @@ class Window:
         with self._lock:
             self._ceiling = float(min(capacity, self._policy.maximum))
             if self._threshold == math.inf:  # no refusal yet: start near the right size
-                self._size = self._ceiling
-            self._size = min(self._size, self._ceiling)
+                self._resize(self._ceiling)
+            self._resize(min(self._size, self._ceiling))
             self._hand_over(self._clock.monotonic())
 
     # -- under the lock -----------------------------------------------------------------------
 
-    def _slots(self) -> float:
-        """Whole calls the window lets through: it grows by fractions, calls come whole."""
-        return math.floor(self._size) if self._size != math.inf else math.inf
+    def _resize(self, size: float) -> None:
+        self._size = size
+        self._whole = _whole(size)
 
     def _grant(self, ticket: SlotTicket) -> None:
         ticket.state = "granted"
@@ -391,11 +349,11 @@ class Window:
         """Give free slots to the oldest waiters; tell those whose wait no longer fits."""
         waiting = self._waiting
         woken: list[SlotTicket] = []
-        while waiting and self._in_use < self._slots():
+        while waiting and self._in_use < self._whole:
             ticket = waiting.popleft()
             self._grant(ticket)
             woken.append(ticket)
-        if waiting and self._answer is not None and len(self._freed) > 1:
+        if waiting and self._turnover.measured:
             for position, ticket in enumerate(list(waiting)):
                 if not self._fits(ticket, position, now):
                     waiting.remove(ticket)
@@ -411,17 +369,19 @@ class Window:
             notify()
 
     def _wait_for(self, position: int, now: float) -> float | None:
-        freed = self._freed
-        if len(freed) < 2 or now <= freed[0]:
-            return None
-        rate = (len(freed) - 1) / (now - freed[0])
-        return (position + 1 + max(0, self._in_use - math.floor(self._size))) / rate
+        # The slots to free before this waiter's: those ahead of it, its own, and the
+        # calls the window holds beyond its size (it just shrank).
+        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
+        return self._turnover.wait(ahead, now)
 
     def _fits(self, ticket: SlotTicket, position: int, now: float) -> bool:
-        wait = self._wait_for(position, now)
-        if wait is None or self._answer is None:
-            return True  # nothing measured: no grounds to send anyone away
-        return wait <= ticket.max_wait and now + wait + self._answer <= ticket.end
+        return self._turnover.fits(ticket, self._wait_for(position, now), now)
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"
+
+
+def _whole(size: float) -> float:
+    """Whole calls a window of ``size`` lets through: it grows by fractions, calls come
+    whole."""
+    return math.floor(size) if size != math.inf else math.inf

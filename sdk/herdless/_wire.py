@@ -6,7 +6,7 @@ and ended by ``data: [DONE]`` (vLLM's framing; see ``docs/wire.md``). Streams as
 ``stream_options.include_usage`` so that the final usage chunk arrives.
 
 The SSE decoder is written here rather than taken from ``httpx-sse`` for two reasons.
-The core SDK depends only on httpx, backoff, aiolimiter and pydantic-settings. And the
+The core SDK depends only on httpx and pydantic-settings. And the
 decoder is on the per-token path of every stream: it takes the body's bytes as they
 arrive, decodes each chunk once, and splits a chunk of whole vLLM-framed events in one
 pass, where httpx-sse (0.4.2) finds line ends by walking every character in Python.

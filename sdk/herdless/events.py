@@ -19,6 +19,8 @@ name) and ``at`` (the client clock's monotonic time, in seconds).
     ├── BackpressureReceived
     ├── BreakerStateChanged
     ├── FallbackUsed
+    ├── HedgeStarted
+    ├── HedgeFinished
     ├── PrimaryDegraded
     ├── ResponseReceived
     ├── CallFinished
@@ -42,6 +44,8 @@ __all__ = [
     "Event",
     "EventHook",
     "FallbackUsed",
+    "HedgeFinished",
+    "HedgeStarted",
     "PrimaryDegraded",
     "ResponseReceived",
     "RetryScheduled",
@@ -173,7 +177,37 @@ class FallbackUsed(Event):
     (the server predicted the deadline cannot be met there), ``"retry_after_exceeds_deadline"``,
     ``"retries_exhausted"``, ``"budget_exhausted"``, ``"deadline"``, ``"backpressure"`` (a
     reservation with ``on_backpressure="fallback"``), ``"timeout"`` (a hung backend is not
-    waited on twice), ``"failed"`` (an error retrying the same backend cannot fix)."""
+    waited on twice), ``"failed"`` (an error retrying the same backend cannot fix),
+    ``"hedge"`` (the call's hedge at this backend answered, or outlived the late attempt:
+    ``HedgePolicy``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HedgeStarted(Event):
+    """An attempt had no first byte after the hedge delay: the same request was just sent
+    to ``backend`` too (``HedgePolicy``). Both run until one answers."""
+
+    from_backend: str
+    """The backend of the late attempt, which keeps running."""
+    attempt: int
+    """The hedge's attempt number (counting across backends)."""
+    after: float
+    """Seconds the late attempt had waited for its first byte."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HedgeFinished(Event):
+    """A hedge's race is decided; ``backend`` is the hedge's backend (as in
+    ``HedgeStarted``)."""
+
+    from_backend: str
+    """The backend of the attempt that was hedged."""
+    winner: str | None
+    """The backend whose answer the call takes (its first chunk, for a stream); ``None``
+    when both attempts failed (the call goes on from the last failure)."""
+    loser_cancelled: bool
+    """Whether the other attempt was still running and was cancelled (its connection
+    closed); ``False`` when it had failed already."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,8 +272,13 @@ class CallFailed(Event):
 
 
 class EventHook(Protocol):
-    """Receives events. A sync client needs a plain callable; an async client
-    accepts a coroutine function too. A hook that raises is logged and never
-    breaks the call."""
+    """What ``AsyncClient(on_event=...)`` takes (one, or a sequence of them): a callable
+    that receives each event, a plain function or a coroutine function (awaited before
+    the client goes on). ``Client`` takes plain callables only. A hook that raises is
+    logged and never breaks the call.
+
+    >>> async def on_event(event: Event) -> None:
+    ...     print(type(event).__name__, event.backend)
+    """
 
     def __call__(self, event: Event, /) -> Awaitable[None] | None: ...

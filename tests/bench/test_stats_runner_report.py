@@ -11,7 +11,7 @@ import pytest
 from herdless.bench.plots import table_bars
 from herdless.bench.report import Column, ScenarioResult, Target, medians, write_result
 from herdless.bench.runner import Arm, interleaved_order, run_arms
-from herdless.bench.stats import median, peak_rate, percentile, ratio
+from herdless.bench.stats import median, peak_rate, ratio
 
 pytestmark = [pytest.mark.server]
 
@@ -19,18 +19,6 @@ pytestmark = [pytest.mark.server]
 def test_median_ignores_missing_values() -> None:
     assert median([3.0, math.nan, 1.0, 2.0]) == 2.0
     assert math.isnan(median([]))
-
-
-@pytest.mark.parametrize(
-    ("q", "expected"), [(0, 1.0), (50, 2.5), (100, 4.0), (99, 3.97), (25, 1.75)]
-)
-def test_percentile_interpolates_between_ranks(q: float, expected: float) -> None:
-    assert percentile([4.0, 1.0, 3.0, 2.0], q) == pytest.approx(expected)
-
-
-def test_percentile_rejects_out_of_range_q() -> None:
-    with pytest.raises(ValueError, match="q must be in"):
-        percentile([1.0], 101)
 
 
 def test_ratio_is_nan_without_a_baseline() -> None:

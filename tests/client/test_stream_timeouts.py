@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import herdless
-from herdless._transport import stream_waits
+from herdless._outcomes import stream_waits
 
 _FIRST = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 _REST = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'

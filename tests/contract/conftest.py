@@ -12,8 +12,8 @@ import httpx
 import pytest
 from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream
 
-from herdless.testing.servers import emulator_process
-from herdless.testing.vllm import MODEL_NAME
+from herdless.launch.servers import emulator_process
+from herdless.launch.vllm import MODEL_NAME
 
 
 @pytest.fixture(scope="session")

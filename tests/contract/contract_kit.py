@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from herdless.testing.vllm import MODEL_NAME
+from herdless.launch.vllm import MODEL_NAME
 
 MAX_MODEL_LEN = 2048
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream
 
-from herdless.testing.vllm import forced_answer, read_metric
+from herdless.launch.vllm import forced_answer, read_metric
 
 CHAT_KEYS = {
     "id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",

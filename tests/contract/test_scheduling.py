@@ -8,7 +8,7 @@ import time
 import httpx
 from tests.contract.contract_kit import Upstream
 
-from herdless.testing.vllm import forced_answer, read_metric, wait_for_metric
+from herdless.launch.vllm import forced_answer, read_metric, wait_for_metric
 
 RUNNING = "vllm:num_requests_running"
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from tests.contract.contract_kit import Upstream, decode_chunks, read_events
 
-from herdless.testing.vllm import forced_answer
+from herdless.launch.vllm import forced_answer
 
 FIRST_KEYS = {"id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"}
 CHUNK_KEYS = {"id", "object", "created", "model", "choices"}

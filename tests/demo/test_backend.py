@@ -9,7 +9,7 @@ import pytest
 from herdless.demo import cli
 from herdless.demo.cli import main, settings
 from herdless.demo.settings import VLLM_DEFAULTS
-from herdless.testing.vllm import VllmUnavailable
+from herdless.launch.vllm import VllmUnavailable
 
 pytestmark = [pytest.mark.server]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from herdless.testing.servers import ServerProcess, emulator_process, free_port, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, free_port, gateway_process
 
 pytestmark = pytest.mark.integration
 

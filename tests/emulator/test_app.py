@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -219,6 +220,21 @@ async def test_faults_api_sets_reads_and_clears() -> None:
         bad = await client.post("/_emulator/faults", json={"error_rate": 3})
         assert bad.status_code == 400
         assert "error_rate" in bad.json()["error"]["message"]
+
+
+async def test_the_slow_fault_holds_a_completion_before_its_first_byte() -> None:
+    async with emulator() as (client, _):
+        r = await client.post("/_emulator/faults", json={"slow_rate": 1.0, "slow_latency": 0.3})
+        assert (r.json()["slow_rate"], r.json()["slow_latency"]) == (1.0, 0.3)
+        for stream in (False, True):
+            start = time.monotonic()
+            held = await client.post(
+                "/v1/chat/completions", json={"messages": HI, "max_tokens": 3, "stream": stream}
+            )
+            assert held.status_code == 200
+            assert time.monotonic() - start >= 0.3  # (speed=1000: the answer itself is ~0)
+        cleared = await client.delete("/_emulator/faults")
+        assert (cleared.json()["slow_rate"], cleared.json()["slow_latency"]) == (0.0, 0.0)
 
 
 async def test_maintenance_stops_serving_and_delete_brings_it_back() -> None:

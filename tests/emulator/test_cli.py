@@ -8,7 +8,7 @@ import pytest
 
 from herdless.emulator.cli import build_parser, main
 from herdless.emulator.settings import EmulatorSettings
-from herdless.testing.servers import ServerProcess, flags
+from herdless.launch.servers import ServerProcess, flags
 
 pytestmark = [pytest.mark.server]
 
@@ -28,6 +28,13 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     settings = EmulatorSettings(**given)
     assert (settings.model, settings.max_num_seqs, settings.hang) == ("flag-model", 7, True)
     assert settings.speed == 1.0
+
+
+def test_the_slow_fault_flags_reach_the_faults() -> None:
+    args = build_parser().parse_args(["--slow-rate", "0.1", "--slow-latency", "5"])
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    faults = EmulatorSettings(**given).faults()
+    assert (faults.slow_rate, faults.slow_latency) == (0.1, 5.0)
 
 
 @pytest.mark.parametrize(

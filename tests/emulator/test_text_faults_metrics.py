@@ -66,6 +66,9 @@ def test_parse_faults_splits_steady_faults_and_actions() -> None:
         ({"cut_after": -1}, "cut_after must be"),
         ({"maintenance_for": -1}, "maintenance_for must be"),
         ({"extra_latency": True}, "extra_latency: wrong type"),
+        ({"slow_rate": 1.5}, "slow_rate must be within"),
+        ({"slow_latency": -1}, "slow_latency must be"),
+        ({"slow_rate": "often"}, "slow_rate: wrong type"),
     ],
 )
 def test_parse_faults_rejects_bad_input_clearly(body: object, message: str) -> None:
@@ -81,6 +84,20 @@ def test_error_rate_draws_from_the_injected_rng() -> None:
     assert True in draws
     assert False in draws
     assert not any(Faults().should_fail(rng) for _ in range(10))
+
+
+def test_the_slow_fault_holds_its_share_drawn_from_the_injected_rng() -> None:
+    faults, _ = parse_faults({"slow_rate": 0.1, "slow_latency": 5})
+    assert faults == Faults(slow_rate=0.1, slow_latency=5.0)
+    assert faults.active
+    rng = random.Random(3)
+    holds = [faults.hold(rng) for _ in range(1000)]
+    replay = random.Random(3)
+    assert holds == [5.0 if replay.random() < 0.1 else 0.0 for _ in range(1000)]
+    assert 50 < holds.count(5.0) < 150  # about a tenth (seed 3: a fixed count)
+    untouched = random.Random(3)
+    assert Faults().hold(untouched) == 0.0
+    assert untouched.random() == random.Random(3).random()  # off: no draw
 
 
 def test_histogram_is_cumulative_with_inf_last() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from herdless.testing.servers import ServerProcess
+from herdless.launch.servers import ServerProcess
 
 ADMIN_TOKEN = "fault-admin-token"
 API_KEY = "fault-client-key"

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from herdless.testing.servers import ServerProcess, emulator_process, free_port
+from herdless.launch.servers import ServerProcess, emulator_process, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import socket
 import threading
@@ -35,7 +36,7 @@ pytest.importorskip("starlette")
 import httpx
 from tests.fuzz._counts import COUNTS, OUTCOMES
 
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 
@@ -473,6 +474,7 @@ def test_models_needs_a_key_when_keys_are_configured(gateway: ServerProcess) -> 
 def test_a_models_flood_costs_vllm_a_request_per_ttl_and_chats_go_on(recorder: str) -> None:
     """100 callers list models for 2 s while 20 chats run: vLLM sees about one list a second."""
     _Recorder.seen.clear()
+    answered: list[float] = []
     with gateway_process(upstream=recorder, models_cache_ttl=1, env=ENV) as gateway:
 
         async def run() -> tuple[list[int], list[int]]:
@@ -489,6 +491,7 @@ def test_a_models_flood_costs_vllm_a_request_per_ttl_and_chats_go_on(recorder: s
                 async def flood() -> None:
                     while time.monotonic() < stop:
                         codes.append((await client.get("/v1/models")).status_code)
+                        answered.append(time.monotonic())
 
                 async def chat() -> int:
                     return (await client.post("/v1/chat/completions", content=CHAT)).status_code
@@ -499,14 +502,18 @@ def test_a_models_flood_costs_vllm_a_request_per_ttl_and_chats_go_on(recorder: s
                 return codes, chats
 
         codes, chats = asyncio.run(run())
+    # How long the flood lasted as the gateway saw it: on a loaded machine the last
+    # answers may come well after the 2 s the callers flooded for.
+    span = max(answered) - min(answered)
     COUNTS["gateway connections: /v1/models flood"] += len(codes)
     OUTCOMES["probes"] += len(codes)
     OUTCOMES["5xx seen"] += sum(code >= 500 for code in codes)
     assert len(codes) > 100  # a flood indeed (each one a /v1/models call)
     assert set(codes) == {200}
     assert chats == [200] * 20
-    # ~2 s of flood, one fetch per second at most (+1: the one under way at the end).
-    assert 1 <= len(_Recorder.seen) <= 4, len(_Recorder.seen)
+    # One fetch per second (the TTL) at most while the flood lasted, +2: the first, and
+    # the one under way at the end.
+    assert 1 <= len(_Recorder.seen) <= math.ceil(span) + 2, (len(_Recorder.seen), span)
 
 
 # -- the defaults ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ pytest.importorskip("starlette")
 import httpx
 from tests.fuzz._counts import COUNTS
 
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from herdless.testing.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 # Fast enough that a completion takes milliseconds, slow enough to stay realistic.
 FAST = 50.0

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from herdless import Backend, BreakerPolicy, Client, FallbackPolicy, RetryPolicy, Timeouts
-from herdless.testing.servers import ServerProcess
+from herdless.launch.servers import ServerProcess
 
 # The emulators run 50 times faster than a GPU: answers take milliseconds.
 SPEED = 50

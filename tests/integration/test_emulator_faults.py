@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from herdless.testing.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from herdless.testing.servers import ServerProcess
+from herdless.launch.servers import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

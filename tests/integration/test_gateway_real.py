@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from herdless.testing.servers import (
+from herdless.launch.servers import (
     ServerProcess,
     emulator_process,
     free_port,

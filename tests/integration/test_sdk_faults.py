@@ -9,7 +9,7 @@ import pytest
 from tests.integration.sdk_harness import HI, SPEED, clear_faults, client_for, set_faults
 
 from herdless import BreakerPolicy, RetryPolicy, ServiceUnavailableError, StreamInterrupted
-from herdless.testing.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -14,7 +14,7 @@ from tests.integration.sdk_harness import HI, SPEED, TIMEOUTS, client_for, hoste
 
 from herdless import AsyncClient, BreakerPolicy, FallbackPolicy, RetryPolicy
 from herdless.events import Event
-from herdless.testing.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 

@@ -35,6 +35,8 @@ fallback_policy = herdless.FallbackPolicy(
     spend_window=86_400.0,
 )
 pacing = herdless.PacingPolicy(rate=20.0, burst=5)
+hedge = herdless.HedgePolicy(after="auto", max_share=0.05, min_after=0.1)
+fixed_hedge = herdless.HedgePolicy(after=2.0)
 clock = FakeClock()
 
 
@@ -42,10 +44,22 @@ def on_event(event: events.Event) -> None:
     if isinstance(event, events.RetryScheduled):
         delay: float = event.delay
         del delay
+    if isinstance(event, events.HedgeStarted):
+        waited: float = event.after
+        late: str = event.from_backend
+        del waited, late
+    if isinstance(event, events.HedgeFinished):
+        winner: str | None = event.winner
+        cancelled: bool = event.loser_cancelled
+        del winner, cancelled
 
 
 async def on_event_async(event: events.Event) -> None:
     return None
+
+
+# EventHook is what AsyncClient(on_event=...) takes: a coroutine function or a plain one.
+async_hooks: list[events.EventHook] = [on_event_async, on_event]
 
 
 # -- the sync client ---------------------------------------------------------------------
@@ -65,6 +79,7 @@ def sync_usage() -> None:
         fallback_policy=fallback_policy,
         pacing=pacing,
         priority="interactive",
+        hedge=hedge,
         clock=clock,
         rng=random.Random(1),
         sleep=clock.sleep,
@@ -115,7 +130,9 @@ def sync_usage() -> None:
         stats: herdless.ClientStats = client.stats()
         tokens: int = stats.tokens["primary"]["prompt_tokens"]
         spent: float = stats.cost.get("hosted", 0.0)
-        del stats, tokens, spent
+        hedges: int = stats.hedges.get("hosted", 0)
+        wins: int = stats.hedge_wins.get("primary", 0)
+        del stats, tokens, spent, hedges, wins
         strict: herdless.Client = client.with_options(
             deadline=5.0,
             stream_deadline=30.0,
@@ -138,6 +155,7 @@ async def async_usage() -> None:
     async with herdless.AsyncClient(
         primary="http://gpu:8080/v1",
         fallback=[hosted],
+        hedge=fixed_hedge,
         on_event=(on_event_async, on_event),
         sleep=clock.asleep,
         http_client=httpx.AsyncClient(),
@@ -157,6 +175,8 @@ async def async_usage() -> None:
         del derived
     async with herdless.AsyncClient.from_env(on_event=on_event) as from_env:
         del from_env
+    async with herdless.AsyncClient("http://gpu:8080/v1", on_event=async_hooks) as hooked:
+        del hooked
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -206,8 +226,6 @@ errors: tuple[type[herdless.HerdlessError], ...] = (
     herdless.FallbackNotAllowed,
     herdless.SpendLimitExceeded,
 )
-message: herdless.Message = {"role": "user", "content": "hi"}
-tool_answer: herdless.Message = {"role": "tool", "content": "21 C", "tool_call_id": "call_0"}
 received: events.ResponseReceived = events.ResponseReceived(
     call_id="r",
     backend="hosted",

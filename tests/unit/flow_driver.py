@@ -1,4 +1,9 @@
-"""A hand driver for the call flow: scripted outcomes per backend, a fake clock, no HTTP."""
+"""A hand driver for the call flow: scripted outcomes per backend, a fake clock, no HTTP.
+
+Sends of a hedge's race (``Race``) run side by side in fake time: each ends ``elapsed``
+seconds (its scripted outcome's) after it started; the driver jumps the clock to the
+first end, or to the race's timeout when that comes first.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,16 @@ from typing import Any
 
 from tests.unit._policy_stubs import UpperRandom
 
-from herdless._actions import Accepted, Response, Send, Sleep, SlotWait, TransportFailure
+from herdless._actions import (
+    Accepted,
+    Ended,
+    Race,
+    Response,
+    Send,
+    Sleep,
+    SlotWait,
+    TransportFailure,
+)
 from herdless._backend import Backend
 from herdless._config import ClientConfig, ClientOptions
 from herdless._flow import CallFlow
@@ -72,6 +86,11 @@ class Driver:
         self.sleeps: list[float] = []
         self.events: list[Event] = []
         self.log: list[object] = []  # sends, sleeps and events in order
+        self.raced: list[Send] = []  # sends started by a Race (a subset of sends)
+        self.cancelled: list[Send] = []  # raced sends the flow moved on from, unreported
+        self.race_timeouts: list[float | None] = []
+        # Raced sends running: (when it ends, order, send, outcome).
+        self._running: list[tuple[float, int, Send, Response | TransportFailure]] = []
 
     def start(self, **call: Any) -> CallFlow:
         call.setdefault("request_id", f"req-{len(self.sends)}")
@@ -101,22 +120,54 @@ class Driver:
                     if not woken:
                         self.clock.advance(action.timeout)
                     action = steps.send(None)
+                elif isinstance(action, Race):
+                    action = steps.send(self.race(action))
+                    if not isinstance(action, Race):
+                        self.cancel()
                 else:
                     action = steps.send(self.perform(action))
         except StopIteration as stop:
             result: Accepted = stop.value
             return result
         finally:
+            self.cancel()
             self._take(flow)
+
+    def race(self, action: Race) -> Ended | None:
+        """Start ``action.send`` in fake time; end the first running send, or time out."""
+        self.race_timeouts.append(action.timeout)
+        now = self.clock.monotonic()
+        if action.send is not None:
+            send = action.send
+            self.sends.append(send)
+            self.raced.append(send)
+            self.log.append(send)
+            outcome = self._scripted(send)
+            self._running.append((now + outcome.elapsed, len(self.raced), send, outcome))
+        assert self._running, "a Race with nothing running"
+        end, order, send, outcome = min(self._running, key=lambda item: (item[0], item[1]))
+        if action.timeout is not None and now + action.timeout < end:
+            self.clock.advance(action.timeout)
+            return None
+        self._running.remove((end, order, send, outcome))
+        self.clock.advance(max(0.0, end - now))
+        return Ended(send=send, outcome=outcome)
+
+    def cancel(self) -> None:
+        self.cancelled += [send for _, _, send, _ in self._running]
+        self._running = []
 
     def perform(self, send: Send) -> Response | TransportFailure:
         self.sends.append(send)
         self.log.append(send)
-        queue = self.script[send.backend.name]
-        scripted = queue.pop(0) if len(queue) > 1 else queue[0]  # the last one repeats
-        outcome = scripted(send) if callable(scripted) else scripted
+        outcome = self._scripted(send)
         self.clock.advance(outcome.elapsed)
         return outcome
+
+    def _scripted(self, send: Send) -> Response | TransportFailure:
+        queue = self.script[send.backend.name]
+        scripted = queue.pop(0) if len(queue) > 1 else queue[0]  # the last one repeats
+        return scripted(send) if callable(scripted) else scripted
 
     def _take(self, flow: CallFlow) -> None:
         events = flow.take_events()

@@ -8,6 +8,7 @@ import pytest
 
 import herdless
 from herdless._actions import Response, TransportFailure
+from herdless._attempt_errors import status_error, transport_error
 from herdless._backend import Backend
 from herdless._types import AttemptRecord
 from herdless.errors import (
@@ -31,8 +32,6 @@ from herdless.errors import (
     StreamDeadlineExceeded,
     StreamInterrupted,
     UnprocessableEntityError,
-    status_error,
-    transport_error,
 )
 
 KEY = "sk-very-SECRET-key-123"

@@ -136,7 +136,7 @@ def test_a_429_honours_retry_after_as_a_floor() -> None:
     assert driver.sleeps == [2.5]  # 2 s + 25 % jitter above it
     # A reservation for this call alone: the client-wide hold is for outages.
     assert driver.of(BackpressureReceived) == []
-    assert driver.policies.gate.blocked("primary") == (0.0, False)
+    assert driver.policies.holds.held("primary") == (0.0, False)
 
 
 def test_a_reserved_retry_spends_no_budget() -> None:
@@ -295,7 +295,7 @@ def test_a_drain_switches_to_the_fallback_now_for_every_call() -> None:
     first = driver.run()
     assert first.fallback_reason == "draining"
     assert driver.policies.breaker(PRIMARY).state == "open"
-    left, draining = driver.policies.gate.blocked("primary")
+    left, draining = driver.policies.holds.held("primary")
     assert draining
     assert left == pytest.approx(30.0, abs=0.5)
     assert driver.sleeps == []
@@ -322,7 +322,7 @@ def test_an_outage_the_backend_announced_holds_every_call() -> None:
     first = driver.start().run()
     next(first)
     assert isinstance(first.send(down), Sleep)  # the first call waits out the outage...
-    assert driver.policies.gate.blocked("primary")[0] == pytest.approx(2.0)
+    assert driver.policies.holds.held("primary")[0] == pytest.approx(2.0)
     second = driver.start()
     assert isinstance(next(second.run()), Sleep)  # ...and so does a second one, unsent
     waits = [e for e in second.take_events() if isinstance(e, WaitScheduled)]

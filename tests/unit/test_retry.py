@@ -27,10 +27,16 @@ def _coded(status: int, code: str) -> Response:
 
 
 @pytest.mark.parametrize(
-    ("n", "ceiling"), [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (30, 8.0)]
+    ("n", "ceiling"),
+    [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 8.0), (30, 8.0), (5000, 8.0)],
 )
 def test_ceiling_doubles_up_to_the_cap(n: int, ceiling: float) -> None:
     assert RetryPolicy(base=0.5, cap=8.0).ceiling(n) == ceiling
+
+
+def test_ceiling_reaches_a_cap_that_is_no_power_of_two_of_the_base() -> None:
+    assert [RetryPolicy(base=0.3, cap=1.0).ceiling(n) for n in range(4)] == [0.3, 0.6, 1.0, 1.0]
+    assert RetryPolicy(base=5.0, cap=1.0).ceiling(0) == 1.0  # a base above the cap: the cap
 
 
 def test_backoff_is_full_jitter_between_zero_and_the_ceiling() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from herdless._backend import Price, Timeouts
 from herdless._breaker import BreakerPolicy
+from herdless._hedge import HedgePolicy
 from herdless._retry import RetryPolicy
 from herdless._settings import env_options
 from herdless.errors import ConfigurationError
@@ -32,6 +33,33 @@ def test_the_minimum_is_a_primary_url(env: pytest.MonkeyPatch) -> None:
     assert options.timeouts == Timeouts()
     assert options.retry == RetryPolicy()
     assert options.breaker == BreakerPolicy()
+    assert options.hedge is None  # hedging is off unless asked for
+
+
+@pytest.mark.parametrize(
+    ("variables", "policy"),
+    [
+        ({"HEDGE_AFTER": "auto"}, HedgePolicy(after="auto")),
+        ({"HEDGE_AFTER": " Auto "}, HedgePolicy(after="auto")),
+        ({"HEDGE_AFTER": "1.5", "HEDGE_MAX_SHARE": "0.15"}, HedgePolicy(after=1.5, max_share=0.15)),
+    ],
+)
+def test_hedging_from_the_environment(
+    env: pytest.MonkeyPatch, variables: dict[str, str], policy: HedgePolicy
+) -> None:
+    for name, value in variables.items():
+        env.setenv(f"HERDLESS_{name}", value)
+    assert env_options(None).hedge == policy
+
+
+def test_a_client_from_the_environment_hedges(env: pytest.MonkeyPatch) -> None:
+    import herdless
+
+    env.setenv("HERDLESS_HEDGE_AFTER", "2")
+    with herdless.Client(env_file=None) as client:
+        assert client.config.hedge == HedgePolicy(after=2.0)
+    with herdless.Client(env_file=None, hedge=HedgePolicy(after="auto")) as client:
+        assert client.config.hedge == HedgePolicy(after="auto")  # an argument wins
 
 
 def test_everything_set(env: pytest.MonkeyPatch) -> None:
@@ -116,6 +144,20 @@ def test_the_environment_wins_over_the_dotenv_file(env: pytest.MonkeyPatch, tmp_
         (
             {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_FALLBACK_EXTERNAL": "maybe"},
             "HERDLESS_FALLBACK_EXTERNAL",
+        ),
+        ({"HERDLESS_PRIMARY_URL": URL, "HERDLESS_HEDGE_AFTER": "soon"}, "HERDLESS_HEDGE_AFTER"),
+        ({"HERDLESS_PRIMARY_URL": URL, "HERDLESS_HEDGE_AFTER": "-1"}, "HERDLESS_HEDGE_AFTER"),
+        (
+            {
+                "HERDLESS_PRIMARY_URL": URL,
+                "HERDLESS_HEDGE_AFTER": "1",
+                "HERDLESS_HEDGE_MAX_SHARE": "2",
+            },
+            "HERDLESS_HEDGE_MAX_SHARE",
+        ),
+        (
+            {"HERDLESS_PRIMARY_URL": URL, "HERDLESS_HEDGE_MAX_SHARE": "0.1"},
+            "HERDLESS_HEDGE_AFTER",
         ),
     ],
 )

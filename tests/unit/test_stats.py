@@ -78,6 +78,8 @@ def test_an_empty_snapshot() -> None:
         "latency": {},
         "tokens": {},
         "cost": {},
+        "hedges": {},
+        "hedge_wins": {},
     }
 
 

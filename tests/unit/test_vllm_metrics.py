@@ -1,4 +1,4 @@
-"""``herdless.testing.vllm``'s metric readers, against a scripted ``/metrics``."""
+"""``herdless.launch.vllm``'s metric readers, against a scripted ``/metrics``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import httpx
 import pytest
 import respx
 
-from herdless.testing import vllm
+from herdless.launch import vllm
 
 # read_metric parses with prometheus_client (the prometheus extra; not in tests(core)).
 pytest.importorskip("prometheus_client")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from herdless.testing.servers import ServerProcess, gateway_process
+from herdless.launch.servers import ServerProcess, gateway_process
 
 pytestmark = [pytest.mark.vllm]
 

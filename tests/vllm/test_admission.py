@@ -12,8 +12,8 @@ import pytest
 from tests.vllm.conftest import CONCURRENCY, QUEUE
 
 import herdless
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
-from herdless.testing.vllm import MODEL_NAME, VllmServer, read_metric, wait_for_metric
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.vllm import MODEL_NAME, VllmServer, read_metric, wait_for_metric
 
 pytestmark = [pytest.mark.vllm]
 

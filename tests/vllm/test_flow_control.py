@@ -18,13 +18,13 @@ import httpx
 import pytest
 
 import herdless
-from herdless.testing.servers import gateway_process
-from herdless.testing.vllm import MODEL_NAME, forced_answer
+from herdless.launch.servers import gateway_process
+from herdless.launch.vllm import MODEL_NAME, forced_answer
 
 pytestmark = [pytest.mark.vllm]
 
 CALLS = 100
-SEQS = 4  # vLLM's --max-num-seqs in this session (herdless.testing.vllm_pytest.VLLM_ARGS)
+SEQS = 4  # vLLM's --max-num-seqs in this session (herdless.launch.vllm_pytest.VLLM_ARGS)
 ANSWER = forced_answer(4, ending="length")  # every answer is exactly 4 tokens long
 MESSAGES = [{"role": "user", "content": "Write a short status update."}]
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 import herdless
-from herdless.testing.servers import ServerProcess
-from herdless.testing.vllm import FORCED_TEXT, MODEL_NAME, forced_answer
+from herdless.launch.servers import ServerProcess
+from herdless.launch.vllm import FORCED_TEXT, MODEL_NAME, forced_answer
 
 pytestmark = [pytest.mark.vllm]
 

@@ -1,4 +1,4 @@
-"""``herdless.testing.vllm`` itself, without vLLM: the unavailable path, the server's
+"""``herdless.launch.vllm`` itself, without vLLM: the unavailable path, the server's
 command and environment, a start that fails, and the fixtures' discovery.
 
 These run in the default tests: they need no vLLM build and start no server
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from herdless.testing import vllm, vllm_pytest
-from herdless.testing.vllm import VllmHome, VllmServer, VllmUnavailable
+from herdless.launch import _vllm_install, vllm, vllm_pytest
+from herdless.launch.vllm import VllmHome, VllmServer, VllmUnavailable
 
 
 def _failing_pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
@@ -102,9 +102,9 @@ def test_fixtures_find_a_prepared_cache_from_its_status(
     root = tmp_path / ".cache" / "vllm"
     assert vllm_pytest._find_home(tmp_path) is None
     home = VllmHome(root=root, python=root / "venv/bin/python", model=root / "model")
-    vllm.write_status(root, home)
+    _vllm_install.write_status(root, home)
     assert vllm_pytest._find_home(tmp_path) == home
-    vllm.write_status(root, None, "no torch wheel")
+    _vllm_install.write_status(root, None, "no torch wheel")
     assert vllm_pytest._find_home(tmp_path) is None
 
 

@@ -118,6 +118,15 @@ def _outage(opts: BenchSettings, out: Path, progress: Progress) -> list[Scenario
     return outage.run(outage.OutageParams(repeats=opts.repeats), progress)
 
 
+def _hedge(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import hedge  # lazy: starts real processes
+
+    if opts.target:
+        print("hedge: injects the slow fault into its own emulated GPU; --target is not used")
+    params = hedge.HedgeParams(repeats=opts.repeats, seed=opts.seed)
+    return hedge.run(params, out, progress)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "herd": Scenario(
         help="N callers refused at t=0, then the server recovers (5 retry strategies)",
@@ -155,6 +164,12 @@ SCENARIOS: dict[str, Scenario] = {
         run=_fairness,
         runs=_fairness_runs,
         needs=_SERVERS,
+    ),
+    "hedge": Scenario(
+        help="10 % of the GPU's requests stall 5 s before the first byte: hedging vs none",
+        run=_hedge,
+        runs=lambda opts: 4 * int(opts.repeats),
+        needs=(*_SERVERS, "openai"),
     ),
     "overhead": Scenario(
         help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",

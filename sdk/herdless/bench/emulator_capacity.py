@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -32,9 +31,10 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from herdless.bench.stats import percentile
+from herdless._percentiles import percentile
+from herdless.bench.procfs import cpu_seconds
 from herdless.emulator.engine import EngineConfig
-from herdless.testing.servers import emulator_process
+from herdless.launch.servers import emulator_process
 
 __all__ = ["CapacityReport", "LevelResult", "main", "run_capacity"]
 
@@ -103,16 +103,6 @@ class CapacityReport:
             f"{self.duration:g} s per level: sustained **{self.sustained}** concurrent streams "
             f"(efficiency >= {self.threshold:g}, no errors).\n\n{head}{rows}"
         )
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User plus system CPU time of ``pid`` so far; nan where ``/proc`` is not available."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +215,12 @@ async def _level(url: str, pid: int | None, n: int, max_tokens: int, duration: f
     totals: list[float] = []
     itls: list[float] = []
     counts = [0, 0]
-    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     until = t0 + duration
     await asyncio.gather(
         *(_worker(host, port, request, until, ttfts, totals, itls, counts) for _ in range(n))
     )
-    elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
     return _Samples(ttfts, totals, itls, counts[0], counts[1], elapsed, cpu)
 
 

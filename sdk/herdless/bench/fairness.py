@@ -52,7 +52,7 @@ from herdless.bench.fairness_stats import CallRecord, cumulative_service
 from herdless.bench.plots import service_panels
 from herdless.bench.report import ScenarioResult
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.testing.servers import emulator_process, gateway_process
+from herdless.launch.servers import emulator_process, gateway_process
 
 __all__ = ["ARMS", "FairnessParams", "run"]
 

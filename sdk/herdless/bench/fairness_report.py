@@ -12,9 +12,10 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from herdless._percentiles import percentile
 from herdless.bench.fairness_stats import CallRecord, service, throughput, window_jain
 from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.stats import percentile, ratio
+from herdless.bench.stats import ratio
 from herdless.gateway.fairqueue import jain_index
 
 if TYPE_CHECKING:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import sys
 import time
 from collections import Counter
@@ -40,14 +38,15 @@ from typing import TypedDict
 import httpx
 from aiolimiter import AsyncLimiter
 
-from herdless.bench.stats import median, percentile, ratio
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless._percentiles import percentile
+from herdless.bench.procfs import cpu_seconds, rss_bytes
+from herdless.bench.raw_http import raw_request, read_response
+from herdless.bench.stats import median, ratio
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["OverheadParams", "OverheadResult", "main", "run"]
 
 _CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": True}
-_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
-_CHUNKED = re.compile(rb"transfer-encoding:\s*chunked", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,26 +157,6 @@ def _latency(
 # -- refusal throughput -----------------------------------------------------------------
 
 
-def _raw_request(method: str, path: str, body: bytes = b"") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-    return head.encode() + f"content-length: {len(body)}\r\n\r\n".encode() + body
-
-
-async def _read_response(reader: asyncio.StreamReader) -> int:
-    """Read one HTTP/1.1 response (sized or chunked); returns its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    found = _LENGTH.search(head)
-    if found:
-        await reader.readexactly(int(found.group(1)))
-    elif _CHUNKED.search(head):
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            await reader.readexactly(size + 2)  # the chunk and its CRLF; the last is just CRLF
-            if size == 0:
-                break
-    return int(head[9:12])
-
-
 async def _hammer(
     port: int, request: bytes, seconds: float, connections: int
 ) -> tuple[float, Counter[int]]:
@@ -190,7 +169,7 @@ async def _hammer(
         try:
             while time.perf_counter() < end:
                 writer.write(request)
-                codes[await _read_response(reader)] += 1
+                codes[await read_response(reader)] += 1
         finally:
             writer.close()
 
@@ -205,8 +184,8 @@ def _refusals(vllm: ServerProcess, params: OverheadParams) -> dict[str, float]:
         refused_body = {**_CHAT, "stream": False}
         # The one request the bucket lets through, spent before measuring.
         httpx.post(gateway.url + "/v1/chat/completions", json=refused_body, timeout=30)
-        chat = _raw_request("POST", "/v1/chat/completions", json.dumps(refused_body).encode())
-        healthz = _raw_request("GET", "/healthz")
+        chat = raw_request("POST", "/v1/chat/completions", json.dumps(refused_body).encode())
+        healthz = raw_request("GET", "/healthz")
         seconds, conns = params.refusal_seconds, params.connections
         asyncio.run(_hammer(gateway.port, healthz, 1.0, conns))  # warm-up
         pid = gateway.pid
@@ -215,9 +194,9 @@ def _refusals(vllm: ServerProcess, params: OverheadParams) -> dict[str, float]:
         for _ in range(params.refusal_rounds):  # interleaved short rounds: a busy machine
             # drifts, and the median of pairs taken side by side is what compares.
             for name, request in (("refusals", chat), ("healthz", healthz)):
-                cpu = _cpu_seconds(pid)
+                cpu = cpu_seconds(pid)
                 rate, codes = asyncio.run(_hammer(gateway.port, request, seconds, conns))
-                cpu = _cpu_seconds(pid) - cpu
+                cpu = cpu_seconds(pid) - cpu
                 if name == "refusals" and codes[429] != sum(codes.values()):
                     raise RuntimeError(f"expected refusals, got {dict(codes)}")
                 rates[f"{name}_per_s"].append(rate)
@@ -228,26 +207,7 @@ def _refusals(vllm: ServerProcess, params: OverheadParams) -> dict[str, float]:
 _REFUSAL_FIGURES = ("refusals_per_s", "healthz_per_s", "refusals_per_cpu_s", "healthz_per_cpu_s")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process has used, seconds (Linux ``/proc``).
-
-    Answers per CPU-second of the server is the figure a busy machine cannot
-    skew: the wall-clock rate is bounded by the load generator and by whatever
-    else runs, the server's own CPU time per answer is not.
-    """
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # -- memory under overload --------------------------------------------------------------
-
-
-def _rss(pid: int) -> int:
-    """Resident set size in bytes (Linux ``/proc``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("VmRSS not found")
 
 
 async def _crowd(
@@ -260,7 +220,7 @@ async def _crowd(
     # aiolimiter paces the ramp-up (waiting is right here): 1,000 connections/s at most.
     opening = AsyncLimiter(100, 0.1)
     end = time.perf_counter() + seconds
-    peak = _rss(pid)
+    peak = rss_bytes(pid)
 
     async def caller() -> None:
         await opening.acquire()
@@ -268,7 +228,7 @@ async def _crowd(
         try:
             while time.perf_counter() < end:
                 writer.write(request)
-                codes[str(await _read_response(reader))] += 1
+                codes[str(await read_response(reader))] += 1
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             codes[type(exc).__name__] += 1
         finally:
@@ -276,7 +236,7 @@ async def _crowd(
 
     tasks = [asyncio.create_task(caller()) for _ in range(callers)]
     while not all(task.done() for task in tasks):
-        peak = max(peak, _rss(pid))
+        peak = max(peak, rss_bytes(pid))
         await asyncio.wait(tasks, timeout=0.25)
     for task in tasks:
         task.result()  # an unexpected error is a broken benchmark: raise it
@@ -302,10 +262,10 @@ def _overload(vllm: ServerProcess, params: OverheadParams) -> _Overload:
         access_log=False,
     ) as gateway:
         assert gateway.pid is not None  # started by the context manager
-        at_rest = _rss(gateway.pid)
+        at_rest = rss_bytes(gateway.pid)
         callers = int(params.overload_factor * (concurrency + queue))
         body = json.dumps({**_CHAT, "stream": False}).encode()
-        request = _raw_request("POST", "/v1/chat/completions", body)
+        request = raw_request("POST", "/v1/chat/completions", body)
         start = time.perf_counter()
         codes, peak = asyncio.run(
             _crowd(gateway.port, request, callers, params.overload_seconds, gateway.pid)

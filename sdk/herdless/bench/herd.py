@@ -30,11 +30,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from herdless.bench.herd_arms import ARMS, CallFactory, GaveUp
+from herdless.bench.herd_arms import ARMS, CallFactory
 from herdless.bench.herd_server import HerdServer, ServerParams
 from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
 from herdless.bench.stats import peak_rate, ratio
 from herdless.bench.vtime import run_virtual
 

@@ -28,9 +28,10 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from herdless.bench.herd_server import HerdServer
+from herdless.bench.runner import GaveUp
 from herdless.bench.vtime import VirtualClock
 
-__all__ = ["ARMS", "CallFactory", "GaveUp"]
+__all__ = ["ARMS", "CallFactory"]
 
 Call = Callable[[], Awaitable[None]]
 CallFactory = Callable[[HerdServer, int, float], Call]
@@ -40,10 +41,6 @@ _URL = "http://herd.bench/v1"
 _MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}]
 _BODY = {"model": "herd", "messages": _MESSAGES, "max_tokens": 16}
 _RETRY = frozenset({429, 503})
-
-
-class GaveUp(Exception):
-    """The arm stopped retrying before the request succeeded."""
 
 
 def _fixed_schedule(delays: Callable[[int], float]) -> CallFactory:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import httpx
 
 import herdless
+from herdless._percentiles import percentile
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import percentile
 from herdless.events import BreakerStateChanged, Event, FallbackUsed
-from herdless.testing.servers import emulator_process
+from herdless.launch.servers import emulator_process
 
 __all__ = ["OutageParams", "run"]
 

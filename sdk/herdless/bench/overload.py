@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from herdless._percentiles import percentile
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import percentile, ratio
-from herdless.testing.servers import ServerProcess, emulator_process, flags
+from herdless.bench.stats import ratio
+from herdless.launch.servers import ServerProcess, emulator_process, flags
 
 __all__ = ["LEVELS", "OverloadParams", "run"]
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Arm", "Progress", "interleaved_order", "run_arms"]
+__all__ = ["Arm", "GaveUp", "Progress", "interleaved_order", "run_arms"]
 
 Progress = Callable[[str], None]
 """Called once per finished run with a short description (drives the progress bar)."""
+
+
+class GaveUp(Exception):
+    """An arm's client stopped trying before the call was answered (a figure, not a
+    failure of the benchmark)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -48,7 +48,7 @@ import httpx
 
 import herdless
 from herdless.bench.stats import median, ratio
-from herdless.testing.servers import free_port
+from herdless.launch.servers import free_port
 
 __all__ = ["ArmResult", "main", "run"]
 

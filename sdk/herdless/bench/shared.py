@@ -10,10 +10,10 @@ time, two ways:
   (``--max-num-queued-reqs``), which refuses with a bare 503, as vLLM does; its
   baseline is the same server with an unbounded queue (nobody is refused).
 
-Arms, each in the same run, one shared client for the whole crowd unless it says
-"per caller": the official openai client with its defaults, the OpenAI cookbook's
-tenacity recipe, a naive loop (a fixed 1 s pause), herdless (``AsyncClient``), and
-herdless and openai with one client per caller. Figures per arm (median over
+Arms (``herdless.bench.shared_arms``), each in the same run, one shared client for the
+whole crowd unless it says "per caller": the official openai client with its defaults,
+the OpenAI cookbook's tenacity recipe, a naive loop (a fixed 1 s pause), herdless
+(``AsyncClient``), and herdless and openai with one client per caller. Figures per arm (median over
 repetitions):
 
 - served: the share of calls answered (the others gave up or failed);
@@ -27,32 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
+from herdless.bench.shared_arms import GIVE_UP, Call, Crowd, arms, chat_body
 from herdless.bench.stats import ratio
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["SharedParams", "run"]
-
-_MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}]
-_GIVE_UP = 120.0  # seconds an arm without a stopping rule of its own keeps trying
-
-Call = Callable[[], Awaitable[None]]
-"""One logical chat; returns when answered, raises when its arm gave up."""
-Crowd = Callable[[str, int, list[float]], Awaitable[list[Call]]]
-"""``(base_url, n, sent) -> n calls``; every HTTP request they send appends its time to
-``sent`` (``time.monotonic()``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,175 +70,6 @@ class SharedParams:
     seed: int = 1
 
 
-class GaveUp(Exception):
-    """The arm stopped trying before the call was answered."""
-
-
-def _counting(sent: list[float]) -> dict[str, list[Callable[[Any], Awaitable[None]]]]:
-    """httpx (or httpx2) event hooks that note when every request is sent."""
-
-    async def count(request: Any) -> None:
-        sent.append(time.monotonic())
-
-    return {"request": [count]}
-
-
-def _body(model: str, tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": _MESSAGES, "max_tokens": tokens, "ignore_eos": True}
-
-
-async def _openai_crowd(
-    url: str, n: int, sent: list[float], *, shared: bool, model: str, tokens: int
-) -> list[Call]:
-    import httpx2  # lazy: the openai client's own httpx
-    import openai
-
-    def make() -> Any:
-        http = httpx2.AsyncClient(event_hooks=_counting(sent), timeout=600)
-        return openai.AsyncOpenAI(api_key="bench", base_url=url, http_client=http)
-
-    one = make() if shared else None
-
-    async def call() -> None:
-        client = one or make()
-        try:
-            await client.chat.completions.create(
-                model=model,
-                messages=_MESSAGES,
-                max_tokens=tokens,
-                extra_body={"ignore_eos": True},
-            )
-        except openai.APIStatusError as exc:
-            raise GaveUp(f"status {exc.status_code}") from exc
-        except openai.APIConnectionError as exc:
-            raise GaveUp("connection") from exc
-        finally:
-            if one is None:
-                await client.close()
-
-    return [call for _ in range(n)]
-
-
-async def _tenacity_crowd(
-    url: str, n: int, sent: list[float], *, model: str, tokens: int
-) -> list[Call]:
-    import httpx2
-    import openai
-    import tenacity
-
-    http = httpx2.AsyncClient(event_hooks=_counting(sent), timeout=600)
-    client = openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0, http_client=http)
-
-    # The cookbook's recipe ("How to handle rate limits"), verbatim but async.
-    @tenacity.retry(
-        wait=tenacity.wait_random_exponential(min=1, max=60),
-        stop=tenacity.stop_after_attempt(6),
-        retry=tenacity.retry_if_exception_type((openai.RateLimitError, openai.InternalServerError)),
-    )
-    async def completion_with_backoff() -> None:
-        await client.chat.completions.create(
-            model=model,
-            messages=_MESSAGES,  # type: ignore[arg-type]  # a plain dict
-            max_tokens=tokens,
-            extra_body={"ignore_eos": True},
-        )
-
-    async def call() -> None:
-        try:
-            await completion_with_backoff()
-        except tenacity.RetryError as exc:
-            raise GaveUp("6 attempts") from exc
-
-    return [call for _ in range(n)]
-
-
-async def _naive_crowd(
-    url: str, n: int, sent: list[float], *, model: str, tokens: int
-) -> list[Call]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    client = httpx.AsyncClient(event_hooks=_counting(sent), timeout=600, limits=limits)
-    body = _body(model, tokens)
-
-    async def call() -> None:
-        start = time.monotonic()
-        while True:
-            response = await client.post(f"{url}/chat/completions", json=body)
-            if response.status_code == 200:
-                return
-            if response.status_code not in (429, 503) or time.monotonic() - start > _GIVE_UP:
-                raise GaveUp(f"status {response.status_code}")
-            await asyncio.sleep(1.0)
-
-    return [call for _ in range(n)]
-
-
-async def _herdless_crowd(
-    url: str, n: int, sent: list[float], *, shared: bool, model: str, tokens: int, seed: int
-) -> list[Call]:
-    import herdless  # lazy: keeps this module importable while the SDK grows
-
-    rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-
-    def make() -> herdless.AsyncClient:
-        http = httpx.AsyncClient(event_hooks=_counting(sent), limits=limits)
-        return herdless.AsyncClient(
-            primary=herdless.Backend(name="gpu", base_url=url, model=model),
-            deadline=_GIVE_UP,
-            rng=random.Random(rng.random()),
-            http_client=http,
-        )
-
-    one = make() if shared else None
-
-    async def call() -> None:
-        client = one or make()
-        try:
-            await client.chat(_MESSAGES, max_tokens=tokens, ignore_eos=True)
-        except herdless.HerdlessError as exc:
-            raise GaveUp(type(exc).__name__) from exc
-        finally:
-            if one is None:
-                await client.aclose()
-
-    return [call for _ in range(n)]
-
-
-def _arms(p: SharedParams, model: str, seed_base: int) -> dict[str, Crowd]:
-    tokens = p.max_tokens
-
-    async def openai_shared(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _openai_crowd(url, n, sent, shared=True, model=model, tokens=tokens)
-
-    async def openai_each(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _openai_crowd(url, n, sent, shared=False, model=model, tokens=tokens)
-
-    async def tenacity_shared(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _tenacity_crowd(url, n, sent, model=model, tokens=tokens)
-
-    async def naive_shared(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _naive_crowd(url, n, sent, model=model, tokens=tokens)
-
-    async def herdless_shared(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _herdless_crowd(
-            url, n, sent, shared=True, model=model, tokens=tokens, seed=seed_base
-        )
-
-    async def herdless_each(url: str, n: int, sent: list[float]) -> list[Call]:
-        return await _herdless_crowd(
-            url, n, sent, shared=False, model=model, tokens=tokens, seed=seed_base
-        )
-
-    return {
-        "openai (shared)": openai_shared,
-        "tenacity (shared)": tenacity_shared,
-        "naive 1 s (shared)": naive_shared,
-        "herdless (shared)": herdless_shared,
-        "openai (per caller)": openai_each,
-        "herdless (per caller)": herdless_each,
-    }
-
-
 async def _crowd(
     url: str, n: int, crowd: Crowd, arrivals: list[float] | None = None
 ) -> dict[str, float]:
@@ -261,7 +82,7 @@ async def _crowd(
 
     async def one(call: Call) -> bool:
         try:
-            await asyncio.wait_for(call(), timeout=_GIVE_UP + 60)
+            await asyncio.wait_for(call(), timeout=GIVE_UP + 60)
         except (GaveUp, TimeoutError):
             return False
         finished.append(time.monotonic() - start)
@@ -279,7 +100,7 @@ async def _crowd(
 
 async def _service(url: str, p: SharedParams, model: str) -> float:
     """Seconds one call takes in a full batch: ``slots`` at once, median of their times."""
-    body = _body(model, p.max_tokens)
+    body = chat_body(model, p.max_tokens)
     async with httpx.AsyncClient(timeout=120) as client:
 
         async def timed() -> float:
@@ -301,7 +122,7 @@ def _gateway_case(p: SharedParams) -> Iterator[str]:
             upstream=vllm.url,
             max_concurrency=p.slots,
             max_queue=p.queue,
-            queue_timeout=_GIVE_UP,
+            queue_timeout=GIVE_UP,
             access_log=False,
             log_level="warning",
         ) as gateway,
@@ -337,8 +158,8 @@ def _measure(
 
         return Arm(name=name, run=measure)
 
-    arms = [arm(name, crowd) for name, crowd in crowds.items()]
-    return run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+    measured = [arm(name, crowd) for name, crowd in crowds.items()]
+    return run_arms(measured, repeats=p.repeats, seed=p.seed, progress=progress)
 
 
 def run(p: SharedParams, out: Path, progress: Progress | None = None) -> list[ScenarioResult]:
@@ -348,7 +169,7 @@ def run(p: SharedParams, out: Path, progress: Progress | None = None) -> list[Sc
     arrivals: dict[str, list[float]] = {}
     with _gateway_case(p) as url:
         service = asyncio.run(_service(url, p, model))
-        runs = _measure(url, p, _arms(p, model, p.seed), progress, arrivals)
+        runs = _measure(url, p, arms(p.max_tokens, model, p.seed), progress, arrivals)
     ideal = p.n / p.slots * service
     result = _result("shared-gateway", p, runs, ideal, service, gateway=True)
     result.plots.append(_plot(out / "shared-gateway.png", arrivals, p, service, result.title))
@@ -357,12 +178,12 @@ def run(p: SharedParams, out: Path, progress: Progress | None = None) -> list[Sc
     with _vllm_case(p, None) as vllm:
         url = f"{vllm.url}/v1"
         service = asyncio.run(_service(url, p, model))
-        reference = {"unbounded queue": _arms(p, model, p.seed)["openai (shared)"]}
+        reference = {"unbounded queue": arms(p.max_tokens, model, p.seed)["openai (shared)"]}
         unbounded = _measure(url, p, reference, progress)
     baseline = statistics.median(r["makespan"] for r in unbounded["unbounded queue"])
     arrivals = {}
     with _vllm_case(p, p.vllm_queue) as vllm:
-        runs = _measure(f"{vllm.url}/v1", p, _arms(p, model, p.seed), progress, arrivals)
+        runs = _measure(f"{vllm.url}/v1", p, arms(p.max_tokens, model, p.seed), progress, arrivals)
     result = _result("shared-vllm", p, runs, baseline, service, gateway=False)
     result.plots.append(_plot(out / "shared-vllm.png", arrivals, p, service, result.title))
     results.append(result)

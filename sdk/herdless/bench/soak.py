@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import random
-import re
 import statistics
 import sys
 import time
@@ -33,7 +32,8 @@ from pathlib import Path
 import httpx
 
 from herdless import AsyncClient, Backend, BreakerPolicy, HerdlessError, RetryPolicy, Timeouts
-from herdless.testing.servers import ServerProcess
+from herdless.bench.procfs import rss_bytes
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["Phase", "SoakReport", "main", "run_soak"]
 
@@ -235,8 +235,8 @@ class _Soak:
                     "p50_s": statistics.median(window) if window else 0.0,
                     "max_s": max(window, default=0.0),
                     "loop_lag_s": round(lag, 3),
-                    "gateway_rss_mib": _rss_mib(self.gateway.pid),
-                    "soak_rss_mib": _rss_mib(None),
+                    "gateway_rss_mib": rss_bytes(self.gateway.pid) / 2**20,
+                    "soak_rss_mib": rss_bytes() / 2**20,
                 }
             )
 
@@ -252,16 +252,6 @@ class _Soak:
         if self.attempts:
             report.attempts_per_call = sum(self.attempts) / len(self.attempts)
         return report
-
-
-def _rss_mib(pid: int | None) -> float:
-    """Resident memory of ``pid`` (this process when ``None``), MiB; Linux ``/proc``."""
-    try:
-        status = Path(f"/proc/{pid or 'self'}/status").read_text()
-    except OSError:
-        return 0.0
-    found = re.search(r"VmRSS:\s+(\d+) kB", status)
-    return int(found.group(1)) / 1024 if found else 0.0
 
 
 def plot(report: SoakReport, path: Path) -> Path:

@@ -26,10 +26,10 @@ from typing import Any
 
 import httpx
 
+from herdless._percentiles import percentile
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import percentile
-from herdless.testing.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
 __all__ = ["SpillParams", "run"]
 

@@ -1,34 +1,21 @@
-"""Statistics for benchmark results: medians, percentiles, ratios (pure)."""
+"""Statistics for benchmark results: medians, ratios, peak rates (pure).
+
+Percentiles are ``herdless._percentiles.percentile``, which the demo shares.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-__all__ = ["median", "peak_rate", "percentile", "ratio"]
+__all__ = ["median", "peak_rate", "ratio"]
 
 
 def median(values: Iterable[float]) -> float:
     """The median of ``values``; ``nan`` for none (a missing figure, not an error)."""
     data = [v for v in values if not math.isnan(v)]
     return statistics.median(data) if data else math.nan
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by linear interpolation between closest ranks.
-
-    ``nan`` for an empty sequence. Same definition as numpy's default ("linear").
-    """
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
-    if not values:
-        return math.nan
-    data = sorted(values)
-    pos = (len(data) - 1) * q / 100
-    low = math.floor(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
 
 
 def ratio(value: float, baseline: float) -> float:

@@ -27,7 +27,7 @@ from herdless.demo.settings import DemoSettings, parse_settings
 from herdless.demo.stack import running_stack
 from herdless.demo.tally import Tally
 from herdless.demo.view import accounting, live_panel, phase_table, summary_table
-from herdless.testing.vllm import VllmHome, VllmUnavailable, prepare
+from herdless.launch.vllm import VllmHome, VllmUnavailable, prepare
 
 __all__ = ["main"]
 

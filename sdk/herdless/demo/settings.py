@@ -40,7 +40,7 @@ class DemoSettings(BaseSettings):
         max_words: the longest question an employee asks (words).
         max_tokens: the longest answer an employee asks for (tokens).
         backend: the company GPU: the emulator, or a real vLLM on CPU
-            (:mod:`herdless.testing.vllm`; the hosted model stays an emulator).
+            (:mod:`herdless.launch.vllm`; the hosted model stays an emulator).
             With ``vllm``, ``crowd``, ``gpu_seqs``, ``max_words`` and ``max_tokens`` default to
             :data:`VLLM_DEFAULTS` unless set by flag or variable.
     """

@@ -1,10 +1,10 @@
 """The demo's servers: the company GPU, gateway and hosted model, as child processes.
 
-Started with the project's real-process harness (:mod:`herdless.testing.servers`):
+Started with the project's real-process harness (:mod:`herdless.launch.servers`):
 each is ``python -m herdless ...`` on a free 127.0.0.1 port with its log in the
 output folder, and is always stopped on exit (SIGTERM, then SIGKILL after a
 grace period), also on Ctrl-C or an error, so the demo leaves no process behind.
-The GPU is an emulator, or a real vLLM on CPU (:class:`herdless.testing.vllm.VllmServer`,
+The GPU is an emulator, or a real vLLM on CPU (:class:`herdless.launch.vllm.VllmServer`,
 stopped by its process group the same way).
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from herdless.testing.servers import ServerProcess, emulator_process, flags
-from herdless.testing.vllm import MODEL_NAME, VllmHome, VllmServer
+from herdless.launch.servers import ServerProcess, emulator_process, flags
+from herdless.launch.vllm import MODEL_NAME, VllmHome, VllmServer
 
 __all__ = ["Stack", "running_stack"]
 
@@ -53,7 +53,7 @@ def running_stack(
         seed: the emulators' text seed.
         drain_retry_after: the gateway's Retry-After while draining (seconds).
         logs: folder for the servers' logs.
-        vllm: a prepared vLLM (:func:`herdless.testing.vllm.prepare`) to serve as the
+        vllm: a prepared vLLM (:func:`herdless.launch.vllm.prepare`) to serve as the
             GPU instead of an emulator; ``speed`` and ``seed`` then only apply to
             the hosted model.
     """

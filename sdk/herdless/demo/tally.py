@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from herdless.bench.stats import percentile
+from herdless._percentiles import percentile
 from herdless.events import (
     AttemptFailed,
     BackpressureReceived,

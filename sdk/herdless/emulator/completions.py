@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from typing import TypeVar
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -32,6 +33,23 @@ def _unknown_model(state: EmulatorState, model: str | None) -> Response | None:
         return None
     message = f"The model `{model}` does not exist. Valid aliases: {served}."
     return _error(message, "NotFoundError", 404, "model")
+
+
+_Body = TypeVar("_Body", wire.ChatRequest, wire.CompletionRequest, wire.TokenizeRequest)
+
+
+async def _read(request: Request, kind: type[_Body]) -> tuple[EmulatorState, _Body] | Response:
+    """The request's body as ``kind``, asking for the model this emulator serves (or
+    none); else the answer to give: 400 for a body that does not validate, 404 for
+    another model."""
+    state: EmulatorState = request.app.state.emulator
+    try:
+        req = kind.model_validate_json(await request.body())
+    except ValidationError as exc:
+        return json_response(wire.schema_error(exc), 400)
+    if (refusal := _unknown_model(state, req.model)) is not None:
+        return refusal
+    return state, req
 
 
 async def _generate(
@@ -76,6 +94,7 @@ async def _generate(
             "Service Unavailable",
             503,
         )
+    hold = faults.hold(state.rng)  # the slow fault: held before the first byte
     if faults.extra_latency:
         await asyncio.sleep(faults.extra_latency)
     seq = Sequence(
@@ -88,18 +107,15 @@ async def _generate(
     )
     state.driver.submit(seq)
     respond = StreamGeneration if stream else JsonGeneration
-    return respond(state, seq, seed, encoder)
+    return respond(state, seq, seed, encoder, hold=hold)
 
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    state: EmulatorState = request.app.state.emulator
-    try:
-        req = wire.ChatRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        return json_response(wire.schema_error(exc), 400)
-    if (refusal := _unknown_model(state, req.model)) is not None:
-        return refusal
+    read = await _read(request, wire.ChatRequest)
+    if isinstance(read, Response):
+        return read
+    state, req = read
     if req.n != 1:
         return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
     texts = req.texts()
@@ -122,13 +138,10 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``: a text prompt, ``max_tokens`` 16 by default."""
-    state: EmulatorState = request.app.state.emulator
-    try:
-        req = wire.CompletionRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        return json_response(wire.schema_error(exc), 400)
-    if (refusal := _unknown_model(state, req.model)) is not None:
-        return refusal
+    read = await _read(request, wire.CompletionRequest)
+    if isinstance(read, Response):
+        return read
+    state, req = read
     if req.n != 1:
         return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
     prompt = req.text()
@@ -151,13 +164,10 @@ async def completions(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     """``POST /tokenize``: token ids by the emulator's rule (stable, not a real vocabulary)."""
-    state: EmulatorState = request.app.state.emulator
-    try:
-        req = wire.TokenizeRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        return json_response(wire.schema_error(exc), 400)
-    if (refusal := _unknown_model(state, req.model)) is not None:
-        return refusal
+    read = await _read(request, wire.TokenizeRequest)
+    if isinstance(read, Response):
+        return read
+    state, req = read
     if (req.prompt is None) == (req.messages is None):
         return _error("Give either `prompt` or `messages`.", "Bad Request", 400, "body")
     if req.prompt is not None:

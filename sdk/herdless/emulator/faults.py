@@ -6,6 +6,10 @@ Steady faults stay on until cleared (``DELETE /_emulator/faults``):
 - ``error_rate`` / ``error_status``: answer that fraction of completions with
   that status and a vLLM-shaped error body;
 - ``extra_latency``: seconds added before a completion is scheduled;
+- ``slow_rate`` / ``slow_latency``: that fraction of completions is held that many
+  seconds before its first byte (the response head included), while its sequence runs
+  in the engine (it holds its batch slot and KV, as a request stuck before its first
+  token does); a client that leaves meanwhile aborts it, as any other;
 - ``cut_after``: close streams abruptly after that many SSE events, without
   ``[DONE]`` (the connection drops mid-body).
 
@@ -36,6 +40,8 @@ class Faults:
     error_status: int = 500
     extra_latency: float = 0.0
     cut_after: int | None = None
+    slow_rate: float = 0.0
+    slow_latency: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
@@ -46,6 +52,10 @@ class Faults:
             raise ValueError(f"extra_latency must be >= 0, got {self.extra_latency!r}")
         if self.cut_after is not None and self.cut_after < 0:
             raise ValueError(f"cut_after must be >= 0, got {self.cut_after!r}")
+        if not 0.0 <= self.slow_rate <= 1.0:
+            raise ValueError(f"slow_rate must be within [0, 1], got {self.slow_rate!r}")
+        if self.slow_latency < 0:
+            raise ValueError(f"slow_latency must be >= 0, got {self.slow_latency!r}")
 
     @property
     def active(self) -> bool:
@@ -55,6 +65,13 @@ class Faults:
         """Whether this completion is answered with ``error_status`` (draws from ``rng``)."""
         # Draw only when needed so that a seeded run without errors is unchanged.
         return self.error_rate > 0 and rng.random() < self.error_rate
+
+    def hold(self, rng: random.Random) -> float:
+        """Seconds this completion is held before its first byte: ``slow_latency`` for a
+        ``slow_rate`` share of them, else 0 (draws from ``rng`` only when the fault is on)."""
+        if self.slow_rate > 0 and self.slow_latency > 0 and rng.random() < self.slow_rate:
+            return self.slow_latency
+        return 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

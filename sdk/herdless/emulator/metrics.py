@@ -7,12 +7,9 @@ and the engine must stay importable and fast without the ``prometheus`` extra.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from herdless.emulator.engine import Engine
-
-__all__ = ["EngineMetrics", "Histogram", "render"]
+__all__ = ["EngineMetrics", "EngineView", "Histogram", "render"]
 
 # vLLM's own bucket bounds for these histograms (seconds), trimmed.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -77,7 +74,20 @@ class EngineMetrics:
         self.e2e = Histogram(_E2E_BUCKETS)
 
 
-def render(engine: Engine, model: str) -> str:
+class EngineView(Protocol):
+    """What ``render`` reads of the engine (``herdless.emulator.engine.Engine``, which
+    imports this module for its counters: a protocol here, not an import back)."""
+
+    @property
+    def metrics(self) -> EngineMetrics: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    def kv_usage(self) -> float: ...
+
+
+def render(engine: EngineView, model: str) -> str:
     """The Prometheus text exposition of ``engine``'s state, labelled like vLLM's."""
     m = engine.metrics
     label = f'engine="0",model_name="{model}"'

@@ -43,16 +43,29 @@ class _Generation(Response):
     """Base of the two responses that wait on a sequence."""
 
     def __init__(
-        self, state: EmulatorState, seq: Sequence, seed: int, encoder: wire.Encoder
+        self,
+        state: EmulatorState,
+        seq: Sequence,
+        seed: int,
+        encoder: wire.Encoder,
+        *,
+        hold: float = 0.0,
     ) -> None:
         super().__init__()
         self.state, self.seq, self.seed, self.encoder = state, seq, seed, encoder
+        self.hold = hold  # seconds before the first byte (the slow fault)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # One watcher per response: when the client leaves, abort and free KV at once.
         watcher = asyncio.ensure_future(until_disconnect(receive))
         watcher.add_done_callback(self._on_watcher_done)
         try:
+            if self.hold:
+                # Nothing is sent meanwhile; the sequence runs. A client that leaves ends
+                # the wait (the watcher aborted its sequence).
+                await asyncio.wait({watcher}, timeout=self.hold)
+                if watcher.done():
+                    return
             await self._respond(send)
         finally:
             watcher.cancel()

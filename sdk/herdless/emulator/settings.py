@@ -85,6 +85,15 @@ class EmulatorSettings(BaseSettings):
     cut_after: int | None = Field(
         default=None, ge=0, description="fault: cut streams after N events"
     )
+    slow_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="fault: fraction of completions held --slow-latency s before their first byte",
+    )
+    slow_latency: float = Field(
+        default=0.0, ge=0, description="fault: seconds a --slow-rate completion is held"
+    )
     crash_after: float | None = Field(
         default=None,
         ge=0,
@@ -127,4 +136,6 @@ class EmulatorSettings(BaseSettings):
             error_status=self.error_status,
             extra_latency=self.extra_latency,
             cut_after=self.cut_after,
+            slow_rate=self.slow_rate,
+            slow_latency=self.slow_latency,
         )

@@ -1,1 +1,1 @@
-"""herdless.gateway."""
+"""The gateway (``herdless serve``): admission in front of vLLM, refusals with Retry-After."""

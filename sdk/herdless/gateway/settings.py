@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.admission import AdmissionConfig
-from herdless.gateway.protocol import ConnectionLimits
+
+if TYPE_CHECKING:
+    from herdless.gateway.protocol import ConnectionLimits
 
 __all__ = [
     "ANONYMOUS",
@@ -152,6 +154,10 @@ class GatewaySettings(BaseSettings):
 
     def connection_limits(self) -> ConnectionLimits:
         """What one client connection may hold (head size, timeouts, per-peer cap)."""
+        # Lazy: the protocol imports uvicorn and httptools, and the settings are read
+        # without them (the configuration reference, the core-only test session).
+        from herdless.gateway.protocol import ConnectionLimits
+
         return ConnectionLimits(
             max_head_bytes=self.max_head_bytes,
             max_headers=self.max_headers,

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
+from herdless.integrations._frameworks import framework_http_clients
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    from herdless._client import AsyncClient, Client
+    from herdless._async_client import AsyncClient
+    from herdless._client import Client
 
 __all__ = ["chat_openai"]
 
@@ -57,18 +58,15 @@ def chat_openai(
     langchain_openai = import_extra(
         "langchain_openai", package="langchain-openai", extra="langchain", needed_by="chat_openai()"
     )
-    if client is None and async_client is None:
-        raise ValueError("chat_openai() needs a herdless Client, an AsyncClient, or both")
-    if client is not None:
-        kwargs["http_client"] = http_client(client, pass_model=pass_model)
-    else:
-        missing = "chat_openai() was given no herdless Client: invoke/stream/batch need one"
-        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
-    if async_client is not None:
-        kwargs["http_async_client"] = async_http_client(async_client, pass_model=pass_model)
-    else:
-        missing = "chat_openai() was given no herdless AsyncClient: ainvoke/astream/abatch need one"
-        kwargs.setdefault("http_async_client", _unserved_http_client(missing, asynchronous=True))
+    framework_http_clients(
+        kwargs,
+        client,
+        async_client,
+        pass_model=pass_model,
+        who="chat_openai()",
+        keys=("http_client", "http_async_client"),
+        methods=("invoke/stream/batch", "ainvoke/astream/abatch"),
+    )
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("base_url", PLACEHOLDER_URL)
     kwargs.setdefault("model", "herdless")

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
 from herdless.integrations._extras import import_extra
-from herdless.integrations.openai import _unserved_http_client, async_http_client, http_client
+from herdless.integrations._frameworks import framework_http_clients
 
 if TYPE_CHECKING:
     from llama_index.llms.openai import OpenAI  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    from herdless._client import AsyncClient, Client
+    from herdless._async_client import AsyncClient
+    from herdless._client import Client
 
 __all__ = ["openai_llm"]
 
@@ -54,20 +55,15 @@ def openai_llm(
         extra="llamaindex",
         needed_by="openai_llm()",
     )
-    if client is None and async_client is None:
-        raise ValueError("openai_llm() needs a herdless Client, an AsyncClient, or both")
-    if client is not None:
-        kwargs["http_client"] = http_client(client, pass_model=pass_model)
-    else:
-        missing = "openai_llm() was given no herdless Client: complete/chat/stream_* need one"
-        kwargs.setdefault("http_client", _unserved_http_client(missing, asynchronous=False))
-    if async_client is not None:
-        kwargs["async_http_client"] = async_http_client(async_client, pass_model=pass_model)
-    else:
-        missing = (
-            "openai_llm() was given no herdless AsyncClient: acomplete/achat/astream_* need one"
-        )
-        kwargs.setdefault("async_http_client", _unserved_http_client(missing, asynchronous=True))
+    framework_http_clients(
+        kwargs,
+        client,
+        async_client,
+        pass_model=pass_model,
+        who="openai_llm()",
+        keys=("http_client", "async_http_client"),
+        methods=("complete/chat/stream_*", "acomplete/achat/astream_*"),
+    )
     kwargs.setdefault("api_key", PLACEHOLDER_KEY)
     kwargs.setdefault("api_base", PLACEHOLDER_URL)
     kwargs["max_retries"] = 0

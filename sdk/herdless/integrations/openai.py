@@ -56,14 +56,14 @@ from herdless.integrations._bridge import (
     reply_for_result,
     reply_for_stream,
     sse,
-    unserved,
 )
 from herdless.integrations._extras import import_extra
 
 if TYPE_CHECKING:
     import openai  # type: ignore[import-not-found, import-untyped, unused-ignore]  # an optional extra
 
-    from herdless._client import AsyncClient, Client
+    from herdless._async_client import AsyncClient
+    from herdless._client import Client
     from herdless._stream import AsyncStream, Stream
 
 __all__ = [
@@ -300,25 +300,6 @@ def async_http_client(
     """The async twin of :func:`http_client`, for ``AsyncOpenAI`` and ``http_async_client``."""
     mod = _module(flavor)
     return mod.AsyncClient(transport=async_transport(client, pass_model=pass_model, flavor=flavor))
-
-
-@overload
-def _unserved_http_client(message: str, *, asynchronous: Literal[False]) -> httpx.Client: ...
-@overload
-def _unserved_http_client(message: str, *, asynchronous: Literal[True]) -> httpx.AsyncClient: ...
-def _unserved_http_client(message: str, *, asynchronous: bool) -> httpx.Client | httpx.AsyncClient:
-    """An http client that sends nothing and answers every request ``501`` with
-    ``message``: for the path a framework wrapper was given no herdless client for, so
-    a call there fails at once, saying why, instead of trying the placeholder URL."""
-    reply = unserved(message)
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
-
-    transport = httpx.MockTransport(answer)  # httpx's "answer with a function" transport
-    if asynchronous:
-        return httpx.AsyncClient(transport=transport)
-    return httpx.Client(transport=transport)
 
 
 def native_flavor() -> Flavor:

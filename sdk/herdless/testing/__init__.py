@@ -1,4 +1,15 @@
-"""Helpers for testing code that uses herdless: a fake clock, scripted backends."""
+"""Test doubles for code that uses herdless: a fake clock, scripted backends, a pytest plugin.
+
+- ``FakeClock``: a monotonic clock that moves only when told to (inject it as ``clock=``,
+  its ``sleep`` / ``asleep`` as ``sleep=``).
+- ``MockBackend`` and its replies (``ok``, ``rate_limited``, ``hang``, ...): backends
+  scripted on a respx router (``herdless.testing.mock``).
+- ``herdless.testing.pytest_plugin``: fixtures for both (``herdless_clock``,
+  ``herdless_rng``, ``herdless_env``, ``herdless_backends``).
+
+Nothing here starts a process or imports the server extras; real emulators, gateways
+and vLLM are started by ``herdless.launch``.
+"""
 
 from __future__ import annotations
 

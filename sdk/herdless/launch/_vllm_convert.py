@@ -1,6 +1,6 @@
 """Convert a GGUF checkpoint into the Hugging Face folder vLLM's CPU build loads.
 
-Run by :mod:`herdless.testing.vllm` with the vLLM venv's interpreter (torch and
+Run by :mod:`herdless.launch.vllm` with the vLLM venv's interpreter (torch and
 transformers live there, not in herdless's environment)::
 
     python _vllm_convert.py MODEL.gguf OUT_DIR

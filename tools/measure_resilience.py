@@ -1,6 +1,6 @@
 """Measure the SDK's resilience against real processes (not a test; prints a table).
 
-    python tests/integration/measure_resilience.py
+    python tools/measure_resilience.py
 
 Two emulated vLLMs on loopback (``primary`` and ``hosted``, speed x50). It measures:
 
@@ -34,8 +34,8 @@ from herdless._config import ClientConfig
 from herdless._flow import CallFlow
 from herdless._state import ClientState
 from herdless.events import CallFinished, Event
+from herdless.launch.servers import ServerProcess, emulator_process
 from herdless.testing import FakeClock
-from herdless.testing.servers import ServerProcess, emulator_process
 
 HI = [{"role": "user", "content": "hi"}]
 TIMEOUTS = Timeouts(connect=1.0, first_byte=1.0, read=2.0)

@@ -1,8 +1,8 @@
-"""The retry budget and the client-wide backpressure gate as hypothesis state machines.
+"""The retry budget and the client-wide backend holds as hypothesis state machines.
 
 Budget invariant: a reserved retry never takes the window past
 ``ratio * calls + floor`` (failed retries in the window plus retries reserved), and
-``try_acquire`` answers exactly what that formula says. Gate invariant: a backend is never reported
+``try_acquire`` answers exactly what that formula says. Holds invariant: a backend is never reported
 open before the latest time any Retry-After promised it, and a drain signal is never
 forgotten before its own window ends.
 """
@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 from tests.property._profile import PROPERTY
 
 from herdless._budget import RetryBudget
-from herdless._gate import BackpressureGate
+from herdless._holds import BackendHolds
 from herdless.testing import FakeClock
 
 BACKENDS = st.sampled_from(["primary", "gpu-2", "hosted"])
@@ -88,24 +88,20 @@ class BudgetMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @invariant()
-    def free_in_is_within_the_window(self) -> None:
-        assert 0.0 <= self.budget.free_in() <= self.window + 1e-9  # float rounding
 
-
-class GateMachine(RuleBasedStateMachine):
+class HoldsMachine(RuleBasedStateMachine):
     """Retry-After and drain signals from several backends; time moving."""
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.gate = BackpressureGate(clock=self.clock)
+        self.holds = BackendHolds(clock=self.clock)
         self.promised: dict[str, float] = {}  # backend -> latest "not before" time
         self.drain_until: dict[str, float] = {}  # backend -> end of its latest drain window
 
     @rule(backend=BACKENDS, seconds=st.floats(-1.0, 30.0), draining=st.booleans())
     def block(self, backend: str, seconds: float, draining: bool) -> None:
-        self.gate.block(backend, seconds, draining=draining)
+        self.holds.hold(backend, seconds, draining=draining)
         until = self.clock.monotonic() + max(0.0, seconds)
         self.promised[backend] = max(self.promised.get(backend, 0.0), until)
         if draining:
@@ -119,17 +115,17 @@ class GateMachine(RuleBasedStateMachine):
     def never_open_before_the_promised_time(self) -> None:
         now = self.clock.monotonic()
         for backend, until in self.promised.items():
-            left, draining = self.gate.blocked(backend)
+            left, draining = self.holds.held(backend)
             assert left >= until - now - 1e-9, f"{backend} open {until - now - left:.3f}s early"
             if now < self.drain_until.get(backend, 0.0):
                 assert draining, f"{backend} forgot its drain signal"
 
     @invariant()
     def unknown_backend_is_open(self) -> None:
-        assert self.gate.blocked("never-blocked") == (0.0, False)
+        assert self.holds.held("never-blocked") == (0.0, False)
 
 
 BudgetMachine.TestCase.settings = PROPERTY
-GateMachine.TestCase.settings = PROPERTY
+HoldsMachine.TestCase.settings = PROPERTY
 test_budget_machine = BudgetMachine.TestCase
-test_gate_machine = GateMachine.TestCase
+test_holds_machine = HoldsMachine.TestCase

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import herdless
-from herdless._client import AsyncClient, Client
+from herdless._async_client import AsyncClient
+from herdless._client import Client
 from herdless.testing import connect_error, ok, rate_limited
 
 pytest_plugins = ["herdless.testing.pytest_plugin"]

@@ -14,7 +14,8 @@ import openai
 import pytest
 
 import herdless
-from herdless._client import AsyncClient, Client
+from herdless._async_client import AsyncClient
+from herdless._client import Client
 from herdless.events import CallFailed, Event
 from herdless.integrations import openai as hl_openai
 from herdless.integrations.openai import (

@@ -7,7 +7,8 @@ import pytest
 
 from herdless._actions import Send
 from herdless._backend import Backend, Timeouts
-from herdless._transport import Endpoints, failure
+from herdless._outcomes import failure
+from herdless._request import Endpoints
 
 _REQUEST = httpx.Request("POST", "http://gpu.test/v1/chat/completions")
 

@@ -1,0 +1,281 @@
+"""``AsyncClient``: the asyncio driver over the call flow (``Client``'s twin,
+``herdless._client``).
+
+It performs what the sans-I/O ``CallFlow`` yields as ``Client`` does, with awaits:
+``Send`` with ``httpx.AsyncClient`` (the whole attempt bounded by one loop timer),
+``Sleep`` with the injected async ``sleep``, ``SlotWait`` on a future woken from any
+thread, ``Race`` as tasks. Hooks may be coroutine functions (``events.EventHook``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
+
+import httpx
+
+from herdless._actions import Accepted, Outcome, Race, Send, Sleep, SlotWait
+from herdless._backend import Backend
+from herdless._base import _BaseClient, hooks_of
+from herdless._config import ClientOptions, Priority
+from herdless._fields import check_extra_headers
+from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
+from herdless._parallel import AsyncSends
+from herdless._stream import AsyncStream
+from herdless._stream_state import StreamState
+from herdless._types import ChatResult
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from herdless.events import Event, EventHook
+
+__all__ = ["AsyncClient"]
+
+logger = logging.getLogger("herdless")
+
+
+def _expire(task: asyncio.Task[Any], fired: list[bool]) -> None:
+    """An async attempt's time is up: cancel its task (``AsyncClient._perform``)."""
+    fired.append(True)
+    task.cancel()
+
+
+async def _slot_wait(action: SlotWait) -> None:
+    """Wait until the window decides the call's place (a slot freed on any thread or
+    task), at most ``action.timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    def wake_soon() -> None:  # from any thread: the one that freed the slot
+        loop.call_soon_threadsafe(wake)
+
+    action.listen(wake_soon)
+    with contextlib.suppress(TimeoutError):  # the flow looks at the place again and decides
+        await asyncio.wait_for(woken, action.timeout)
+
+
+class AsyncClient(_BaseClient):
+    """An asyncio herdless client; the arguments are ``Client``'s, except that ``on_event``
+    may also be (or hold) coroutine functions, ``sleep`` is awaited (``asyncio.sleep``;
+    ``FakeClock.asleep`` in tests), and ``http_client`` / ``transport`` are async.
+
+    >>> async with AsyncClient(primary="http://127.0.0.1:8080/v1") as client:  # doctest: +SKIP
+    ...     result = await client.chat([{"role": "user", "content": "Hi"}])
+    """
+
+    def __init__(
+        self,
+        primary: str | Backend | Sequence[str | Backend] | None = None,
+        *,
+        on_event: EventHook | Sequence[EventHook] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **options: Unpack[ClientOptions],
+    ) -> None:
+        super().__init__(primary, hooks_of(on_event), options)
+        self._sleep = sleep
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(transport=transport)
+
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[False] = ...,
+        deadline: float | None = ...,
+        stream_deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        priority: Priority | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        **extra: Any,
+    ) -> ChatResult: ...
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float | None = ...,
+        stream: Literal[True],
+        deadline: float | None = ...,
+        stream_deadline: float | None = ...,
+        allow_fallback: bool = ...,
+        priority: Priority | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        **extra: Any,
+    ) -> AsyncStream: ...
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        stream: bool = False,
+        deadline: float | None = None,
+        stream_deadline: float | None = None,
+        allow_fallback: bool = True,
+        priority: Priority | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> ChatResult | AsyncStream:
+        """Ask for a chat completion; see ``Client.chat``."""
+        headers = check_extra_headers(extra_headers) if extra_headers else None
+        flow, request_id, total = self._start(
+            messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=stream,
+            deadline=deadline,
+            stream_deadline=stream_deadline,
+            allow_fallback=allow_fallback,
+            priority=priority,
+            extra_body=extra_body,
+            extra=extra,
+        )
+        steps = flow.run()
+        hooked = bool(self._hooks)
+        sends: AsyncSends | None = None  # a hedge's race: its sends as tasks
+        try:
+            action = next(steps)
+            while True:
+                if hooked:
+                    await self._dispatch(flow.take_events())
+                if type(action) is Send:
+                    outcome = await self._perform(action, headers)
+                    self._answered(flow, action, outcome)
+                    action = steps.send(outcome)
+                elif isinstance(action, Sleep):
+                    await self._sleep(action.seconds)
+                    action = steps.send(None)
+                elif isinstance(action, SlotWait):
+                    await _slot_wait(action)
+                    action = steps.send(None)
+                else:
+                    if sends is None:
+                        sends = AsyncSends(functools.partial(self._perform, headers=headers))
+                    ended = await sends.race(action)  # type: ignore[arg-type]  # the last kind: Race
+                    if ended is not None:
+                        self._answered(flow, ended.send, ended.outcome)
+                    action = steps.send(ended)
+                    if not isinstance(action, Race):
+                        await sends.cancel()  # the flow waits for none of them any more
+        except StopIteration as stop:
+            accepted: Accepted = stop.value
+        finally:
+            if sends is not None:
+                await sends.cancel()
+            steps.close()  # cancelled mid-call: free what the flow holds
+            if hooked:
+                await self._dispatch(flow.take_events())
+        if stream:
+            state = StreamState(flow, accepted, request_id, stream_deadline=total)
+            return AsyncStream(state, self._dispatch)
+        return self._result(accepted, request_id)
+
+    async def _perform(self, send: Send, headers: Mapping[str, str] | None = None) -> Outcome:
+        start = self._clock.monotonic()
+        limit = send.timeouts.first_byte
+        # The whole attempt (pool wait, connect, send, first answer) within the time the
+        # flow gave it: httpx's limits are per operation, and under load their sum (a
+        # crowded pool, then a slow connect, then the read) outlasted the deadline.
+        # asyncio.timeout's rule on a bare loop timer: its context manager doubled the
+        # timer's cost, about 1 % of an async call's CPU (herdless.bench.sdk_overhead).
+        task = asyncio.current_task()
+        if task is None:  # not in a task (a bare coroutine driven by hand): no timer
+            return await self._attempt(send, start, headers)
+        loop = asyncio.get_running_loop()
+        cancelling = task.cancelling()
+        fired: list[bool] = []
+        timer = loop.call_at(loop.time() + limit, _expire, task, fired)
+        try:
+            return await self._attempt(send, start, headers)
+        except asyncio.CancelledError:
+            # Ours, unless someone else cancelled the task too: then theirs wins.
+            if fired and task.uncancel() <= cancelling:
+                timeout = httpx.ReadTimeout(f"no answer within {limit:g} s")
+                return failure(timeout, elapsed=self._clock.monotonic() - start)
+            raise
+        finally:
+            timer.cancel()
+
+    async def _attempt(
+        self, send: Send, start: float, headers: Mapping[str, str] | None = None
+    ) -> Outcome:
+        end = start + send.timeouts.first_byte  # the timer's limit, on the client's clock
+        response = None
+        try:
+            request = self._endpoints.request(
+                self._http, send, own=self._owns_http, extra_headers=headers
+            )
+            response = await self._http.send(request, stream=True)
+            if send.stream and response.is_success:
+                first, idle = stream_waits(response, send.timeouts)
+                opened = OpenStream(response, response.aiter_bytes(), idle=idle)
+                try:
+                    async with asyncio.timeout(first):
+                        while not opened.feed(await anext(opened.raw)):
+                            if self._clock.monotonic() > end:
+                                raise too_slow("the stream's first event")
+                except TimeoutError:
+                    raise httpx.ReadTimeout(f"no first event within {first:g} s") from None
+                return opened.outcome(elapsed=self._clock.monotonic() - start)
+            body = Body(response, self._clock, end)
+            async for part in response.aiter_bytes():
+                if body.add(part):
+                    break
+            await response.aclose()
+            elapsed = self._clock.monotonic() - start
+            return body.outcome(response, stream=send.stream, elapsed=elapsed)
+        except (httpx.RequestError, ValueError, StopAsyncIteration) as exc:
+            if response is not None:
+                await response.aclose()
+            return failure(exc, elapsed=self._clock.monotonic() - start)
+        except asyncio.CancelledError:  # the attempt's time is up (or the caller gave up)
+            if response is not None:
+                await response.aclose()
+            raise
+
+    async def _dispatch(self, events: list[Event]) -> None:
+        for event in events:
+            for hook in self._hooks:
+                result = self._call_hook(hook, event)
+                if inspect.isawaitable(result):
+                    try:
+                        await result
+                    except Exception:
+                        logger.exception(
+                            "herdless on_event hook raised on %s", type(event).__name__
+                        )
+
+    async def aclose(self) -> None:
+        """Close the connections (idempotent)."""
+        self._closed[0] = True
+        if self._owns_http and self._closes_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,193 @@
+"""The error one failed attempt stands for: an error status, or no answer at all.
+
+``status_error`` maps a status to its class (as openai-python's ``_make_status_error``
+does) and says what to do; ``transport_error`` maps a ``TransportFailure`` to
+``APIConnectionError`` or ``APITimeoutError``. Both redact the backend's API key from
+what a server echoes, and keep at most ``_MAX_SERVER_MESSAGE`` characters of it.
+``herdless._flow_errors.CallErrors`` builds them with the call's context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from herdless._actions import Response, TransportFailure
+from herdless._backend import Backend
+from herdless._types import AttemptRecord
+from herdless.errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+
+__all__ = ["status_error", "transport_error"]
+
+# An error body is for a human; a megabyte of HTML from a proxy is not worth keeping.
+_MAX_SERVER_MESSAGE = 500
+
+_STATUS_CLASSES: dict[int, type[APIStatusError]] = {
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+_ADVICE: dict[type[APIStatusError], str] = {
+    BadRequestError: "The request itself was refused: fix it; retrying will not help.",
+    NotFoundError: "Check the backend's base_url and the model name; retrying will not help.",
+    ConflictError: "The request itself was refused: fix it; retrying will not help.",
+    UnprocessableEntityError: "The request itself was refused: fix it; retrying will not help.",
+    AuthenticationError: "Check the API key configured for this backend.",
+    PermissionDeniedError: "The API key is valid but may not do this; check its permissions.",
+    RateLimitError: "The backend is full; retries ran out. Slow down or add capacity.",
+    InternalServerError: "The backend is not serving; retries ran out. Check its health.",
+}
+
+
+def _status_class(status: int) -> type[APIStatusError]:
+    if status in _STATUS_CLASSES:
+        return _STATUS_CLASSES[status]
+    if status >= 500:
+        return InternalServerError
+    return BadRequestError
+
+
+def _parse_error_body(body: bytes) -> tuple[str, str | int | None, str | None]:
+    """``(message, code, type)`` from an OpenAI/vLLM error body, tolerating anything."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:_MAX_SERVER_MESSAGE].decode("utf-8", "replace").strip(), None, None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        message, code, kind = error.get("message"), error.get("code"), error.get("type")
+        return (
+            str(message or ""),
+            code if isinstance(code, str | int) else None,
+            kind if isinstance(kind, str) else None,
+        )
+    if isinstance(error, str):  # some servers send {"error": "text"}
+        return error, None, None
+    return "", None, None
+
+
+def _redact(text: str, backend: Backend | str) -> str:
+    # Servers sometimes echo the key they were given ("Incorrect API key provided: sk-...").
+    key = getattr(backend, "api_key", None)
+    if key:
+        text = text.replace(key, "[secure]")
+    return text[:_MAX_SERVER_MESSAGE]
+
+
+def _name(backend: Backend | str) -> str:
+    return backend if isinstance(backend, str) else backend.name
+
+
+def status_error(
+    response: Response,
+    *,
+    backend: Backend | str,
+    request_id: str | None,
+    attempts: Sequence[AttemptRecord],
+    retry_after: float | None = None,
+) -> APIStatusError:
+    """Build the error for a backend's error status.
+
+    Args:
+        response: the error answer (its body is parsed for the OpenAI/vLLM error JSON).
+        backend: the backend that answered (its API key is redacted from the message).
+        request_id: the call's id.
+        attempts: the call's attempts so far.
+        retry_after: seconds the server asked to wait, as parsed by the retry policy.
+
+    Returns:
+        An instance of the status's class: 401 ``AuthenticationError``, 403
+        ``PermissionDeniedError``, 404 ``NotFoundError``, 409 ``ConflictError``, 422
+        ``UnprocessableEntityError``, 429 ``RateLimitError``, >= 500
+        ``InternalServerError``, any other status ``BadRequestError``. A 404 from a
+        backend whose ``base_url`` does not end in ``/v1`` says so.
+    """
+    cls = _status_class(response.status)
+    server_message, code, error_type = _parse_error_body(response.body)
+    server_message = _redact(server_message, backend)
+    name = _name(backend)
+    # The server's own sentence ends with its period ("... Valid aliases: gemma-4."): one
+    # period between it and the advice, not two.
+    said = f": {server_message.removesuffix('.')}" if server_message else ""
+    advice = _ADVICE[cls]
+    if cls is NotFoundError and not isinstance(backend, str):
+        advice = _no_v1_hint(backend) or advice
+    return cls(
+        f"{name} answered {response.status}{said}. {advice}",
+        server_message=server_message,
+        code=code,
+        error_type=error_type,
+        request_id=request_id,
+        attempts=attempts,
+        backend=name,
+        status=response.status,
+        retry_after=retry_after,
+    )
+
+
+def _no_v1_hint(backend: Backend) -> str | None:
+    """What to say about a 404 from a ``base_url`` that is not an OpenAI API root."""
+    parts = urlsplit(backend.base_url)
+    # Shown without user info, query or fragment: a URL may carry credentials.
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    path = parts.path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        root = f"{parts.scheme}://{host}{path.removesuffix('/chat/completions')}"
+        return (
+            f"Its base_url ends in /chat/completions: give the API root ({root}); herdless "
+            "adds /chat/completions itself."
+        )
+    if path.endswith("/v1"):
+        return None
+    shown = f"{parts.scheme}://{host}{path}"
+    return (
+        f"Its base_url ({shown}) does not end in /v1: herdless posts to "
+        f"{shown}/chat/completions, and OpenAI-compatible servers (vLLM, the herdless "
+        f"gateway) serve it under /v1; try {shown}/v1."
+    )
+
+
+_TIMEOUT_KINDS = frozenset({"connect_timeout", "first_byte_timeout", "read_timeout"})
+
+
+def transport_error(
+    failure: TransportFailure,
+    *,
+    backend: Backend | str,
+    request_id: str | None,
+    attempts: Sequence[AttemptRecord],
+) -> APIConnectionError:
+    """Build the error for an attempt that got no HTTP answer.
+
+    Returns:
+        ``APITimeoutError`` for the timeout kinds, else ``APIConnectionError``.
+    """
+    cls = APITimeoutError if failure.kind in _TIMEOUT_KINDS else APIConnectionError
+    name = _name(backend)
+    return cls(
+        f"{name} gave no answer ({failure.kind}: {_redact(failure.message, backend)}). "
+        "Check that the backend is up and reachable, or raise the timeouts.",
+        kind=failure.kind,
+        request_id=request_id,
+        attempts=attempts,
+        backend=name,
+    )

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from herdless.bench.fairness import FairnessParams
 from herdless.bench.fairness_report import priority_figures, priority_table, tokens_figures
 from herdless.bench.fairness_stats import (
     CallRecord,
+    FairnessParams,
     backlogged_throughout,
     cumulative_service,
     service,

@@ -41,7 +41,7 @@ async def test_the_user_field_and_the_class_are_logged_as_a_hash_and_a_name(
     assert "alice" not in repr(runtime.users)
     # The usage vLLM reported (12 prompt + 1 completion tokens) settled the counter.
     unit = f"anonymous/{named['user']}"
-    assert runtime.gate.admission.counter(unit, "batch") == 12 * 1 + 1 * 2
+    assert runtime.gate.admission.queue.counter("batch", unit) == 12 * 1 + 1 * 2
 
 
 async def test_x_herdless_user_names_the_user_and_wins_over_the_body(
@@ -87,7 +87,7 @@ async def test_the_class_header_is_read_case_insensitively(gateway: GatewayFacto
             CHAT, json=chat_body(), headers={"X-Herdless-Priority": "Batch"}
         )
         assert response.status_code == 200
-        assert runtime.gate.admission.served_tokens["batch"] == 13
+        assert runtime.gate.admission.queue.served_tokens["batch"] == 13
 
 
 async def test_interactive_waiters_reach_vllm_before_batch_ones(
@@ -102,7 +102,7 @@ async def test_interactive_waiters_reach_vllm_before_batch_ones(
         await until(lambda: adm.queue_depth == 1)
         chat = asyncio.create_task(client.post(CHAT, json=chat_body(user="c")))
         await until(lambda: adm.queue_depth == 2)
-        assert (adm.class_depth("interactive"), adm.class_depth("batch")) == (1, 1)
+        assert (adm.queue.depth("interactive"), adm.queue.depth("batch")) == (1, 1)
         fake_vllm.hold.set()
         answers = await asyncio.gather(running, batch, chat)
     assert [r.status_code for r in answers] == [200, 200, 200]
@@ -163,7 +163,7 @@ async def test_reference_schedulers_ignore_the_class(gateway: GatewayFactory) ->
     async with gateway(scheduler="fcfs") as (client, runtime):
         response = await client.post(CHAT, json=chat_body(), headers=BATCH)
     assert response.status_code == 200
-    assert runtime.gate.admission.served_tokens == {"interactive": 13, "batch": 0}
+    assert runtime.gate.admission.queue.served_tokens == {"interactive": 13, "batch": 0}
 
 
 def test_the_settings_validate_the_reserve_and_the_scheduler() -> None:

@@ -6,16 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herdless.gateway.admission import (
-    Admission,
-    AdmissionConfig,
-    Admit,
-    Enqueued,
-    Refuse,
-    Ticket,
-)
-from herdless.gateway.fairqueue import jain_index
-from herdless.gateway.limits import Priority
+from herdless.gateway.admission import Admission
+from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.limits import AdmissionConfig, Priority
+from herdless.gateway.service import jain_index
 from herdless.testing import FakeClock
 
 
@@ -157,11 +151,11 @@ def test_the_charge_is_settled_against_the_real_usage_and_learns_the_length(
     ticket = started(adm, "u-a", prompt=10, completion=500)
     assert ticket.charged == 10 + 2 * 500  # max_tokens: nothing is known yet
     adm.release(ticket, prompt_tokens=12, completion_tokens=50)
-    assert adm.counter("key-a/u-a") == 12 + 2 * 50
+    assert adm.queue.counter("interactive", "key-a/u-a") == 12 + 2 * 50
     again = started(adm, "u-a", prompt=10, completion=500)
     assert again.charged == 10 + 2 * 50  # the user's answers are short: predicted so
     adm.release(again, used_tokens=10 + 60)  # total only: completion = total - prompt
-    assert adm.counter("key-a/u-a") == 112 + 10 + 2 * 60
+    assert adm.queue.counter("interactive", "key-a/u-a") == 112 + 10 + 2 * 60
 
 
 # -- lift, FIFO ----------------------------------------------------------------------------
@@ -176,11 +170,13 @@ def test_a_returning_user_is_lifted_to_the_least_waiting_counter(clock: FakeCloc
         queued(adm, "u-busy")
     for _ in range(3):
         (running,) = finish(adm, running)
-    busy = adm.counter("key-a/u-busy")
+    busy = adm.queue.counter("interactive", "key-a/u-busy")
     assert busy is not None
     assert busy > 30
     queued(adm, "u-idle")
-    assert adm.counter("key-a/u-idle") == busy  # no banked credit for the time away
+    assert (
+        adm.queue.counter("interactive", "key-a/u-idle") == busy
+    )  # no banked credit for the time away
     order = []
     for _ in range(3):
         (running,) = finish(adm, running)
@@ -198,9 +194,9 @@ def test_with_nobody_waiting_a_returning_user_takes_the_last_leavers_counter(
         queued(adm, "u-b")
     for _ in range(4):
         (running,) = finish(adm, running)  # u-b's queue empties: it left last
-    left = adm.counter("key-a/u-b")
+    left = adm.queue.counter("interactive", "key-a/u-b")
     queued(adm, "u-a")  # the queue was empty: lifted to the last leaver's counter
-    assert adm.counter("key-a/u-a") == left
+    assert adm.queue.counter("interactive", "key-a/u-a") == left
 
 
 def test_each_user_is_served_in_its_own_arrival_order(clock: FakeClock) -> None:
@@ -265,7 +261,7 @@ def test_interactive_waiters_start_before_batch_ones(clock: FakeClock) -> None:
     chat = queued(adm, "u-chat")
     (first,) = finish(adm, running)
     assert first is chat
-    assert adm.class_depth("batch") == 3
+    assert adm.queue.depth("batch") == 3
     assert finish(adm, first) == [batch[0]]
 
 
@@ -400,7 +396,7 @@ def test_the_user_table_is_bounded_and_never_forgets_a_busy_user(clock: FakeCloc
     assert overflow.unit == "key-a/other"
     for ticket in busy:
         finish(adm, ticket)
-    assert adm.counter("key-a/u-a") is not None
+    assert adm.queue.counter("interactive", "key-a/u-a") is not None
 
 
 def test_jain_index_over_users_waiting_throughout_the_window(clock: FakeClock) -> None:
@@ -421,4 +417,4 @@ def test_jain_index_over_users_waiting_throughout_the_window(clock: FakeClock) -
     assert adm.fairness() == pytest.approx(1.0, abs=0.01)
     service = adm.user_service()
     assert set(service) == {"key-a/u-a", "key-a/u-b"}
-    assert adm.served_tokens["interactive"] == 20 * 60
+    assert adm.queue.served_tokens["interactive"] == 20 * 60

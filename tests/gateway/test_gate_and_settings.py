@@ -9,9 +9,11 @@ import pytest
 from tests.gateway.fakes import until
 
 from herdless.bench.vtime import VirtualClock, run_virtual
-from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued, Refuse
+from herdless.gateway.admission import Admission
 from herdless.gateway.cli import load_settings, main
+from herdless.gateway.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.gate import Gate
+from herdless.gateway.limits import AdmissionConfig
 from herdless.gateway.metrics import Histogram
 from herdless.gateway.settings import ApiKeys, GatewaySettings
 from herdless.gateway.upstream import UsageSniffer

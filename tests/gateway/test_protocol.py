@@ -22,14 +22,9 @@ pytest.importorskip("httptools")
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from herdless.gateway.connections import ConnectionGuard, ConnectionLimits, raise_file_limit
 from herdless.gateway.metrics import GatewayMetrics
-from herdless.gateway.protocol import (
-    ConnectionGuard,
-    ConnectionLimits,
-    GuardedHttpToolsProtocol,
-    guarded_protocol,
-    raise_file_limit,
-)
+from herdless.gateway.protocol import GuardedHttpToolsProtocol, guarded_protocol
 
 pytestmark = [pytest.mark.server]
 

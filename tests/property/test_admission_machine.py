@@ -22,8 +22,9 @@ from hypothesis.stateful import (
 )
 from tests.property._profile import PROPERTY
 
-from herdless.gateway.admission import Admission, AdmissionConfig, Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import Priority
+from herdless.gateway.admission import Admission
+from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.limits import AdmissionConfig, Priority
 from herdless.testing import FakeClock
 
 KEYS = st.sampled_from(["key-a", "key-b", "key-c"])
@@ -81,8 +82,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         return [t for t in self.tickets if t.state == state]
 
     def _level(self, key_id: str) -> float | None:
-        key = self.adm._keys.get(key_id)  # white-box: the conservation check needs the level
-        if key is None or key.tokens is None:
+        keys = self.adm._keys  # white-box: the conservation check needs the level
+        if key_id not in keys or (key := keys[key_id]).tokens is None:
             return None
         return key.tokens.level(self.clock.monotonic())
 
@@ -206,7 +207,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.adm.inflight == len(running) <= self.config.max_concurrency
         assert self.adm.queue_depth == len(queued) <= self.config.max_queue
         for klass in ("interactive", "batch"):
-            assert self.adm.class_depth(klass) == sum(t.priority == klass for t in queued)
+            assert self.adm.queue.depth(klass) == sum(t.priority == klass for t in queued)
         assert self.adm.inflight_tokens == sum(t.price for t in running)
         if self.config.max_inflight_tokens is not None:
             assert self.adm.inflight_tokens <= self.config.max_inflight_tokens

@@ -94,10 +94,11 @@ def _spill(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioR
 
 def _fairness(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
     from herdless.bench import fairness  # lazy: starts real processes
+    from herdless.bench.fairness_stats import FairnessParams
 
     if opts.target:
         print("fairness: compares the gateway's schedulers it starts itself; --target is not used")
-    params = fairness.FairnessParams(repeats=opts.repeats, seed=opts.seed)
+    params = FairnessParams(repeats=opts.repeats, seed=opts.seed)
     return fairness.run(params, out, progress)
 
 

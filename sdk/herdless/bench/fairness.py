@@ -34,7 +34,6 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,13 @@ from herdless.bench.fairness_report import (
     window_figures,
     window_table,
 )
-from herdless.bench.fairness_stats import CallRecord, cumulative_service
+from herdless.bench.fairness_stats import CallRecord, FairnessParams, cumulative_service
 from herdless.bench.plots import service_panels
 from herdless.bench.report import ScenarioResult
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.launch.servers import emulator_process, gateway_process
 
-__all__ = ["ARMS", "FairnessParams", "run"]
+__all__ = ["ARMS", "RESERVES", "run"]
 
 ARMS = ("vtc", "round-robin", "fcfs")
 """The gateway's schedulers compared; ``vtc`` is the one under test."""
@@ -66,66 +65,7 @@ _MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FairnessParams:
-    """Sizes of the fairness scenarios (bounded: each run lasts ``warmup + seconds``).
-
-    Attributes:
-        slots: the emulator's ``max_num_seqs`` and the gateway's ``max_concurrency``.
-        queue: the gateway's ``max_queue``.
-        speed: the emulator's time scale.
-        warmup: seconds of each run not measured.
-        seconds: seconds measured per run.
-        window: seconds per window of the Jain index.
-        long_tokens: answer length of the heavy user (scenario 1).
-        short_tokens: answer length of the light user (scenario 1).
-        backlog: calls each user of scenario 1 keeps outstanding.
-        users: interactive users (scenarios 2 and 3).
-        think: mean think time between two chats of a user, seconds.
-        chat_tokens: answer lengths of the chats, drawn per chat.
-        batch_tokens: answer length of the batch user's calls.
-        batch_calls: calls the batch user keeps outstanding.
-        repeats: interleaved repetitions of every arm.
-        seed: first seed (repetition ``r`` uses ``seed + r``; the same in every arm).
-    """
-
-    slots: int = 8
-    queue: int = 32
-    speed: float = 2.0
-    warmup: float = 5.0
-    seconds: float = 30.0
-    window: float = 10.0
-    long_tokens: int = 512
-    short_tokens: int = 64
-    backlog: int = 16
-    users: int = 20
-    think: float = 3.0
-    chat_tokens: tuple[int, ...] = (32, 64, 96, 128)
-    batch_tokens: int = 256
-    batch_calls: int = 40
-    repeats: int = 1
-    seed: int = 1
-
-    @property
-    def step(self) -> float:
-        """Seconds per token of one sequence in a full batch (the emulator's defaults)."""
-        return (0.012 + 0.000_12 * self.slots) / self.speed
-
-    @property
-    def end(self) -> float:
-        """When the measured interval ends, seconds from the run's start."""
-        return self.warmup + self.seconds
-
-    @property
-    def stop(self) -> float:
-        """When the run stops: the load goes on past ``end`` for twice the longest
-        answer, so that the calls running at ``end`` finish and count (a call cut off
-        would take its share of the interval with it, and the longest calls most)."""
-        longest = max(self.long_tokens, self.batch_tokens, *self.chat_tokens)
-        return self.end + 2 * longest * self.step
-
-
-Load = Callable[[str, "FairnessParams", int, list[CallRecord]], Coroutine[Any, Any, None]]
+Load = Callable[[str, FairnessParams, int, list[CallRecord]], Coroutine[Any, Any, None]]
 """``(gateway /v1 URL, params, seed, records)``: play a scenario's users until ``stop``."""
 
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from herdless._percentiles import percentile
-from herdless.bench.fairness_stats import CallRecord, service, throughput, window_jain
+from herdless.bench.fairness_stats import (
+    CallRecord,
+    FairnessParams,
+    service,
+    throughput,
+    window_jain,
+)
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.stats import ratio
-from herdless.gateway.fairqueue import jain_index
-
-if TYPE_CHECKING:
-    from herdless.bench.fairness import FairnessParams
+from herdless.gateway.service import jain_index
 
 __all__ = [
     "priority_figures",

@@ -21,16 +21,76 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from herdless.gateway.fairqueue import jain_index
+from herdless.gateway.service import jain_index
 
 __all__ = [
     "CallRecord",
+    "FairnessParams",
     "backlogged_throughout",
     "cumulative_service",
     "service",
     "throughput",
     "window_jain",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FairnessParams:
+    """Sizes of the fairness scenarios (bounded: each run lasts ``warmup + seconds``).
+
+    Attributes:
+        slots: the emulator's ``max_num_seqs`` and the gateway's ``max_concurrency``.
+        queue: the gateway's ``max_queue``.
+        speed: the emulator's time scale.
+        warmup: seconds of each run not measured.
+        seconds: seconds measured per run.
+        window: seconds per window of the Jain index.
+        long_tokens: answer length of the heavy user (scenario 1).
+        short_tokens: answer length of the light user (scenario 1).
+        backlog: calls each user of scenario 1 keeps outstanding.
+        users: interactive users (scenarios 2 and 3).
+        think: mean think time between two chats of a user, seconds.
+        chat_tokens: answer lengths of the chats, drawn per chat.
+        batch_tokens: answer length of the batch user's calls.
+        batch_calls: calls the batch user keeps outstanding.
+        repeats: interleaved repetitions of every arm.
+        seed: first seed (repetition ``r`` uses ``seed + r``; the same in every arm).
+    """
+
+    slots: int = 8
+    queue: int = 32
+    speed: float = 2.0
+    warmup: float = 5.0
+    seconds: float = 30.0
+    window: float = 10.0
+    long_tokens: int = 512
+    short_tokens: int = 64
+    backlog: int = 16
+    users: int = 20
+    think: float = 3.0
+    chat_tokens: tuple[int, ...] = (32, 64, 96, 128)
+    batch_tokens: int = 256
+    batch_calls: int = 40
+    repeats: int = 1
+    seed: int = 1
+
+    @property
+    def step(self) -> float:
+        """Seconds per token of one sequence in a full batch (the emulator's defaults)."""
+        return (0.012 + 0.000_12 * self.slots) / self.speed
+
+    @property
+    def end(self) -> float:
+        """When the measured interval ends, seconds from the run's start."""
+        return self.warmup + self.seconds
+
+    @property
+    def stop(self) -> float:
+        """When the run stops: the load goes on past ``end`` for twice the longest
+        answer, so that the calls running at ``end`` finish and count (a call cut off
+        would take its share of the interval with it, and the longest calls most)."""
+        longest = max(self.long_tokens, self.batch_tokens, *self.chat_tokens)
+        return self.end + 2 * longest * self.step
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

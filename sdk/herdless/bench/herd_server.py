@@ -26,8 +26,10 @@ from typing import Any
 import httpx
 
 from herdless.bench.vtime import VirtualClock
-from herdless.gateway.admission import Admission, AdmissionConfig, Enqueued, Refuse
+from herdless.gateway.admission import Admission
+from herdless.gateway.decisions import Enqueued, Refuse
 from herdless.gateway.gate import Gate
+from herdless.gateway.limits import AdmissionConfig
 from herdless.gateway.wire import capacity_header, error_body, refusal_headers
 
 __all__ = ["HerdServer", "ServerParams", "completion_body"]

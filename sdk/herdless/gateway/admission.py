@@ -1,88 +1,41 @@
 """Admission: who runs now, who waits, who is refused and when to come back (pure, no I/O).
 
-The gateway's decisions live here, apart from its HTTP layer: :class:`Admission`
-is a clock-injected state machine that the async driver (``gate.py``) and the
-unit tests both drive by calling methods, never by sleeping. Two pure parts do
-the detailed work: the fair queue (:mod:`herdless.gateway.fairqueue`: the order
-of the waiters, the service counters per user) and the reservation schedule
-(:mod:`herdless.gateway.reservations`: the Retry-After of every refusal).
+A clock-injected state machine, apart from the HTTP layer: the async driver
+(``gate.py``) and the unit tests drive it by calling methods, never by sleeping. The
+fair queue (:mod:`~herdless.gateway.fairqueue`: the waiters' order, the service per
+user) and the reservation schedule (:mod:`~herdless.gateway.reservations`: the
+Retry-After of every refusal) do the detailed work.
 
-Rules, checked in this order by :meth:`Admission.offer`:
+Rules, checked in this order by :meth:`Admission.offer` (each explained, with its
+answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
-1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_loading``
-   or ``upstream_unavailable``.
-2. requests per second, one token bucket per key (``rate``, ``burst``) ->
-   429 ``rate_limited``. (Rules 1-2 need no price: :meth:`Admission.precheck`
-   applies them before the body is parsed, so a flood is refused cheaply.)
-3. a request that could never fit the KV budget (its price alone exceeds
-   ``max_inflight_tokens``) -> 400 ``request_too_large``: retrying cannot help.
-4. LLM tokens per minute, one bucket per key, priced before the request runs
-   (estimated prompt tokens + ``max_tokens``) and settled against the real
-   usage afterwards (refund or debt) -> 429 ``token_budget``.
-5. runs now when no request of its class (nor, for a batch one, of any class)
-   waits, a concurrency slot is free, its price fits the KV budget
-   (``inflight_tokens + price <= max_inflight_tokens``) and, for a batch one, the
-   interactive reserve stays free (rule 9).
-6. otherwise waits in the bounded queue, unless the queue (or this key's share
-   of it, ``ceil(max_queue * key_queue_share)``) is full -> 429 ``queue_full``,
-   or ``kv_budget`` when slots are free and only the KV budget blocks. A waiter
-   that is not started within ``queue_timeout`` gets 429 ``queue_timeout``.
-7. a caller that says how long it will wait (``X-Herdless-Deadline-Ms``, the
-   ``deadline`` argument) is refused at once with ``deadline_unattainable`` (429;
-   503 while the upstream is out) when the wait predicted for it is longer: in the
-   queue, ``place * mean_service / max_concurrency`` with ``place`` its place in
-   the fair order (:meth:`FairQueue.place`); refused, the time its reservation
-   would give it. No reservation is taken for it (it will not come back for this
-   request). A caller's waiter is dropped from the queue when its deadline passes.
-8. an interactive request that finds the queue (or its key's share) full takes the
-   place of a waiting batch one (the newest of the batch user served last; of its
-   own key when its key's share is what is full), which is answered 429
-   ``displaced`` with a reservation: never a 5xx, and never once it started.
-9. waiters start in the fair order (:mod:`herdless.gateway.fairqueue`): every
-   interactive one before any batch one, token-fair between keys then users. A
-   batch request starts only while no interactive one waits and, while interactive
-   work arrived within ``reserve_window`` seconds, only if ``interactive_reserve``
-   slots stay free after it: batch uses the capacity interactive work leaves idle.
-   The head of the order is served first even when a smaller request behind it
-   would fit the KV budget: skipping would starve large prompts.
-
-Why not aiolimiter here: ``AsyncLimiter`` is built to *wait* for capacity on the
-event loop's clock; the gateway must *refuse at once* and say when capacity will
-exist, for the k-th caller, on an injected clock that tests control. A token
-bucket with a reservation horizon is a dozen lines and gives exactly that.
-aiolimiter keeps the places where waiting is right (the benchmark's pacing).
+1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_*``.
+2. requests per second per key (:mod:`herdless.gateway.keys`) -> 429 ``rate_limited``.
+   Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
+3. a price over the whole KV budget -> 400 ``request_too_large``.
+4. LLM tokens per minute per key, settled against real usage -> 429 ``token_budget``.
+5. runs now when none of its class waits, a slot is free, its price fits the KV budget
+   and, for batch work, the interactive reserve stays free.
+6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
+   (``kv_budget``); a waiter not started in ``queue_timeout`` -> 429 ``queue_timeout``.
+7. a caller's deadline shorter than its predicted wait -> ``deadline_unattainable``.
+8. an interactive arrival in a full queue displaces a batch waiter -> 429 ``displaced``.
+9. waiters start in the fair order; the head first even when a smaller one would fit.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 from herdless._clock import Clock
 from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.fairqueue import FairQueue, Flow
-from herdless.gateway.limits import AdmissionConfig, Priority, TokenBucket
+from herdless.gateway.keys import KeyBudgets
+from herdless.gateway.limits import AdmissionConfig, Priority
 from herdless.gateway.reservations import Reservations, unattainable
 
-__all__ = [
-    "Admission",
-    "AdmissionConfig",
-    "Admit",
-    "Enqueued",
-    "Refuse",
-    "Ticket",
-    "TokenBucket",
-]
-
-
-@dataclass(slots=True)
-class _Key:
-    """Per-key state: buckets and how many of its requests wait."""
-
-    rate: TokenBucket | None
-    tokens: TokenBucket | None
-    queued: int = 0
+__all__ = ["Admission"]
 
 
 class Admission:
@@ -101,7 +54,7 @@ class Admission:
         self.config = config
         self._clock = clock
         self._ids = itertools.count(1)
-        self._keys: dict[str, _Key] = {}
+        self._keys = KeyBudgets(config)
         self._queue = FairQueue(config)
         self._reservations = Reservations(config)
         self._queued = 0
@@ -121,9 +74,11 @@ class Admission:
         """Requests waiting."""
         return self._queued
 
-    def class_depth(self, priority: Priority) -> int:
-        """Requests of ``priority`` waiting."""
-        return self._queue.depth(priority)
+    @property
+    def queue(self) -> FairQueue:
+        """The waiters in their fair order, and the service counters (read it; change
+        it through this class only)."""
+        return self._queue
 
     @property
     def inflight(self) -> int:
@@ -145,12 +100,6 @@ class Admission:
         """Batch waiters displaced by interactive arrivals so far."""
         return self._displacements
 
-    @property
-    def served_tokens(self) -> dict[Priority, int]:
-        """Tokens (prompt + completion; the price when no usage came) of the finished
-        requests, per class."""
-        return dict(self._queue.served_tokens)
-
     def user_service(self) -> dict[str, float]:
         """Weighted tokens charged per user over the last ``fair_window`` seconds."""
         return self._queue.service(self._clock.monotonic())
@@ -159,10 +108,6 @@ class Admission:
         """Jain's index over the users of ``priority`` that waited throughout the last
         ``fair_window`` seconds (see :meth:`FairQueue.fairness`)."""
         return self._queue.fairness(priority, self._clock.monotonic())
-
-    def counter(self, unit: str, priority: Priority = "interactive") -> float | None:
-        """The service counter of a user (``key`` or ``key/user``), if remembered."""
-        return self._queue.counter(priority, unit)
 
     @property
     def draining(self) -> bool:
@@ -183,28 +128,25 @@ class Admission:
 
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
         """Record the upstream's readiness; ``code`` names why it is not ready."""
-        was_ready = self.ready
-        self._ready = ready
-        self._not_ready_code = code
-        if not was_ready and self.ready:
-            self._reservations.serving_again()
+        self._switch(draining=self._draining, ready=ready, code=code)
 
     def drain(self) -> list[tuple[Ticket, Refuse]]:
         """Stop admitting; the waiters are refused (returned), running ones finish."""
         self._draining = True
         refused = []
         for ticket in list(self._queue.waiting()):
-            self._unqueue(ticket)
-            self._refund(ticket)
-            ticket.state = "done"
+            self._drop(ticket)
             refused.append((ticket, self.unavailable("draining")))
         return refused
 
     def resume(self) -> None:
         """Admit again after :meth:`drain`."""
+        self._switch(draining=False, ready=self._ready, code=self._not_ready_code)
+
+    def _switch(self, *, draining: bool, ready: bool, code: str) -> None:
         was_ready = self.ready
-        self._draining = False
-        if not was_ready and self.ready:
+        self._draining, self._ready, self._not_ready_code = draining, ready, code
+        if not was_ready and self.ready:  # serving again: the old reservations are void
             self._reservations.serving_again()
 
     def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
@@ -217,7 +159,7 @@ class Admission:
             return self.unavailable(self._not_ready_code, deadline=deadline)
         if self.config.rate is not None:
             now = self._clock.monotonic()
-            rate = self._key(key_id, now).rate
+            rate = self._keys.get(key_id, now).rate
             if rate is not None and not rate.allows(now, 1):
                 return self._reservations.bucket(rate, now, 1, "rate_limited")
         return None
@@ -257,7 +199,7 @@ class Admission:
                 ),
                 retry_after=0.0,
             )
-        key = self._key(key_id, now)
+        key = self._keys.get(key_id, now)
         if key.tokens is not None and not key.tokens.allows(now, price):
             return self._reservations.bucket(key.tokens, now, price, "token_budget")
         klass: Priority = priority if cfg.scheduler == "vtc" else "interactive"
@@ -268,7 +210,7 @@ class Admission:
         if self._startable(klass, price, now):
             ticket = self._new_ticket(key_id, price, now, flow, prompt)
             self._start(ticket, flow, now)
-            self._charge(key, price)
+            key.charge(price)
             return Admit(ticket)
         victim = None
         key_full = key.queued >= cfg.key_queue_limit
@@ -284,7 +226,7 @@ class Admission:
                 return unattainable(429, wait, deadline, cfg.key_capacity)
         displaced = () if victim is None else ((victim, self._displace(victim, now)),)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
-        self._charge(key, price)
+        key.charge(price)
         self._queue.push(flow, ticket, now)
         key.queued += 1
         self._queued += 1
@@ -333,8 +275,7 @@ class Admission:
         if ticket.state == "done":
             return
         if ticket.state == "queued":
-            self._unqueue(ticket)
-            self._refund(ticket)
+            self._drop(ticket)
         else:
             now = self._clock.monotonic()
             self._running -= 1
@@ -343,9 +284,8 @@ class Admission:
             run = max(0.0, now - started)
             alpha = self.config.ewma_alpha
             self._mean_service = (1 - alpha) * self._mean_service + alpha * run
-            tokens = self._keys[ticket.key_id].tokens
-            if tokens is not None and used_tokens is not None:
-                tokens.settle(ticket.price - used_tokens)
+            if used_tokens is not None:
+                self._keys[ticket.key_id].settle(ticket.price - used_tokens)
             if completion_tokens is None and used_tokens is not None:
                 prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
                 completion_tokens = max(0, used_tokens - prompt)
@@ -363,18 +303,11 @@ class Admission:
         flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
         return self._queue_refusal(flow, now, "queue_timeout")
 
-    def predicted_wait(self) -> float:
-        """Seconds a request queued now at the back of the whole queue would wait before
-        it starts, at the rate slots free (``max_concurrency`` per ``mean_service``).
-        :meth:`offer` predicts from the request's own place in the fair order."""
-        return (self._queued + 1) * self._mean_service / self.config.max_concurrency
-
     def unavailable(
         self, code: str, message: str | None = None, *, deadline: float | None = None
     ) -> Refuse:
-        """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``),
-        with a reservation (:meth:`Reservations.unavailable`). Also used by the HTTP
-        layer when a request finds the upstream gone (``message`` says how)."""
+        """A 503 with a reservation: not serving now (``draining``, ``upstream_*``; also
+        when a request finds the upstream gone, ``message`` says how)."""
         return self._reservations.unavailable(
             self._clock.monotonic(),
             code,
@@ -384,21 +317,6 @@ class Admission:
         )
 
     # -- helpers ------------------------------------------------------------------------
-
-    def _key(self, key_id: str, now: float) -> _Key:
-        key = self._keys.get(key_id)
-        if key is None:
-            # Bounded: key ids come from the configured keys (or one anonymous id).
-            cfg = self.config
-            rate = tpm = None
-            if cfg.rate is not None:
-                rate = TokenBucket(capacity=cfg.effective_burst, refill=cfg.rate, now=now)
-            if cfg.tokens_per_minute is not None:
-                tpm = TokenBucket(
-                    capacity=cfg.tokens_per_minute, refill=cfg.tokens_per_minute / 60, now=now
-                )
-            key = self._keys[key_id] = _Key(rate=rate, tokens=tpm)
-        return key
 
     def _new_ticket(
         self, key_id: str, price: int, now: float, flow: Flow, prompt: int | None
@@ -449,29 +367,18 @@ class Admission:
         self._inflight_tokens += ticket.price
         self._queue.start(ticket, flow, now)
 
-    def _charge(self, key: _Key, price: int) -> None:
-        if key.rate is not None:
-            key.rate.take(1)
-        if key.tokens is not None:
-            key.tokens.take(price)
-
-    def _refund(self, ticket: Ticket) -> None:
-        # A request that never ran gives its token price back (not its request-rate token).
-        tokens = self._keys[ticket.key_id].tokens
-        if tokens is not None:
-            tokens.settle(ticket.price)
-
-    def _unqueue(self, ticket: Ticket) -> None:
+    def _drop(self, ticket: Ticket) -> None:
+        """A waiter leaves without running: its key gets its token price back."""
         self._queue.remove(ticket)
-        self._keys[ticket.key_id].queued -= 1
+        (key := self._keys[ticket.key_id]).settle(ticket.price)
+        key.queued -= 1
         self._queued -= 1
+        ticket.state = "done"
 
     def _displace(self, victim: Ticket, now: float) -> Refuse:
         """Rule 8: the batch waiter ``victim`` leaves the queue with a reservation."""
         flow = self._queue.flow_of(victim)
-        self._unqueue(victim)
-        self._refund(victim)
-        victim.state = "done"
+        self._drop(victim)
         self._displacements += 1
         return self._queue_refusal(flow, now, "displaced")
 

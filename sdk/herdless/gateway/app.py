@@ -59,8 +59,8 @@ def create_app(
 
     def fairness() -> Fairness:
         return Fairness(
-            depth={name: admission.class_depth(name) for name in CLASSES},
-            served={name: admission.served_tokens[name] for name in CLASSES},
+            depth={name: admission.queue.depth(name) for name in CLASSES},
+            served={name: admission.queue.served_tokens[name] for name in CLASSES},
             displacements=admission.displacements,
             users=admission.user_service(),
             jain={name: admission.fairness(name) for name in CLASSES},

@@ -24,7 +24,8 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 
 from herdless.gateway.app import create_app
-from herdless.gateway.protocol import ConnectionGuard, guarded_protocol, raise_file_limit
+from herdless.gateway.connections import ConnectionGuard, raise_file_limit
+from herdless.gateway.protocol import guarded_protocol
 from herdless.gateway.settings import GatewaySettings
 
 __all__ = ["main"]

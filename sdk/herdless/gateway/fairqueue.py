@@ -58,41 +58,15 @@ from collections.abc import Iterator
 
 from herdless.gateway.decisions import Ticket
 from herdless.gateway.limits import CLASSES, AdmissionConfig, Priority
+from herdless.gateway.service import ServiceWindow, jain_index
 
-__all__ = ["OVERFLOW", "FairQueue", "Flow", "jain_index"]
+__all__ = ["OVERFLOW", "FairQueue", "Flow"]
 
 OVERFLOW = "other"
 """The user of a key's overflow flow, used while the user table is full of busy flows."""
 
 _EWMA = 0.2  # weight of the newest completion in a user's prediction (VTC's window of 5)
 _EVICT_SCAN = 16  # oldest flows looked at for one to forget: bounded work per new user
-
-
-class _Window:
-    """Weighted tokens charged per whole second over the last ``size`` seconds."""
-
-    __slots__ = ("_seconds", "_tokens", "last")
-
-    def __init__(self, size: int) -> None:
-        self._seconds = [-1] * size
-        self._tokens = [0.0] * size
-        self.last = -math.inf  # the last second anything was added (skips idle flows)
-
-    def add(self, now: float, tokens: float) -> None:
-        second = math.floor(now)
-        index = second % len(self._seconds)
-        if self._seconds[index] != second:  # a slot of an older second: start it afresh
-            self._seconds[index] = second
-            self._tokens[index] = 0.0
-        self._tokens[index] += tokens
-        self.last = second
-
-    def total(self, now: float) -> float:
-        second = math.floor(now)
-        oldest = second - len(self._seconds)
-        if self.last <= oldest:
-            return 0.0
-        return sum(t for s, t in zip(self._seconds, self._tokens, strict=True) if s > oldest)
 
 
 class _Member:
@@ -155,7 +129,7 @@ class Flow(_Member):
         self.predicted: float | None = None  # EWMA of its completions (tokens)
         self.horizon = -math.inf
         self.since: float | None = None
-        self.window = _Window(window)
+        self.window = ServiceWindow(window)
 
     @property
     def busy(self) -> bool:
@@ -413,14 +387,3 @@ class FairQueue:
                 if tokens:
                     served[flow.label] = served.get(flow.label, 0.0) + tokens
         return served
-
-
-def jain_index(values: list[float]) -> float:
-    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all are equal, ``1/n``
-    when one takes everything; 1.0 for fewer than two values or all zero."""
-    if len(values) < 2:
-        return 1.0
-    squares = sum(v * v for v in values)
-    if squares == 0:
-        return 1.0
-    return sum(values) ** 2 / (len(values) * squares)

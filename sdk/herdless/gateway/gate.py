@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from herdless.gateway.admission import Admission, Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.admission import Admission
+from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.limits import Priority
 
 __all__ = ["Gate"]

@@ -156,6 +156,12 @@ class TokenBucket:
     :meth:`reserve` returns the wait in seconds::
 
         retry_at = max(now + (cost - level) / refill, horizon + cost / refill)
+
+    Why not aiolimiter here: ``AsyncLimiter`` is built to *wait* for capacity on the
+    event loop's clock; the gateway must *refuse at once* and say when capacity will
+    exist, for the k-th caller, on an injected clock that tests control. A token
+    bucket with a reservation horizon is a dozen lines and gives exactly that.
+    aiolimiter keeps the places where waiting is right (the benchmark's pacing).
     """
 
     __slots__ = ("_horizon", "_level", "_updated", "capacity", "refill")

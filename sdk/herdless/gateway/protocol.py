@@ -8,7 +8,7 @@ implementation has a head size limit but no head timeout, and its protocol
 layer costs about five times as much per request (163 vs 34 us, measured with
 the protocol alone on a fake transport). This subclass of uvicorn's
 ``HttpToolsProtocol`` adds, per connection (every limit a setting, see
-:class:`ConnectionLimits`):
+:class:`~herdless.gateway.connections.ConnectionLimits`):
 
 * **head size** (``max_head_bytes``): the bytes of a request head (blank lines
   before it, request line, header lines) are counted as they arrive, and
@@ -56,9 +56,7 @@ integration tests exercise against the installed uvicorn.
 from __future__ import annotations
 
 import asyncio
-import resource
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
@@ -69,90 +67,12 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from herdless.gateway.metrics import GatewayMetrics
+from herdless.gateway.connections import ConnectionGuard
 from herdless.gateway.wire import error_body
 
-__all__ = ["ConnectionGuard", "ConnectionLimits", "guarded_protocol", "raise_file_limit"]
+__all__ = ["GuardedHttpToolsProtocol", "guarded_protocol"]
 
 _REQUEST_LINE_ALLOWANCE = 16  # method, spaces and "HTTP/1.1\r\n" of a completed head
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectionLimits:
-    """What one connection may hold; see the module docstring for each rule.
-
-    Attributes:
-        max_head_bytes: largest request head in bytes (request line and headers).
-        max_headers: most header lines in one request head.
-        head_timeout: seconds from a request's first byte to the end of its head.
-        keep_alive_timeout: seconds a connection may stay open with no request under way.
-        max_connections_per_peer: connections one client address may hold; 0: no cap.
-    """
-
-    max_head_bytes: int = 32_768
-    max_headers: int = 100
-    head_timeout: float = 10.0
-    keep_alive_timeout: float = 10.0
-    max_connections_per_peer: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_head_bytes", "max_headers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("head_timeout", "keep_alive_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.max_connections_per_peer < 0:
-            raise ValueError(
-                f"max_connections_per_peer must be >= 0, got {self.max_connections_per_peer!r}"
-            )
-
-
-class ConnectionGuard:
-    """What every connection of one server shares: the limits, counts per peer, the metrics.
-
-    Args:
-        limits: the limits.
-        metrics: where closed connections and refused heads are counted.
-        file_limit: the process's open-file limit; a peer may hold at most half
-            of it (default: the current soft ``RLIMIT_NOFILE``).
-    """
-
-    __slots__ = ("limits", "metrics", "peer_cap", "peers")
-
-    def __init__(
-        self, limits: ConnectionLimits, metrics: GatewayMetrics, *, file_limit: int | None = None
-    ) -> None:
-        self.limits = limits
-        self.metrics = metrics
-        if file_limit is None:
-            file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        cap = limits.max_connections_per_peer
-        half = max(1, file_limit // 2) if file_limit > 0 else cap
-        self.peer_cap = min(cap, half) if cap else 0
-        self.peers: dict[str, int] = {}
-
-    def admit(self, peer: str) -> bool:
-        """Count a new connection from ``peer``; ``False`` if the peer is at its cap."""
-        held = self.peers.get(peer, 0)
-        if self.peer_cap and held >= self.peer_cap:
-            return False
-        self.peers[peer] = held + 1
-        return True
-
-    def release(self, peer: str) -> None:
-        """A connection counted by :meth:`admit` is gone."""
-        held = self.peers.get(peer, 0) - 1
-        if held > 0:
-            self.peers[peer] = held
-        else:
-            self.peers.pop(peer, None)
-
-    def closed(self, reason: str, status: int | None = None) -> None:
-        """Count a connection the guard closed (and the status it answered, if any)."""
-        self.metrics.connections_closed[reason] += 1
-        if status is not None:
-            self.metrics.requests[status] += 1
 
 
 class _HeadRefused(Exception):
@@ -421,20 +341,3 @@ def _header_count_refusal(limit: int) -> tuple[int, str, str]:
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
     """The protocol class of one server, bound to its guard (uvicorn's ``Config(http=...)``)."""
     return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,), {"guard": guard})
-
-
-def raise_file_limit() -> tuple[int, int]:
-    """Raise the soft open-file limit to the hard one; returns (before, after).
-
-    Every connection is a file descriptor: the default soft limit (often 1024)
-    would let a few hundred held sockets lock everyone else out, while the
-    hard limit is usually far higher. Go's runtime does the same at start.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
-        return soft, soft
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):  # a sandbox may forbid it: keep what we have
-        return soft, soft
-    return soft, hard

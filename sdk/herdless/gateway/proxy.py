@@ -17,7 +17,7 @@ import anyio
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from herdless.gateway.admission import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (

@@ -2,7 +2,7 @@
 
 This is the only gateway module that reads the environment; it turns it into the
 frozen :class:`~herdless.gateway.admission.AdmissionConfig`,
-:class:`~herdless.gateway.protocol.ConnectionLimits` and an :class:`ApiKeys`
+:class:`~herdless.gateway.connections.ConnectionLimits` and an :class:`ApiKeys`
 table, which hold no pydantic.
 """
 
@@ -11,15 +11,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from herdless.gateway.admission import AdmissionConfig
-
-if TYPE_CHECKING:
-    from herdless.gateway.protocol import ConnectionLimits
+from herdless.gateway.connections import ConnectionLimits
+from herdless.gateway.limits import AdmissionConfig
 
 __all__ = [
     "ANONYMOUS",
@@ -154,10 +152,6 @@ class GatewaySettings(BaseSettings):
 
     def connection_limits(self) -> ConnectionLimits:
         """What one client connection may hold (head size, timeouts, per-peer cap)."""
-        # Lazy: the protocol imports uvicorn and httptools, and the settings are read
-        # without them (the configuration reference, the core-only test session).
-        from herdless.gateway.protocol import ConnectionLimits
-
         return ConnectionLimits(
             max_head_bytes=self.max_head_bytes,
             max_headers=self.max_headers,

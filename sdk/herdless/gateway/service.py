@@ -1,0 +1,53 @@
+"""Service measured over a sliding window, and how evenly it is shared (pure).
+
+The fair queue (:mod:`herdless.gateway.fairqueue`) charges each user's weighted tokens
+to a :class:`ServiceWindow`; ``/metrics`` shows the last window per user and Jain's
+index over the users that waited throughout it, and the fairness benchmark computes
+the same index from its clients' records.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["ServiceWindow", "jain_index"]
+
+
+class ServiceWindow:
+    """Weighted tokens charged per whole second over the last ``size`` seconds."""
+
+    __slots__ = ("_seconds", "_tokens", "last")
+
+    def __init__(self, size: int) -> None:
+        self._seconds = [-1] * size
+        self._tokens = [0.0] * size
+        self.last = -math.inf  # the last second anything was added (skips idle flows)
+
+    def add(self, now: float, tokens: float) -> None:
+        """Charge ``tokens`` at ``now``."""
+        second = math.floor(now)
+        index = second % len(self._seconds)
+        if self._seconds[index] != second:  # a slot of an older second: start it afresh
+            self._seconds[index] = second
+            self._tokens[index] = 0.0
+        self._tokens[index] += tokens
+        self.last = second
+
+    def total(self, now: float) -> float:
+        """The tokens charged in the ``size`` seconds up to ``now``."""
+        second = math.floor(now)
+        oldest = second - len(self._seconds)
+        if self.last <= oldest:
+            return 0.0
+        return sum(t for s, t in zip(self._seconds, self._tokens, strict=True) if s > oldest)
+
+
+def jain_index(values: list[float]) -> float:
+    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all are equal, ``1/n``
+    when one takes everything; 1.0 for fewer than two values or all zero."""
+    if len(values) < 2:
+        return 1.0
+    squares = sum(v * v for v in values)
+    if squares == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * squares)

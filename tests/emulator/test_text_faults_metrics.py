@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from herdless._exposition import Histogram
 from herdless.emulator import text
 from herdless.emulator.engine import Engine, EngineConfig, Sequence
 from herdless.emulator.faults import FaultActions, Faults, parse_faults
-from herdless.emulator.metrics import Histogram, render
+from herdless.emulator.metrics import render
 
 
 @pytest.mark.parametrize(

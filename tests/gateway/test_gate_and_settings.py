@@ -8,13 +8,13 @@ import os
 import pytest
 from tests.gateway.fakes import until
 
+from herdless._exposition import Exposition, Histogram
 from herdless.bench.vtime import VirtualClock, run_virtual
 from herdless.gateway.admission import Admission
 from herdless.gateway.cli import load_settings, main
 from herdless.gateway.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.gate import Gate
 from herdless.gateway.limits import AdmissionConfig
-from herdless.gateway.metrics import Histogram
 from herdless.gateway.settings import ApiKeys, GatewaySettings
 from herdless.gateway.upstream import UsageSniffer
 from herdless.gateway.wire import BadRequest, parse_chat_request
@@ -175,13 +175,17 @@ def test_usage_sniffer_finds_the_last_total_across_chunks() -> None:
 
 
 def test_histogram_is_cumulative() -> None:
-    histogram = Histogram("x_seconds", "help", bounds=(0.1, 1))
+    histogram = Histogram(bounds=(0.1, 1))
     for value in (0.05, 0.5, 5):
         histogram.observe(value)
-    lines = histogram.render()
-    assert 'herdless_gateway_x_seconds_bucket{le="0.1"} 1' in lines
-    assert 'herdless_gateway_x_seconds_bucket{le="1.0"} 2' in lines
-    assert 'herdless_gateway_x_seconds_bucket{le="+Inf"} 3' in lines
+    out = Exposition()
+    out.histogram("x_seconds", "help", histogram, model='a "b"')
+    lines = out.text().splitlines()
+    assert 'x_seconds_bucket{model="a \\"b\\"",le="0.1"} 1' in lines
+    assert 'x_seconds_bucket{model="a \\"b\\"",le="1.0"} 2' in lines
+    assert 'x_seconds_bucket{model="a \\"b\\"",le="+Inf"} 3' in lines
+    assert 'x_seconds_count{model="a \\"b\\""} 3' in lines
+    assert 'x_seconds_sum{model="a \\"b\\""} 5.55' in lines
     assert histogram.count == 3
 
 

@@ -1,49 +1,19 @@
-"""The emulator's counters and their Prometheus text, under vLLM's metric names.
-
-Hand-written rather than prometheus-client: a dozen series, rendered on demand,
-and the engine must stay importable and fast without the ``prometheus`` extra.
-"""
+"""The emulator's counters and their Prometheus text, under vLLM's metric names and
+labels (written by :mod:`herdless._exposition`, as the gateway's are)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Protocol
 
-__all__ = ["EngineMetrics", "EngineView", "Histogram", "render"]
+from herdless._exposition import Exposition, Histogram, labels
+
+__all__ = ["EngineMetrics", "EngineView", "render"]
 
 # vLLM's own bucket bounds for these histograms (seconds), trimmed.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
-
-
-class Histogram:
-    """A cumulative-at-render histogram: ``observe`` is one bisect and two adds."""
-
-    __slots__ = ("_counts", "bounds", "count", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self._counts = [0] * (len(bounds) + 1)  # the last slot is +Inf
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float, count: int = 1) -> None:
-        """Record ``count`` observations of ``value`` (seconds)."""
-        if count <= 0:
-            return
-        self._counts[bisect_left(self.bounds, value)] += count
-        self.count += count
-        self.sum += value * count
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """``(le, cumulative count)`` pairs, ``+Inf`` last."""
-        out, total = [], 0
-        for bound, n in zip((*map(repr, self.bounds), "+Inf"), self._counts, strict=True):
-            total += n
-            out.append((bound, total))
-        return out
 
 
 class EngineMetrics:
@@ -90,50 +60,41 @@ class EngineView(Protocol):
 def render(engine: EngineView, model: str) -> str:
     """The Prometheus text exposition of ``engine``'s state, labelled like vLLM's."""
     m = engine.metrics
-    label = f'engine="0",model_name="{model}"'
-    lines: list[str] = []
+    out = Exposition()
+    base = {"engine": "0", "model_name": model}
+    plain = labels(**base)
 
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for suffix_labels, value in samples:
-            lines.append(f"{name}{suffix_labels} {value}")
+    def one(name: str, kind: str, help: str, value: float) -> None:
+        out.family(name, kind, help, [(plain, value)])
 
-    def hist(name: str, help_: str, h: Histogram) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} histogram")
-        for le, n in h.cumulative():
-            lines.append(f'{name}_bucket{{{label},le="{le}"}} {n}')
-        lines.append(f"{name}_count{{{label}}} {h.count}")
-        lines.append(f"{name}_sum{{{label}}} {h.sum}")
-
-    plain = f"{{{label}}}"
-    metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-           [(plain, engine.num_running)])  # fmt: skip
-    metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-           [(plain, engine.num_waiting)])  # fmt: skip
-    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-           [(plain, engine.kv_usage())])  # fmt: skip
-    metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.",
-           [(plain, m.preemptions)])  # fmt: skip
-    metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-           [(plain, m.prompt_tokens)])  # fmt: skip
-    metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-           [(plain, m.generation_tokens)])  # fmt: skip
+    one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+        engine.num_running)  # fmt: skip
+    one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+        engine.num_waiting)  # fmt: skip
+    one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+        engine.kv_usage())  # fmt: skip
+    one("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.",
+        m.preemptions)  # fmt: skip
+    one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+        m.prompt_tokens)  # fmt: skip
+    one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+        m.generation_tokens)  # fmt: skip
     # vLLM's waiting requests by reason: "capacity" (no slot or KV yet) and "deferred"
     # (waiting on something else, never the case here).
-    metric("vllm:num_requests_waiting_by_reason", "gauge", "Waiting requests by reason.",
-           [(f'{{{label},reason="capacity"}}', engine.num_waiting),
-            (f'{{{label},reason="deferred"}}', 0)])  # fmt: skip
+    out.family("vllm:num_requests_waiting_by_reason", "gauge", "Waiting requests by reason.",
+               [(labels(**base, reason="capacity"), engine.num_waiting),
+                (labels(**base, reason="deferred"), 0)])  # fmt: skip
     finished = {**m.finished, "error": 0, "repetition": 0}  # reasons vLLM has and we never give
-    metric("vllm:request_success_total", "counter", "Count of finished requests by reason.",
-           [(f'{{{label},finished_reason="{r}"}}', n) for r, n in finished.items()])  # fmt: skip
+    out.family("vllm:request_success_total", "counter", "Count of finished requests by reason.",
+               [(labels(**base, finished_reason=r), n) for r, n in finished.items()])  # fmt: skip
     # vLLM counts admission rejections per frontend, not per engine: no engine label.
-    model_label = f'model_name="{model}"'
-    metric("vllm:admission_rejections_total", "counter", "Requests refused at admission.",
-           [(f'{{{model_label},reason="max_num_queued_reqs"}}', m.rejected),
-            (f'{{{model_label},reason="max_num_queued_tokens"}}', 0)])  # fmt: skip
-    hist("vllm:time_to_first_token_seconds", "Histogram of time to first token.", m.ttft)
-    hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", m.itl)
-    hist("vllm:e2e_request_latency_seconds", "Histogram of end-to-end latency.", m.e2e)
-    return "\n".join(lines) + "\n"
+    out.family("vllm:admission_rejections_total", "counter", "Requests refused at admission.",
+               [(labels(model_name=model, reason="max_num_queued_reqs"), m.rejected),
+                (labels(model_name=model, reason="max_num_queued_tokens"), 0)])  # fmt: skip
+    out.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.",
+                  m.ttft, **base)  # fmt: skip
+    out.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.",
+                  m.itl, **base)  # fmt: skip
+    out.histogram("vllm:e2e_request_latency_seconds", "Histogram of end-to-end latency.",
+                  m.e2e, **base)  # fmt: skip
+    return out.text()

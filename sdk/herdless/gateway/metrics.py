@@ -1,10 +1,8 @@
-"""The gateway's Prometheus metrics, written in the text exposition format by hand.
+"""The gateway's Prometheus metrics, rendered at scrape time by the shared writer.
 
-Why not prometheus-client: it lives in the ``prometheus`` extra while the gateway
-needs only ``server``; its default registry is process-global, and two gateways
-in one process (tests, the demo) must not share counters. The gateway exposes
-a handful of counters, three gauges and three histograms: a small, fixed
-writer is shorter than the glue to a custom registry.
+Counters and histograms live on one :class:`GatewayMetrics` per gateway (two gateways
+in one process, as in the tests and the demo, share nothing); the text is written by
+:mod:`herdless._exposition` (why not prometheus-client: there).
 
 Exposed (all names prefixed ``herdless_gateway_``):
 
@@ -21,58 +19,37 @@ Exposed (all names prefixed ``herdless_gateway_``):
   ``displacements_total`` (counter), ``user_weighted_tokens{user}`` (gauge: the
   weighted tokens charged to each of the top users over the last window, the rest
   summed as ``user="other"``: a bounded label set) and ``fairness_jain{class}``
-  (gauge: Jain's index over the users that waited throughout the last window).
+  (gauge: Jain's index over the users that waited throughout the last window);
+* ``build_info{version,python}`` (always 1) and the standard ``process_*`` series
+  (CPU seconds, resident and virtual memory, open and maximum file descriptors, start
+  time: :func:`herdless._exposition.process_metrics`).
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
+import platform
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CONTENT_TYPE", "Fairness", "GatewayMetrics", "Histogram", "top_users"]
+from herdless._exposition import CONTENT_TYPE, Exposition, Histogram, labels, process_metrics
+from herdless._version import __version__
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+__all__ = ["CONTENT_TYPE", "Fairness", "GatewayMetrics", "top_users"]
+
 _PREFIX = "herdless_gateway_"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-class Histogram:
-    """A cumulative Prometheus histogram over fixed upper bounds (seconds)."""
-
-    __slots__ = ("_bounds", "_counts", "_sum", "help", "name")
-
-    def __init__(self, name: str, help: str, bounds: Sequence[float] = _LATENCY_BUCKETS) -> None:
-        self.name = name
-        self.help = help
-        self._bounds = tuple(bounds)
-        self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
-        self._sum = 0.0
-
-    def observe(self, value: float) -> None:
-        """Record one observation."""
-        self._counts[bisect.bisect_left(self._bounds, value)] += 1
-        self._sum += value
-
-    @property
-    def count(self) -> int:
-        """Observations so far."""
-        return sum(self._counts)
-
-    def render(self) -> list[str]:
-        """The exposition lines of this histogram."""
-        full = _PREFIX + self.name
-        lines = [f"# HELP {full} {self.help}", f"# TYPE {full} histogram"]
-        cumulative = 0
-        for bound, count in zip((*self._bounds, None), self._counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound is None else repr(float(bound))
-            lines.append(f'{full}_bucket{{le="{le}"}} {cumulative}')
-        lines.append(f"{full}_sum {self._sum!r}")
-        lines.append(f"{full}_count {cumulative}")
-        return lines
+_GAUGES = {
+    "queue_depth": "Requests waiting in the admission queue.",
+    "inflight": "Requests running upstream.",
+    "inflight_tokens": "Tokens (prompt + max_tokens) of the running requests.",
+}
+_HISTOGRAMS = {
+    "queue_wait": ("queue_wait_seconds", "Time spent in the admission queue."),
+    "ttfb": ("ttfb_seconds", "Time from admission to the upstream's first byte."),
+    "duration": ("request_duration_seconds", "Time from arrival to the end."),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,86 +107,75 @@ class GatewayMetrics:
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
-        self.queue_wait = Histogram("queue_wait_seconds", "Time spent in the admission queue.")
-        self.ttfb = Histogram("ttfb_seconds", "Time from admission to the upstream's first byte.")
-        self.duration = Histogram("request_duration_seconds", "Time from arrival to the end.")
+        self.queue_wait = Histogram(_LATENCY_BUCKETS)
+        self.ttfb = Histogram(_LATENCY_BUCKETS)
+        self.duration = Histogram(_LATENCY_BUCKETS)
 
     def render(self) -> str:
         """The whole exposition text."""
-        lines = _counter(
-            "requests_total", "Answered requests by HTTP status.", "code", self.requests
+        out = Exposition()
+        p = _PREFIX
+        out.by(
+            p + "requests_total",
+            "counter",
+            "Answered requests by HTTP status.",
+            "code",
+            {str(code): n for code, n in sorted(self.requests.items())},
         )
-        lines += _counter(
-            "rejections_total", "Refused requests by reason.", "reason", self.rejections
+        out.by(
+            p + "rejections_total",
+            "counter",
+            "Refused requests by reason.",
+            "reason",
+            dict(sorted(self.rejections.items())),
         )
-        lines += _counter(
-            "connections_closed_total",
+        out.by(
+            p + "connections_closed_total",
+            "counter",
             "Connections closed by the gateway's limits, by reason.",
             "reason",
-            self.connections_closed,
+            dict(sorted(self.connections_closed.items())),
         )
-        gauge_help = {
-            "queue_depth": "Requests waiting in the admission queue.",
-            "inflight": "Requests running upstream.",
-            "inflight_tokens": "Tokens (prompt + max_tokens) of the running requests.",
-        }
         for name, value in self.gauges().items():
-            full = _PREFIX + name
-            lines += [f"# HELP {full} {gauge_help.get(name, name)}", f"# TYPE {full} gauge"]
-            lines.append(f"{full} {value!r}")
+            out.one(p + name, "gauge", _GAUGES.get(name, name), value)
         if self.fairness is not None:
-            lines += self._fair_share(self.fairness())
-        for histogram in (self.queue_wait, self.ttfb, self.duration):
-            lines += histogram.render()
-        return "\n".join(lines) + "\n"
-
-    def _fair_share(self, fair: Fairness) -> list[str]:
-        lines = _labelled(
-            "class_queue_depth", "gauge", "Requests waiting, by class.", "class", fair.depth
+            self._fair_share(out, self.fairness())
+        for attribute, (name, help) in _HISTOGRAMS.items():
+            out.histogram(p + name, help, getattr(self, attribute))
+        build = labels(version=__version__, python=platform.python_version())
+        out.family(
+            p + "build_info", "gauge", "The herdless version serving, always 1.", [(build, 1)]
         )
-        lines += _labelled(
-            "tokens_served_total",
+        process_metrics(out)
+        return out.text()
+
+    def _fair_share(self, out: Exposition, fair: Fairness) -> None:
+        p = _PREFIX
+        out.by(p + "class_queue_depth", "gauge", "Requests waiting, by class.", "class", fair.depth)
+        out.by(
+            p + "tokens_served_total",
             "counter",
             "Tokens (prompt + completion) of the finished requests, by class.",
             "class",
             fair.served,
         )
-        full = _PREFIX + "displacements_total"
-        lines += [
-            f"# HELP {full} Batch waiters displaced by interactive arrivals.",
-            f"# TYPE {full} counter",
-            f"{full} {fair.displacements}",
-        ]
-        lines += _labelled(
-            "user_weighted_tokens",
+        out.one(
+            p + "displacements_total",
+            "counter",
+            "Batch waiters displaced by interactive arrivals.",
+            fair.displacements,
+        )
+        out.by(
+            p + "user_weighted_tokens",
             "gauge",
             "Weighted tokens charged to the top users over the last window; the rest as other.",
             "user",
             dict(top_users(fair.users, self.top)),
         )
-        lines += _labelled(
-            "fairness_jain",
+        out.by(
+            p + "fairness_jain",
             "gauge",
             "Jain's index over the users that waited throughout the last window, by class.",
             "class",
             fair.jain,
         )
-        return lines
-
-
-def _counter(name: str, help: str, label: str, values: Counter[int] | Counter[str]) -> list[str]:
-    full = _PREFIX + name
-    lines = [f"# HELP {full} {help}", f"# TYPE {full} counter"]
-    # Label values are status codes and fixed reason codes: nothing to escape.
-    lines += [f'{full}{{{label}="{key}"}} {count}' for key, count in sorted(values.items())]
-    return lines
-
-
-def _labelled(
-    name: str, kind: str, help: str, label: str, values: Mapping[str, float] | Mapping[str, int]
-) -> list[str]:
-    full = _PREFIX + name
-    lines = [f"# HELP {full} {help}", f"# TYPE {full} {kind}"]
-    # Label values are class names, key ids and user hashes: nothing to escape.
-    lines += [f'{full}{{{label}="{key}"}} {value!r}' for key, value in values.items()]
-    return lines

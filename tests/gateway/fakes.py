@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from herdless.gateway.logs import JsonFormatter, TextFormatter
 from herdless.gateway.runtime import Runtime
 
 SSE = (
@@ -106,3 +108,15 @@ class TimingOutTransport(httpx.AsyncBaseTransport):
         if request.url.path == "/health":
             return httpx.Response(200)
         raise httpx.ReadTimeout("no answer", request=request)
+
+
+def rendered(records: Iterable[logging.LogRecord]) -> str:
+    """The records as both ``--log-format``s write them (caplog.text shows no fields)."""
+    formatters = (TextFormatter(), JsonFormatter())
+    return "\n".join(f.format(record) for record in records for f in formatters)
+
+
+def json_lines(records: Iterable[logging.LogRecord], logger: str) -> list[dict[str, Any]]:
+    """The records of ``logger`` as ``--log-format json`` writes them, parsed."""
+    formatter = JsonFormatter()
+    return [json.loads(formatter.format(r)) for r in records if r.name == logger]

@@ -135,7 +135,7 @@ class Gate:
         self.admission.set_upstream(ready=ready, code=code)
         state = "ready" if ready else code.removeprefix("upstream_")
         if state != self._upstream_state:
-            level = logging.INFO if ready or self._upstream_state is None else logging.WARNING
+            level = logging.WARNING if state == "unavailable" else logging.INFO
             event(LOG, level, f"upstream {state}", state=state, previous=self._upstream_state)
             self._upstream_state = state
         if ready:

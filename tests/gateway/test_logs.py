@@ -238,3 +238,14 @@ async def test_admin_without_a_configured_token_says_how_to_turn_it_on(
     assert error["code"] == "admin_disabled"
     assert "HERDLESS_GATEWAY_ADMIN_TOKEN" in error["message"]
     assert "www-authenticate" not in response.headers
+
+
+def test_the_format_is_a_flag_and_a_variable_text_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from herdless.gateway.cli import load_settings
+
+    assert load_settings([]).log_format == "text"
+    monkeypatch.setenv("HERDLESS_GATEWAY_LOG_FORMAT", "json")
+    assert load_settings([]).log_format == "json"
+    assert load_settings(["--log-format", "text"]).log_format == "text"

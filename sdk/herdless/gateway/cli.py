@@ -106,8 +106,6 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if info.annotation is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=_HELP[name])
-        elif name == "log_format":
-            parser.add_argument(flag, choices=("text", "json"), help=_HELP[name])
         else:
             parser.add_argument(flag, metavar=name.upper(), help=_HELP[name])
     return parser

@@ -142,6 +142,10 @@ def status_error(
     )
 
 
+# An OpenAI route a base_url may end in by mistake; chat first: it ends in /completions too.
+_ROUTES = ("/chat/completions", "/completions", "/embeddings", "/responses", "/models")
+
+
 def _no_v1_hint(backend: Backend) -> str | None:
     """What to say about a 404 from a ``base_url`` that is not an OpenAI API root."""
     parts = urlsplit(backend.base_url)
@@ -150,12 +154,16 @@ def _no_v1_hint(backend: Backend) -> str | None:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     path = parts.path.rstrip("/")
-    if path.endswith("/chat/completions"):
-        root = f"{parts.scheme}://{host}{path.removesuffix('/chat/completions')}"
-        return (
-            f"Its base_url ends in /chat/completions: give the API root ({root}); herdless "
-            "adds /chat/completions itself."
-        )
+    for route in _ROUTES:
+        if path.endswith(route):
+            root = f"{parts.scheme}://{host}{path.removesuffix(route)}"
+            hint = f"Its base_url ends in {route}: give the API root ({root}); herdless "
+            if route == "/chat/completions":
+                return hint + "adds /chat/completions itself."
+            return (
+                f"{hint}serves chat only and adds /chat/completions itself (it posted to "
+                f"{root}{route}/chat/completions)."
+            )
     if path.endswith("/v1"):
         return None
     shown = f"{parts.scheme}://{host}{path}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from herdless.gateway.logs import JsonFormatter, TextFormatter
 from herdless.gateway.runtime import Runtime
 
 SSE = (
@@ -31,6 +33,24 @@ COMPLETION = (
     b'"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}'
 )
 
+TEXT_COMPLETION = (
+    b'{"id":"cmpl-3","object":"text_completion","model":"m","choices":[{"index":0,'
+    b'"text":" there","logprobs":null,"finish_reason":"length","stop_reason":null}],'
+    b'"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}'
+)
+TEXT_SSE = (
+    b'data: {"id":"cmpl-4","object":"text_completion","model":"m","choices":[{"index":0,'
+    b'"text":" there","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+    b'data: {"id":"cmpl-4","object":"text_completion","model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}\n\n'
+    b"data: [DONE]\n\n"
+)
+EMBEDDING = (
+    b'{"id":"embd-5","object":"list","model":"m","data":[{"index":0,"object":"embedding",'
+    b'"embedding":[0.6,0.8]}],'
+    b'"usage":{"prompt_tokens":7,"total_tokens":7,"completion_tokens":0}}'
+)
+
 
 class FakeVllm:
     """A scripted vLLM: records what it receives, can hold requests or answer errors."""
@@ -38,6 +58,7 @@ class FakeVllm:
     def __init__(self) -> None:
         self.health_status = 200
         self.received: list[tuple[dict[str, str], bytes]] = []
+        self.paths: list[str] = []  # the path of each generation request received
         self.hold: asyncio.Event | None = None
         self.error: tuple[int, dict[str, Any]] | None = None
         self.models_seen: list[dict[str, str]] = []  # headers of each GET /v1/models
@@ -48,6 +69,8 @@ class FakeVllm:
                 Route("/health", self._health),
                 Route("/v1/models", self._models),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._chat, methods=["POST"]),
+                Route("/v1/embeddings", self._chat, methods=["POST"]),
             ]
         )
 
@@ -66,12 +89,21 @@ class FakeVllm:
     async def _chat(self, request: Request) -> Response:
         body = await request.body()
         self.received.append((dict(request.headers), body))
+        path = request.url.path
+        self.paths.append(path)
         if self.hold is not None:
             await self.hold.wait()
         if self.error is not None:
             status, payload = self.error
             return JSONResponse(payload, status)
-        if json.loads(body).get("stream"):
+        if path == "/v1/embeddings":
+            return Response(EMBEDDING, media_type="application/json")
+        stream = json.loads(body).get("stream")
+        if path == "/v1/completions":
+            if stream:
+                return Response(TEXT_SSE, media_type="text/event-stream")
+            return Response(TEXT_COMPLETION, media_type="application/json")
+        if stream:
             return Response(SSE, media_type="text/event-stream")
         return Response(COMPLETION, media_type="application/json")
 
@@ -106,3 +138,15 @@ class TimingOutTransport(httpx.AsyncBaseTransport):
         if request.url.path == "/health":
             return httpx.Response(200)
         raise httpx.ReadTimeout("no answer", request=request)
+
+
+def rendered(records: Iterable[logging.LogRecord]) -> str:
+    """The records as both ``--log-format``s write them (caplog.text shows no fields)."""
+    formatters = (TextFormatter(), JsonFormatter())
+    return "\n".join(f.format(record) for record in records for f in formatters)
+
+
+def json_lines(records: Iterable[logging.LogRecord], logger: str) -> list[dict[str, Any]]:
+    """The records of ``logger`` as ``--log-format json`` writes them, parsed."""
+    formatter = JsonFormatter()
+    return [json.loads(formatter.format(r)) for r in records if r.name == logger]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 import httpx
 import pytest
@@ -16,10 +17,12 @@ from tests.gateway.fakes import (
     RefusingTransport,
     TimingOutTransport,
     chat_body,
+    json_lines,
+    rendered,
     until,
 )
 
-from herdless.gateway.proxy import ChatProxy
+from herdless.gateway.proxy import AdmittedProxy
 
 pytestmark = [pytest.mark.server]
 
@@ -260,12 +263,14 @@ async def test_access_log_has_key_id_and_never_the_key(
             headers={"authorization": "Bearer sk-very-secret", "x-request-id": "rid-9"},
         )
     (record,) = [r for r in caplog.records if r.name == "herdless.gateway.access"]
-    line = json.loads(record.getMessage())
+    (line,) = json_lines([record], "herdless.gateway.access")
+    assert line["message"] == "POST /v1/chat/completions 200"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["ts"])
     assert line["request_id"] == "rid-9"
     assert line["key_id"].startswith("key-")
     assert (line["status"], line["reason"]) == (200, None)
     assert line["queue_wait_ms"] >= 0
-    assert "sk-very-secret" not in caplog.text
+    assert "sk-very-secret" not in rendered(caplog.records)
     assert "sk-very-secret" not in repr(runtime.keys)
     assert "sk-very-secret" not in repr(runtime.settings)
 
@@ -426,7 +431,7 @@ async def test_health_timeouts_count_only_several_in_a_row(gateway: GatewayFacto
 
 async def test_a_stalled_body_gets_a_408_and_a_close(gateway: GatewayFactory) -> None:
     async with gateway(body_timeout=0.01) as (_, runtime):
-        proxy = ChatProxy(runtime)
+        proxy = AdmittedProxy(runtime)
         sent: list[dict[str, object]] = []
         parts = [{"type": "http.request", "body": b'{"messa', "more_body": True}]
 
@@ -457,7 +462,7 @@ async def test_a_refusal_needs_no_body(gateway: GatewayFactory) -> None:
         async def send(message: dict[str, object]) -> None:
             sent.append(message)
 
-        await ChatProxy(runtime)(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
+        await AdmittedProxy(runtime)(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
     assert sent[0]["status"] == 503
 
 

@@ -6,9 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import pytest
-from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, until
+from tests.gateway.fakes import (
+    FakeVllm,
+    GatewayFactory,
+    chat_body,
+    json_lines,
+    rendered,
+    until,
+)
 
 pytestmark = [pytest.mark.server]
 
@@ -16,8 +24,8 @@ CHAT = "/v1/chat/completions"
 BATCH = {"x-herdless-priority": "batch"}
 
 
-def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
-    return [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".access")]
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return json_lines(caplog.records, "herdless.gateway.access")
 
 
 def metric(text: str, name: str) -> float:
@@ -37,7 +45,7 @@ async def test_the_user_field_and_the_class_are_logged_as_a_hash_and_a_name(
     assert len(str(named["user"])) == 14
     assert named["class"] == "batch"
     assert (anonymous["user"], anonymous["class"]) == (None, "interactive")
-    assert "alice" not in caplog.text
+    assert "alice" not in rendered(caplog.records)
     assert "alice" not in repr(runtime.users)
     # The usage vLLM reported (12 prompt + 1 completion tokens) settled the counter.
     unit = f"anonymous/{named['user']}"

@@ -127,6 +127,13 @@ def test_the_server_sentence_and_the_advice_are_one_period_apart() -> None:
         ("http://gpu.test:8000/", "try http://gpu.test:8000/v1."),
         ("http://gpu.test/openai", "try http://gpu.test/openai/v1."),
         ("http://gpu.test/v1/chat/completions", "give the API root (http://gpu.test/v1)"),
+        (
+            "http://gpu.test/v1/embeddings",
+            "give the API root (http://gpu.test/v1); herdless serves chat only and adds "
+            "/chat/completions itself (it posted to http://gpu.test/v1/embeddings/chat/completions)",
+        ),
+        ("http://gpu.test/v1/completions/", "give the API root (http://gpu.test/v1)"),
+        ("http://gpu.test/v1/responses", "serves chat only"),
     ],
 )
 def test_a_404_from_a_base_url_without_v1_says_so(base_url: str, hint: str) -> None:

@@ -1,7 +1,7 @@
 """The emulated vLLM server's Starlette app: routes only.
 
 Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /tokenize``, ``GET /v1/models``,
+``POST /v1/embeddings`` (emulated vectors), ``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``;
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
 affects (``refuse_for`` and ``maintenance_for`` close the serving port: use the
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from herdless.emulator import wire
 from herdless.emulator.completions import chat_completions, completions, tokenize
+from herdless.emulator.embeddings import embeddings
 from herdless.emulator.faults import parse_faults
 from herdless.emulator.metrics import render
 from herdless.emulator.responses import json_response, until_disconnect
@@ -149,6 +150,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/models", _models),
         Route("/health", _health),

@@ -1,12 +1,14 @@
 """The gateway's Starlette application: routes only.
 
-Routes: ``POST /v1/chat/completions`` (admitted, see :mod:`herdless.gateway.proxy`),
-``GET /v1/models`` (authenticated like chat, shared and cached, see
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` and
+``POST /v1/embeddings`` (admitted, see :mod:`herdless.gateway.proxy` and
+:mod:`herdless.gateway.routes`), ``GET /v1/models`` (authenticated like chat, shared and cached, see
 :mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``,
 ``GET /metrics``, ``POST /admin/drain`` and ``POST /admin/resume`` (audited on
 ``herdless.gateway.audit``). Any other path, a trailing slash included, is a
 JSON 404 (405 for a known path and another method): never a redirect, whose
-``Location`` would be built from the client's ``Host`` header.
+``Location`` would be built from the client's ``Host`` header. A 404 under ``/v1/``
+names the routes the gateway serves. What is logged is in :mod:`herdless.gateway.logs`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -26,9 +29,11 @@ from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.admission import Admission
 from herdless.gateway.gate import Gate
 from herdless.gateway.limits import CLASSES
+from herdless.gateway.logs import LOG, effective_config, event
 from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics
 from herdless.gateway.models import ModelList
-from herdless.gateway.proxy import ChatProxy
+from herdless.gateway.proxy import AdmittedProxy
+from herdless.gateway.routes import ROUTES
 from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
@@ -39,6 +44,7 @@ __all__ = ["create_app"]
 _HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health polls and /v1/models
 _SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
 _PATH_SHOWN = 100  # characters of an unknown path echoed in a 404 (error bodies are cached)
+_SERVED = ", ".join(f"POST {route.path}" for route in ROUTES) + " and GET /v1/models"
 
 
 def create_app(
@@ -55,6 +61,7 @@ def create_app(
         transport: httpx transport to the upstream (tests inject an in-process one).
     """
     settings = settings or GatewaySettings()
+    shown = effective_config(settings)  # while the secrets are here to say "set"
     admission = Admission(settings.admission_config(), clock=clock)
 
     def fairness() -> Fairness:
@@ -94,6 +101,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        event(LOG, logging.INFO, "config", **shown)
         await _poll_once(runtime)  # know the upstream's state before the first request
         poller = asyncio.create_task(_poll_forever(runtime))
         try:
@@ -103,6 +111,15 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
             await runtime.upstream.aclose()
+            adm = runtime.gate.admission
+            event(
+                LOG,
+                logging.INFO,
+                "stopped",
+                draining=adm.draining,
+                inflight=adm.inflight,
+                queue_depth=adm.queue_depth,
+            )
 
     async def healthz(request: Request) -> Response:
         return _json(200, {"status": "ok"})
@@ -137,31 +154,38 @@ def create_app(
         return Response(answer.body, answer.status, echo, media_type=answer.content_type)
 
     async def drain(request: Request) -> Response:
-        return _admin(request, "drain", runtime.gate.drain)
+        return _admin(request, "drain", lambda: {"refused_waiting": runtime.gate.drain()})
+
+    def _resume() -> dict[str, object]:
+        runtime.gate.resume()
+        return {}
 
     async def resume(request: Request) -> Response:
-        return _admin(request, "resume", runtime.gate.resume)
+        return _admin(request, "resume", _resume)
 
-    def _admin(request: Request, action: str, act: Callable[[], None]) -> Response:
+    def _admin(request: Request, action: str, act: Callable[[], dict[str, object]]) -> Response:
         rid = request_id(dict(request.headers))
         denied = _deny_admin(request, runtime.admin_digest)
         if denied is not None:
             audit(action, f"denied {denied.status_code}", request.scope, rid)
             return denied
-        act()
-        audit(action, "done", request.scope, rid)
+        did = act()
+        audit(action, "done", request.scope, rid, inflight=admission.inflight, **did)
         return _json(200, _status(runtime))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         path = request.url.path[:_PATH_SHOWN]
-        return _json_error(404, "not_found", f"no route {request.method} {path}")
+        message = f"no route {request.method} {path}"
+        if path.startswith("/v1/"):
+            message += f"; this gateway serves {_SERVED}"
+        return _json_error(404, "not_found", message)
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _json_error(405, "method_not_allowed", f"{request.method} is not allowed here")
 
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", ChatProxy(runtime), methods=["POST"]),
+            *(Route(r.path, AdmittedProxy(runtime, r), methods=["POST"]) for r in ROUTES),
             Route("/v1/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
@@ -216,13 +240,18 @@ def _status(runtime: Runtime) -> dict[str, object]:
 
 
 def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None:
+    if admin_digest is None:  # first: no token could help, so do not ask for one
+        return _json_error(
+            403,
+            "admin_disabled",
+            "admin is off on this gateway: set HERDLESS_GATEWAY_ADMIN_TOKEN and restart it "
+            "to use /admin/drain and /admin/resume",
+        )
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         response = _json_error(401, "invalid_admin_token", "an admin bearer token is required")
         response.headers["www-authenticate"] = "Bearer"
         return response
-    if admin_digest is None:
-        return _json_error(403, "admin_disabled", "no admin token is configured on this gateway")
     if not digest_matches(token.strip(), admin_digest):
         return _json_error(403, "invalid_admin_token", "the admin token is not valid")
     return None

@@ -7,6 +7,9 @@ only: a command line is visible to every user of the machine (``ps``).
 
 SIGTERM (or Ctrl-C) drains first: waiting requests get 503 ``draining`` at once,
 running ones finish (up to ``--shutdown-grace`` seconds), then the process exits.
+
+Every line goes to stderr in one format, ``--log-format text`` or ``json`` (see
+:mod:`herdless.gateway.logs`), uvicorn's own lines included.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -25,12 +29,12 @@ from pydantic import SecretStr, ValidationError
 
 from herdless.gateway.app import create_app
 from herdless.gateway.connections import ConnectionGuard, raise_file_limit
+from herdless.gateway.logs import LOG, configure, event
 from herdless.gateway.protocol import guarded_protocol
+from herdless.gateway.runtime import Runtime
 from herdless.gateway.settings import GatewaySettings
 
 __all__ = ["main"]
-
-_log = logging.getLogger("herdless.gateway")
 
 _HELP = {
     "host": "interface to listen on (default 127.0.0.1)",
@@ -82,6 +86,8 @@ _HELP = {
     "(default 10)",
     "access_log": "write one JSON access-log line per request (default on)",
     "log_level": "critical, error, warning, info or debug (default info)",
+    "log_format": "text (one line: time, level, logger, message, key=value) or json "
+    "(one object per line), for every line on stderr (default text)",
 }
 
 
@@ -129,10 +135,10 @@ def main(argv: Sequence[str]) -> int:
             print(f"herdless serve: {where}{error['msg']}", file=sys.stderr)
         return 2
 
-    _configure_logging(settings.log_level.upper())
+    configure(settings.log_level, settings.log_format)
     before, after = raise_file_limit()
     if after != before:
-        _log.info("open-file limit raised from %d to %d", before, after)
+        event(LOG, logging.INFO, "open-file limit raised", before=before, after=after)
     app = create_app(settings)
     runtime = app.state.runtime
     settings = runtime.settings  # drop the raw secrets (the app keeps digests)
@@ -146,11 +152,12 @@ def main(argv: Sequence[str]) -> int:
         ws="none",  # no WebSocket route: an Upgrade request is served as plain HTTP
         timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # the protocol uses the float
         log_level=settings.log_level,
+        log_config=None,  # logs.configure() formats uvicorn's lines too: one format per stream
         access_log=False,  # the gateway writes its own, with key ids and reasons
         timeout_graceful_shutdown=int(settings.shutdown_grace) or None,
         lifespan="on",
     )
-    server = _DrainingServer(config, on_exit=app.state.runtime.gate.drain)
+    server = _DrainingServer(config, on_exit=lambda sig: drain_on_signal(runtime, sig))
     server.run()
     return 0
 
@@ -158,7 +165,7 @@ def main(argv: Sequence[str]) -> int:
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server, which drains the gateway before its graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[int], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
 
@@ -166,14 +173,24 @@ class _DrainingServer(uvicorn.Server):
         # A signal handler runs between two bytecodes of the loop's thread:
         # schedule the drain on the loop instead of mutating state mid-method.
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to drain yet
-            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+            # (Logging, too, waits for the loop: a handler may hold the log's lock.)
+            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit, sig)
         super().handle_exit(sig, frame)
 
 
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("herdless.gateway")
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
+def drain_on_signal(runtime: Runtime, sig: int) -> None:
+    """Drain on SIGTERM or SIGINT, and say so: what was refused, what still runs.
+
+    The ``stopped`` line at the app's shutdown tells how the drain ended.
+    """
+    refused = runtime.gate.drain()  # 0 when already drained (an admin drain, a 2nd signal)
+    adm = runtime.gate.admission
+    event(
+        LOG,
+        logging.WARNING,
+        f"{signal.Signals(sig).name} received: draining",
+        signal=signal.Signals(sig).name,
+        refused_waiting=refused,
+        inflight=adm.inflight,
+        shutdown_grace=runtime.settings.shutdown_grace,
+    )

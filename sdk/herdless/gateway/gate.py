@@ -9,10 +9,12 @@ path stays cheap).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from herdless.gateway.admission import Admission
 from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.limits import Priority
+from herdless.gateway.logs import LOG, event
 
 __all__ = ["Gate"]
 
@@ -29,10 +31,12 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_early", "_waiters", "admission")
+    __slots__ = ("_early", "_upstream_state", "_waiters", "admission")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
+        # The upstream's state as last logged: None until the first health poll.
+        self._upstream_state: str | None = None
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}
         # Refusals of queued tickets whose caller was not waiting yet (displaced or
         # drained between its offer and its wait); taken by wait(), dropped by release().
@@ -107,18 +111,33 @@ class Gate:
         )
         self._dispatch()
 
-    def drain(self) -> None:
-        """Stop admitting; waiters get 503 ``draining`` now, running requests finish."""
-        for ticket, refused in self.admission.drain():
-            self._wake(ticket, refused)
+    def drain(self) -> int:
+        """Stop admitting; waiters get 503 ``draining`` now, running requests finish.
+
+        Returns:
+            How many waiting requests were refused.
+        """
+        refused = self.admission.drain()
+        for ticket, refusal in refused:
+            self._wake(ticket, refusal)
+        return len(refused)
 
     def resume(self) -> None:
         """Admit again."""
         self.admission.resume()
 
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
-        """Record the upstream's readiness; a ready upstream may start waiters."""
+        """Record the upstream's readiness; a ready upstream may start waiters.
+
+        A change of state (``loading``, ``ready``, ``unavailable``) is logged once on
+        ``herdless.gateway``; the same state again (every health poll) is not.
+        """
         self.admission.set_upstream(ready=ready, code=code)
+        state = "ready" if ready else code.removeprefix("upstream_")
+        if state != self._upstream_state:
+            level = logging.WARNING if state == "unavailable" else logging.INFO
+            event(LOG, level, f"upstream {state}", state=state, previous=self._upstream_state)
+            self._upstream_state = state
         if ready:
             self._dispatch()
 

@@ -1,4 +1,5 @@
-"""``POST /v1/chat/completions``: authenticate, price, admit, stream (pure ASGI).
+"""The admitted routes (``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``): authenticate, price, admit, stream (pure ASGI).
 
 A pure ASGI endpoint rather than a Starlette ``Response``: the gateway must
 notice a client that goes away at any moment (waiting in the queue, or between
@@ -18,6 +19,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.routes import CHAT, AdmittedRoute
 from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (
@@ -25,13 +27,12 @@ from herdless.gateway.wire import (
     capacity_header,
     deadline_header,
     error_body,
-    parse_chat_request,
     priority_header,
     refusal_headers,
     user_header,
 )
 
-__all__ = ["ChatProxy"]
+__all__ = ["AdmittedProxy"]
 
 _CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
@@ -45,13 +46,15 @@ class _ClientGone(Exception):
     pass
 
 
-class ChatProxy:
-    """The ASGI app of ``POST /v1/chat/completions``."""
+class AdmittedProxy:
+    """The ASGI app of one admitted route (default: ``POST /v1/chat/completions``); the
+    upstream path is the route's own."""
 
-    __slots__ = ("_rt",)
+    __slots__ = ("_route", "_rt")
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, route: AdmittedRoute = CHAT) -> None:
         self._rt = runtime
+        self._route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
@@ -118,7 +121,7 @@ class ChatProxy:
         try:
             async with asyncio.timeout(settings.body_timeout):
                 raw = await _read_body(scope, receive, headers, settings.max_body_bytes)
-            request = parse_chat_request(
+            request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
         except TimeoutError:
@@ -207,9 +210,7 @@ class ChatProxy:
         rt.metrics.queue_wait.observe(ticket.queue_wait)
         started = time.perf_counter()
         try:
-            response = await rt.upstream.open(
-                "POST", "/v1/chat/completions", body=raw, headers=headers
-            )
+            response = await rt.upstream.open("POST", self._route.path, body=raw, headers=headers)
         except UpstreamUnavailable as exc:
             rt.gate.release(ticket)
             if exc.down:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -12,6 +11,7 @@ from datetime import UTC, datetime
 from starlette.types import Scope, Send
 
 from herdless.gateway.gate import Gate
+from herdless.gateway.logs import event
 from herdless.gateway.metrics import GatewayMetrics
 from herdless.gateway.settings import ANONYMOUS, ApiKeys, GatewaySettings, UserIds
 from herdless.gateway.upstream import Upstream
@@ -56,8 +56,10 @@ class Runtime:
         return self.settings.access_log and ACCESS_LOG.isEnabledFor(logging.INFO)
 
     def log_access(self, **fields: object) -> None:
-        """One JSON line per request on ``herdless.gateway.access`` (never a key)."""
-        ACCESS_LOG.info(json.dumps(fields, separators=(",", ":")))
+        """One line per request on ``herdless.gateway.access`` (never a key): the message
+        is ``METHOD PATH STATUS``, the fields ride on the record (see :mod:`.logs`)."""
+        message = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
+        ACCESS_LOG.info(message, extra={"fields": fields})
 
 
 def request_id(headers: dict[str, str]) -> str:
@@ -72,19 +74,20 @@ def request_id(headers: dict[str, str]) -> str:
     return os.urandom(16).hex()  # as random as uuid4().hex, at a third of the cost
 
 
-def audit(action: str, outcome: str, scope: Scope, rid: str) -> None:
-    """One JSON line on ``herdless.gateway.audit``: who asked for an admin action, and when.
+def audit(action: str, outcome: str, scope: Scope, rid: str, **more: object) -> None:
+    """One line on ``herdless.gateway.audit`` (WARNING): who asked for an admin action,
+    and when.
 
     ``caller`` is the client address as uvicorn reports it (``X-Forwarded-For``
     is believed only from uvicorn's trusted proxies, 127.0.0.1 by default);
-    ``at`` is UTC wall-clock time. Never a token.
+    ``at`` is UTC wall-clock time; ``more``: what the action did (counts). Never a token.
     """
     client = scope.get("client")
     caller = f"{client[0]}:{client[1]}" if client else None
     at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    line = {"event": "admin", "action": action, "outcome": outcome, "caller": caller, "at": at}
-    line["request_id"] = rid
-    AUDIT_LOG.warning(json.dumps(line, separators=(",", ":")))
+    fields: dict[str, object] = {"event": "admin", "action": action, "outcome": outcome}
+    fields |= {"caller": caller, "at": at, "request_id": rid, **more}
+    event(AUDIT_LOG, logging.WARNING, f"admin {action} {outcome}", **fields)
 
 
 def header_map(scope: Scope) -> dict[str, str]:

@@ -82,6 +82,7 @@ class GatewaySettings(BaseSettings):
     key_id_secret: SecretStr | None = None
     access_log: bool = True
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
 
     @field_validator("log_level")
     @classmethod

@@ -1,0 +1,219 @@
+"""The OpenAI routes the gateway admits, and how each request is priced (pure, no I/O).
+
+Every admitted route goes through the same admission (keys, body limits, the ``user``
+field as the fairness unit, the deadline header, usage settlement); only the price
+differs:
+
+* ``/v1/chat/completions``: the messages' estimated tokens plus ``max_tokens``
+  (see :func:`~herdless.gateway.wire.parse_chat_request`);
+* ``/v1/completions``: the ``prompt``'s estimated tokens (a string, a list of them, token
+  ids, or a list of those) plus ``max_tokens`` for each prompt, since vLLM generates one
+  completion per prompt;
+* ``/v1/embeddings``: the ``input``'s estimated tokens, no completion tokens.
+
+Strings are estimated at 4 characters a token; token ids count one each. The price is
+settled against vLLM's ``usage`` afterwards, so it only needs to be in range. A list of
+prompts or inputs is capped like a chat's messages (``max_messages``): each one costs
+vLLM a sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from herdless.gateway.wire import BadRequest, parse_chat_request
+
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "EMBEDDINGS",
+    "ROUTES",
+    "AdmittedRoute",
+    "Priced",
+    "TextRequest",
+    "parse_completion_request",
+    "parse_embedding_request",
+]
+
+_CHARS_PER_TOKEN = 4  # as wire.py's chat estimate
+
+
+class Priced(Protocol):
+    """What admission needs from a parsed request of any admitted route."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Estimated prompt (or input) tokens."""
+
+    @property
+    def user(self) -> str | None:
+        """The OpenAI ``user`` field, or ``None``."""
+
+    def price(self, default_max_tokens: int) -> int:
+        """Tokens priced before the run."""
+
+
+Parser = Callable[..., Priced]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedRoute:
+    """A ``POST`` route proxied through admission: its path (the same upstream) and parser.
+
+    ``parse(body, max_messages=..., max_tokens_cap=...)`` raises
+    :class:`~herdless.gateway.wire.BadRequest` for what cannot be priced.
+    """
+
+    path: str
+    parse: Parser
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextRequest:
+    """A ``/v1/completions`` or ``/v1/embeddings`` request as admission sees it.
+
+    Attributes:
+        prompt_tokens: estimated tokens of the prompts (or inputs), all of them.
+        sequences: how many prompts (or inputs) the request holds.
+        max_tokens: the client's ``max_tokens``; ``None`` when absent.
+        generates: whether completion tokens follow (``False`` for embeddings).
+        stream: whether the client asked for SSE.
+        user: the OpenAI ``user`` field, or ``None``.
+    """
+
+    prompt_tokens: int
+    sequences: int
+    max_tokens: int | None
+    generates: bool
+    stream: bool = False
+    user: str | None = None
+
+    def price(self, default_max_tokens: int) -> int:
+        """``prompt_tokens``, plus ``(max_tokens or default)`` per prompt when it generates."""
+        if not self.generates:
+            return self.prompt_tokens
+        return self.prompt_tokens + self.sequences * (self.max_tokens or default_max_tokens)
+
+
+def parse_completion_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> TextRequest:
+    """Validate a ``/v1/completions`` body just enough to price it.
+
+    Raises:
+        BadRequest: not JSON, no usable ``prompt``, too many prompts, a bad ``max_tokens``.
+    """
+    data = _object(body)
+    tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
+    max_tokens = data.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise BadRequest("'max_tokens' must be a positive integer", param="max_tokens")
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        raise BadRequest(
+            f"'max_tokens' is {max_tokens}; the gateway accepts at most {max_tokens_cap}",
+            param="max_tokens",
+            code="request_too_large",
+        )
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    return TextRequest(
+        prompt_tokens=tokens,
+        sequences=sequences,
+        max_tokens=max_tokens,
+        generates=True,
+        stream=stream,
+        user=_user(data),
+    )
+
+
+def parse_embedding_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> TextRequest:
+    """Validate a ``/v1/embeddings`` body just enough to price it (``max_tokens_cap``
+    does not apply: nothing is generated).
+
+    Raises:
+        BadRequest: not JSON, no usable ``input``, too many inputs.
+    """
+    data = _object(body)
+    tokens, sequences = _text_tokens(data.get("input"), "input", max_messages)
+    return TextRequest(
+        prompt_tokens=tokens,
+        sequences=sequences,
+        max_tokens=None,
+        generates=False,
+        user=_user(data),
+    )
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    if "model" in data and not isinstance(data["model"], str):
+        raise BadRequest("'model' must be a string", param="model")
+    return data
+
+
+def _user(data: dict[str, Any]) -> str | None:
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("'user' must be a string", param="user")
+    return user or None
+
+
+def _text_tokens(value: object, param: str, most: int) -> tuple[int, int]:
+    """(estimated tokens, sequences) of a prompt or input: a string, a list of strings,
+    a list of token ids, or a list of lists of token ids (OpenAI's four shapes)."""
+    if isinstance(value, str):
+        return _estimate(value), 1
+    if not isinstance(value, list) or not value:
+        raise BadRequest(
+            f"'{param}' must be a string, a list of strings or a list of token ids",
+            param=param,
+        )
+    if all(_is_token(item) for item in value):
+        return len(value), 1  # one sequence given as token ids
+    if len(value) > most:
+        raise BadRequest(
+            f"'{param}' holds {len(value)} items; the gateway accepts at most {most}",
+            param=param,
+            code="request_too_large",
+        )
+    tokens = 0
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            tokens += _estimate(item)
+        elif isinstance(item, list) and item and all(_is_token(t) for t in item):
+            tokens += len(item)
+        else:
+            raise BadRequest(
+                f"{param}[{index}] must be a string or a non-empty list of token ids",
+                param=f"{param}[{index}]",
+            )
+    return tokens, len(value)
+
+
+def _is_token(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool) and item >= 0
+
+
+def _estimate(text: str) -> int:
+    return max(1, math.ceil(len(text) / _CHARS_PER_TOKEN))
+
+
+CHAT = AdmittedRoute("/v1/chat/completions", parse_chat_request)
+COMPLETIONS = AdmittedRoute("/v1/completions", parse_completion_request)
+EMBEDDINGS = AdmittedRoute("/v1/embeddings", parse_embedding_request)
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS)
+"""Every admitted route, in the order the 404 message names them."""

@@ -26,6 +26,7 @@ from herdless._config import ClientOptions, Priority
 from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import AsyncSends
+from herdless._request import read_cookies_when_set
 from herdless._stream import AsyncStream
 from herdless._stream_state import StreamState
 from herdless._types import ChatResult
@@ -87,6 +88,8 @@ class AsyncClient(_BaseClient):
         self._sleep = sleep
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(transport=transport)
+        if self._owns_http:
+            read_cookies_when_set(self._http)
 
     @overload
     async def chat(

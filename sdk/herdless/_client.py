@@ -32,6 +32,7 @@ from herdless._config import ClientOptions, Priority
 from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import SyncSends, Workers
+from herdless._request import read_cookies_when_set
 from herdless._sockets import AttemptLimit, bounded_http_client
 from herdless._stream import Stream
 from herdless._stream_state import StreamState
@@ -130,6 +131,8 @@ class Client(_BaseClient):
             hedges = self.config.hedge is not None
             self._http, bounded = bounded_http_client(limit, watched=hedges)
             self._limit = limit if bounded else None
+        if self._owns_http:
+            read_cookies_when_set(self._http)
 
     @overload
     def chat(

@@ -24,7 +24,7 @@ from herdless._actions import ATTEMPT_HEADER, REQUEST_ID_HEADER, Send
 from herdless._backend import Backend, Timeouts
 from herdless._wire import encode_body, with_model
 
-__all__ = ["Endpoints"]
+__all__ = ["Endpoints", "read_cookies_when_set"]
 
 # No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -109,6 +109,32 @@ class Endpoints:
             headers += extra
         headers += [(k.encode(), v.encode()) for k, v in send.headers.items()]
         return httpx.Request("POST", url, content=content, headers=headers, extensions=extensions)
+
+
+class _Cookies(httpx.Cookies):
+    """httpx's cookies, read from a response only when it sets one. httpx reads every
+    response into its jar, and to do so copies the request's headers into a ``urllib``
+    request one lookup at a time (a cost that grows with the square of the headers): a
+    fifth of a call's CPU for a jar that, without a ``Set-Cookie``, stays as it was."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        headers = response.headers
+        if "set-cookie" in headers or "set-cookie2" in headers:
+            super().extract_cookies(response)
+
+
+def read_cookies_when_set(http: httpx.Client | httpx.AsyncClient) -> bool:
+    """Give the HTTP client herdless made itself a jar that reads only the responses that
+    set a cookie (same jar, same cookies); whether it took (``False`` if httpx moved its
+    cookies: the client keeps httpx's own, and the test of this function fails loudly).
+
+    httpx takes no class for its cookies, so its private attribute is replaced, checked.
+    """
+    cookies = getattr(http, "_cookies", None)
+    if type(cookies) is not httpx.Cookies:
+        return False
+    jar = http._cookies = _Cookies(cookies.jar)
+    return http.cookies is jar
 
 
 def _timeout_extension(limits: Timeouts) -> dict[str, float]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from tests.client.client_harness import Harness
 
+import herdless
 from herdless._actions import Send
 from herdless._backend import Backend, Timeouts
 from herdless._outcomes import failure
-from herdless._request import Endpoints
+from herdless._request import Endpoints, read_cookies_when_set
+from herdless.testing import Reply, ok
 
 _REQUEST = httpx.Request("POST", "http://gpu.test/v1/chat/completions")
 
@@ -132,3 +135,62 @@ def test_each_request_gets_its_own_timeout_extension() -> None:
         first.extensions["timeout"]["read"] = 99.0
         second = endpoints.request(http, _send(backend, Timeouts()), own=True)
     assert second.extensions["timeout"]["read"] == Timeouts().first_byte
+
+
+@pytest.mark.parametrize("kind", [httpx.Client, httpx.AsyncClient])
+async def test_the_own_clients_jar_reads_only_answers_that_set_a_cookie(
+    kind: type[httpx.Client] | type[httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[int] = []
+    extract = httpx.Cookies.extract_cookies
+
+    def counted(self: httpx.Cookies, response: httpx.Response) -> None:
+        read.append(response.status_code)
+        extract(self, response)
+
+    monkeypatch.setattr(httpx.Cookies, "extract_cookies", counted)
+    answers = iter([(200, {}), (201, {"set-cookie": "lb=node-2; Path=/"}), (202, {})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, headers = next(answers)
+        return httpx.Response(status, headers=headers)
+
+    http = kind(transport=httpx.MockTransport(handler))
+    jar = http.cookies.jar
+    assert read_cookies_when_set(http)
+    assert http.cookies.jar is jar  # the same cookies, read less often
+    for _ in range(3):
+        if isinstance(http, httpx.AsyncClient):
+            await http.get("http://gpu.test/v1/models")
+        else:
+            http.get("http://gpu.test/v1/models")
+    if isinstance(http, httpx.AsyncClient):
+        await http.aclose()
+    else:
+        http.close()
+    assert read == [201]
+    assert dict(http.cookies) == {"lb": "node-2"}
+
+
+def test_a_users_http_client_keeps_httpxs_jar() -> None:
+    with httpx.Client() as http, herdless.Client("http://gpu.test/v1", http_client=http):
+        assert type(http.cookies) is httpx.Cookies
+
+
+def _setting_cookie(reply: Reply, cookie: str) -> Reply:
+    def answer(request: httpx.Request) -> httpx.Response:
+        response = reply(request)
+        response.headers["set-cookie"] = cookie
+        return response
+
+    return answer
+
+
+async def test_a_cookie_the_backend_sets_comes_back_on_the_next_calls(harness: Harness) -> None:
+    # A load balancer's sticky session, say; an answer that sets none leaves it as it is.
+    harness.primary.script(_setting_cookie(ok(), "lb=node-2; Path=/"), ok(), ok())
+    harness.build()
+    for _ in range(3):
+        await harness.chat()
+    sent = [request.headers.get("cookie") for request in harness.primary.requests]
+    assert sent == [None, "lb=node-2", "lb=node-2"]

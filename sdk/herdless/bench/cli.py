@@ -222,7 +222,7 @@ def main(argv: Sequence[str]) -> int:
     if missing:
         return fail(
             "herdless bench",
-            f"{args.scenario} needs {', '.join(missing)}, missing here; "
+            f"{args.scenario}: missing {', '.join(missing)}; "
             "install the bench extra: pip install 'herdless[bench]'",
         )
     from rich.console import Console  # lazy: the demo extra

@@ -49,6 +49,7 @@ _COMMAND = SettingsCommand(
 _COMMAND.parser.add_argument(
     "--json",
     action="store_true",
+    default=False,  # the parser's default is "absent", which a plain switch is not
     help="write the day's accounting to stdout as one JSON object, for scripts; the live "
     "view and the tables then go to stderr [default: off]",
 )

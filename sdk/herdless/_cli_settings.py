@@ -38,7 +38,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from pydantic import AnyUrl, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_core import ErrorDetails, PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsError
 
 __all__ = ["SettingsCommand", "exit_status", "fail"]
@@ -208,7 +208,7 @@ class SettingsCommand(Generic[S]):
 
         Raises:
             SystemExit: ``--help`` (status 0), or a bad flag or variable (status 2,
-                the usage and one ``error:`` line on stderr, as argparse does).
+                one ``<prog>: error:`` line on stderr, as argparse's own errors).
         """
         args = list(argv)
         for name in self.secrets():  # say why, rather than "unrecognized arguments"
@@ -242,7 +242,9 @@ class SettingsCommand(Generic[S]):
                 return f"variable {variable}"
         return f"{name} (default)"
 
-    def _problem(self, error: Any, given: Mapping[str, object], environ: Mapping[str, str]) -> str:
+    def _problem(
+        self, error: ErrorDetails, given: Mapping[str, object], environ: Mapping[str, str]
+    ) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
         loc = error["loc"]
         fields = self.model.model_fields

@@ -7,7 +7,6 @@ Run ``python docs/scripts/config_reference.py`` to print the tables.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import inspect
@@ -59,18 +58,6 @@ _SDK_CORE = {
     "HERDLESS_STREAM_DEADLINE": "seconds from a streamed call's start to the stream's end; "
     "unset: no limit (Timeouts.read bounds each silence)",
 }
-# Secrets have no command-line flag (a command line is visible to every user), so no
-# --help text either.
-_SECRETS = {
-    "HERDLESS_GATEWAY_API_KEYS": "the API keys clients may use, comma-separated; unset: "
-    "anyone may call",
-    "HERDLESS_GATEWAY_ADMIN_TOKEN": "bearer token for POST /admin/drain and /admin/resume; "
-    "unset: the admin endpoints answer 403",
-    "HERDLESS_GATEWAY_UPSTREAM_API_KEY": "API key the gateway sends to vLLM (--api-key)",
-    "HERDLESS_GATEWAY_KEY_ID_SECRET": "secret that keys the logged key ids "
-    "(key- + 8 hex of HMAC-SHA256(secret, key)); unset: a random one per process, so ids "
-    "change when the gateway restarts and differ between replicas",
-}
 
 
 def _arg_docs(cls: type) -> dict[str, str]:
@@ -112,24 +99,6 @@ def _policy_rows() -> dict[str, tuple[str, str]]:
             env = f"{prefix}{field.name.upper()}{suffix}"
             out[env] = (str(field.default), docs.get(field.name, ""))
     return out
-
-
-def _flag_help(cls: type[BaseSettings]) -> dict[str, str]:
-    """The ``--help`` text of each flag of the command the settings belong to, by field.
-
-    The gateway and the emulator document their settings as command-line flags; their
-    argument parser is the one place that text lives.
-    """
-    package = cls.__module__.rsplit(".", 1)[0]
-    try:
-        cli = importlib.import_module(f"{package}.cli")
-    except ImportError:
-        return {}
-    build = getattr(cli, "build_parser", None) or getattr(cli, "_parser", None)
-    if build is None:
-        return {}
-    parser: argparse.ArgumentParser = build()
-    return {a.dest: a.help for a in parser._actions if a.help and a.dest != "help"}
 
 
 def _candidate_modules(package: str = "herdless") -> Iterator[str]:
@@ -208,7 +177,6 @@ def _env_names(cls: type[BaseSettings], name: str, field: FieldInfo) -> str:
 def rows(cls: type[BaseSettings]) -> Iterator[Row]:
     """One row per field; nested models are flattened with the class's delimiter."""
     policy = _policy_rows()
-    flag_help = _flag_help(cls)
     delimiter = cls.model_config.get("env_nested_delimiter") or "__"
     for name, field in cls.model_fields.items():
         env = _env_names(cls, name, field)
@@ -223,7 +191,7 @@ def rows(cls: type[BaseSettings]) -> Iterator[Row]:
                 )
             continue
         default = _default(field)
-        text = _one_line(field.description or flag_help.get(name) or _SECRETS.get(env))
+        text = _one_line(field.description)
         if env in policy:
             default = policy[env][0] if default == "unset" and policy[env][0] else default
             text = text or _one_line(policy[env][1])

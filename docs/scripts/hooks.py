@@ -9,7 +9,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import config_reference  # found through the path above
+import cli_reference  # found through the path above
+import config_reference
 
 # Pages other owners write; until one exists, links to it render as plain text.
 PAGES_WRITTEN_ELSEWHERE = (
@@ -58,4 +59,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if config_reference.MARKER in markdown:
         table = config_reference.render(config_reference.settings_classes())
         markdown = markdown.replace(config_reference.MARKER, table)
+    if cli_reference.MARKER in markdown:
+        markdown = markdown.replace(cli_reference.MARKER, cli_reference.render())
     return markdown

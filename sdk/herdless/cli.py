@@ -17,7 +17,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, extra that provides its dependencies, one-line help)
     "serve": ("herdless.gateway.cli", "server", "run the admission gateway in front of vLLM"),
     "emulate": ("herdless.emulator.cli", "server", "run an emulated vLLM server (no GPU needed)"),
-    "demo": ("herdless.demo.cli", "demo", "play a day at the office on an embedded default"),
+    "demo": (
+        "herdless.demo.cli",
+        "demo",
+        "play a day at the office on an embedded default (below)",
+    ),
     "bench": ("herdless.bench.cli", "demo", "run load scenarios and write results and plots"),
 }
 
@@ -25,7 +29,20 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 def _usage() -> str:
     lines = ["usage: herdless COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
-    lines += ["", "Run 'herdless COMMAND --help' for the flags of one command."]
+    lines += [
+        "",
+        "Embedded default: 'herdless demo' needs no servers and no configuration. It",
+        "starts its own on free loopback ports (an emulated GPU, the gateway in front",
+        "of it, an emulated hosted model as the fallback), plays the day against them,",
+        "and stops them when the day ends.",
+        "",
+        "Every flag of a command is also an environment variable, shown in its help:",
+        "HERDLESS_GATEWAY_* (serve), HERDLESS_EMULATOR_* (emulate), HERDLESS_DEMO_* (demo),",
+        "HERDLESS_BENCH_* (bench); a flag wins over its variable.",
+        "",
+        "Run 'herdless COMMAND --help' for the flags of one command;",
+        "'herdless --version' for the version.",
+    ]
     return "\n".join(lines)
 
 
@@ -67,7 +84,8 @@ def _run(argv: Sequence[str]) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in _COMMANDS:
-        print(f"herdless: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        known = ", ".join(_COMMANDS)
+        print(f"herdless: error: unknown command {name!r} (choose from {known})", file=sys.stderr)
         return 2
     module_name, extra, _ = _COMMANDS[name]
     try:
@@ -76,7 +94,7 @@ def _run(argv: Sequence[str]) -> int:
         if exc.name and exc.name.startswith("herdless"):
             raise
         print(
-            f"herdless {name}: missing dependency {exc.name!r}; "
+            f"herdless {name}: error: missing dependency {exc.name!r}; "
             f"install it with: pip install 'herdless[{extra}]'",
             file=sys.stderr,
         )

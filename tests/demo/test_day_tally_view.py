@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 from rich.console import Console
 
 from herdless.demo.cli import main, settings
 from herdless.demo.day import Day
+from herdless.demo.summary import day_summary
 from herdless.demo.tally import Tally
 from herdless.demo.view import accounting, live_panel, summary_table
 from herdless.events import (
@@ -159,10 +162,8 @@ def test_live_panel_and_summary_show_the_counts() -> None:
 
 
 def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--crowd", "0"])
-    assert exc.value.code == 2
-    assert "must be > 0" in capsys.readouterr().err
+    assert main(["--crowd", "0"]) == 2
+    assert "argument --crowd: Input should be greater than 0" in capsys.readouterr().err
 
 
 def test_tally_counts_calls_that_end_after_the_deadline() -> None:
@@ -203,4 +204,54 @@ def test_flags_come_from_the_environment_and_flags_win(
     with pytest.raises(SystemExit) as exc:
         settings([])
     assert exc.value.code == 2
-    assert "crowd" in capsys.readouterr().err
+    assert "variable HERDLESS_DEMO_CROWD: Input should be greater than 0" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_json_summary_is_the_tally_the_tables_print() -> None:
+    tally = _tally()
+    tally.deadline = 2.0
+    day = Day(length=10, crowd=20)
+    summary = day_summary(tally, day, started=3, primary="gpu", fallback="hosted")
+    assert json.loads(json.dumps(summary, allow_nan=False)) == summary  # strict JSON
+    assert summary["requests"] == {"started": 3, "ended": 3, "unaccounted": 0}
+    assert summary["served"] == {"gpu": 1, "hosted": 1}
+    assert summary["failed"] == 1
+    assert summary["failed_by"] == {"RateLimitError": 1}
+    assert summary["fallbacks_by"] == {"draining": 1}
+    assert summary["refused_by_status"] == {"429": 1, "503": 1}
+    assert summary["retries"] == 1
+    assert summary["latency_s"]["p50"] == pytest.approx(tally.latency(50))
+    assert summary["latency_s"]["max"] == max(tally.latencies)
+    assert summary["attempts"] == {"mean": 3.0, "max": 5}
+    assert (summary["deadline_s"], summary["late"]) == (2.0, tally.late)
+    assert [p["phase"] for p in summary["phases"]] == [
+        "morning", "rush", "maintenance", "afternoon", "evening",
+    ]  # fmt: skip
+    # As the phase table counts: a phase holds the whole seconds it touches (10 s day:
+    # the morning is seconds 0-1, the rush 1-4).
+    assert summary["phases"][0]["served"] == {"gpu": 1, "hosted": 0}
+    assert summary["phases"][1]["served"] == {"gpu": 1, "hosted": 1}
+    assert summary["phases"][1]["hosted_share"] == 0.5
+    assert summary["timeline"] is None
+    # The table shows the same figures.
+    console = Console(record=True, width=100)
+    console.print(summary_table(tally, primary="gpu", fallback="hosted", started=3))
+    text = console.export_text()
+    assert re.search(r"requests started\s+│\s+3\s", text)
+    assert re.search(r"served by hosted \(fallback\)\s+│\s+1 \(33.3%\)", text)
+    assert "served by gpu (primary)" in text
+    assert f"{summary['attempts']['mean']:.2f}" in text
+
+
+def test_the_json_summary_has_no_nan_without_samples() -> None:
+    summary = day_summary(
+        Tally(start=START), Day(length=10, crowd=2), started=0, primary="gpu", fallback=None
+    )
+    assert summary["latency_s"] == {"p50": None, "p95": None, "p99": None, "max": None}
+    assert summary["attempts"]["mean"] is None
+    assert summary["served"] == {"gpu": 0}
+    assert summary["deadline_s"] is None  # no deadline: the tally's is infinite
+    assert all(p["hosted_share"] is None for p in summary["phases"])
+    json.dumps(summary, allow_nan=False)  # raises on NaN or infinity

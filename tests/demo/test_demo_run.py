@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -40,3 +41,22 @@ def test_short_day_ends_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert f"timeline: {(tmp_path / 'timeline.png').resolve()}" in out.replace("\n", "")
     assert set(_children()) <= before  # every server it started is stopped and reaped
+
+
+def test_json_writes_the_accounting_to_stdout_and_the_rest_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--json", "--length", "5", "--crowd", "12", "--seed", "3", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)  # stdout is the JSON document alone
+    started = summary["requests"]["started"]
+    assert started > 0
+    assert started == sum(summary["served"].values()) + summary["failed"]
+    assert summary["requests"]["unaccounted"] == 0
+    assert set(summary["served"]) == {"company-gpu", "hosted"}
+    assert summary["timeline"] == str((tmp_path / "timeline.png").resolve())
+    # The human summary went to stderr, with the same figures.
+    words = " ".join(captured.err.split())
+    served = " + ".join(f"{n} by {name}" for name, n in summary["served"].items())
+    assert f"requests started: {started} = {served} + {summary['failed']} failed" in words

@@ -202,3 +202,27 @@ def test_the_site_check_finds_private_bases_quotes_and_directives(tmp_path):
     assert "a '# doctest:' directive is shown" in found
     assert "a >>> example rendered as a nested quote" in found
     assert "no entry for herdless.PacingPolicy" in found
+
+
+def test_the_cli_page_shows_every_command_s_help_as_it_prints() -> None:
+    pytest.importorskip("rich", reason="the demo's and bench's help need the demo extra")
+    from herdless.gateway.cli import help_text
+
+    cli_reference = _load("cli_reference")
+    page = cli_reference.render()
+    for command in ("herdless", *cli_reference.COMMANDS):
+        assert f"## `{command}`\n" in page
+    assert "Embedded default" in page
+    assert "[default: 256; env: HERDLESS_GATEWAY_MAX_QUEUE]" in " ".join(page.split())
+    with cli_reference._columns():
+        assert help_text().rstrip() in page  # the same text --help prints
+
+
+def test_every_row_has_a_description(reference, page) -> None:
+    # Descriptions come from the settings fields alone (the --help text is made from
+    # them too): a field without one is a row without meaning.
+    for cls in reference.settings_classes():
+        if cls.model_config.get("env_prefix") == "HERDLESS_":
+            continue  # the SDK's knobs take theirs from the policies' docstrings
+        for row in reference.rows(cls):
+            assert row.description, row.env

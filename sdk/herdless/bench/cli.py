@@ -8,20 +8,20 @@ tables, and collects them into ``summary.md``.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from herdless._cli_settings import SettingsCommand, exit_status, fail
 from herdless.bench.plots import table_bars
 from herdless.bench.report import ScenarioResult, write_result
 from herdless.bench.runner import Progress
 from herdless.bench.settings import BenchSettings
-from herdless.demo.settings import parse_settings
 
-__all__ = ["SCENARIOS", "Scenario", "main", "missing_modules"]
+__all__ = ["SCENARIOS", "Scenario", "help_text", "main", "missing_modules"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,34 +181,28 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    """Every default is ``None`` (= not given): ``BenchSettings`` fills it from the environment."""
-    parser = argparse.ArgumentParser(
-        prog="herdless bench",
-        description="Run load scenarios; each compares arms in one run and writes "
-        "a Markdown table, a JSON file and PNG plots. Every flag is also settable as "
-        "HERDLESS_BENCH_<FLAG>.",
-        argument_default=None,
+def _command() -> SettingsCommand[BenchSettings]:
+    scenarios = "\n".join(
+        textwrap.fill(s.help, 80, initial_indent=f"  {name:<9} ", subsequent_indent=" " * 12)
+        for name, s in SCENARIOS.items()
     )
-    names = [*SCENARIOS, "all"]
-    parser.add_argument("scenario", choices=names, help="which scenario ('all': every one)")
-    fields = BenchSettings.model_fields
-    kinds: dict[str, Callable[[str], object]] = {
-        "out": Path,
-        "target": str,
-        "repeats": int,
-        "n": int,
-        "seed": int,
-    }
-    for name, kind in kinds.items():
-        field = fields[name]
-        parser.add_argument(
-            f"--{name}",
-            type=kind,
-            metavar="URL" if name == "target" else None,
-            help=f"{field.description} ({field.default})",
-        )
-    return parser
+    command = SettingsCommand(
+        BenchSettings,
+        prog="herdless bench",
+        description="Run load scenarios; each compares arms in one run and writes a Markdown "
+        "table,\na JSON file and PNG plots into --out, and prints the tables.\n\n"
+        f"scenarios:\n{scenarios}\n  all       every one, in this order",
+        usage="[options] SCENARIO",
+    )
+    command.parser.add_argument(
+        "scenario", choices=[*SCENARIOS, "all"], metavar="SCENARIO", help="one of the above"
+    )
+    return command
+
+
+def help_text() -> str:
+    """The ``herdless bench --help`` text (also the docs' CLI reference)."""
+    return _command().format_help()
 
 
 def missing_modules(names: Sequence[str]) -> list[str]:
@@ -218,17 +212,19 @@ def missing_modules(names: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``herdless bench``; returns the exit status."""
-    opts, args = parse_settings(_parser(), BenchSettings, argv)
+    """Run ``herdless bench``; returns the exit status (2 for a bad flag or variable)."""
+    try:
+        opts, args = _command().parse(argv)
+    except SystemExit as exc:
+        return exit_status(exc)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     missing = missing_modules(names)
     if missing:
-        print(
-            f"herdless bench {args.scenario}: missing {', '.join(missing)}; "
+        return fail(
+            "herdless bench",
+            f"{args.scenario}: missing {', '.join(missing)}; "
             "install the bench extra: pip install 'herdless[bench]'",
-            file=sys.stderr,
         )
-        return 2
     from rich.console import Console  # lazy: the demo extra
     from rich.progress import (
         BarColumn,

@@ -29,7 +29,9 @@ class BenchSettings(BaseSettings):
 
     out: Path = Field(default=Path("bench-results"), description="output folder (created)")
     target: str | None = Field(
-        default=None, description="base URL of a deployment (ending in /v1) for client-side runs"
+        default=None,
+        description="base URL of a deployment (ending in /v1) for client-side runs",
+        json_schema_extra={"metavar": "URL"},
     )
     repeats: PositiveInt = Field(default=3, description="repetitions per arm")
     n: PositiveInt = Field(default=1000, description="callers in the herd")

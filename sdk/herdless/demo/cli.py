@@ -4,114 +4,88 @@ No arguments needed: it starts its own servers on free loopback ports, shows a
 live view while the day plays, prints the summary table and the path of the
 timeline PNG, and stops every process it started (also on Ctrl-C).
 ``--backend vllm`` makes the company GPU a real vLLM on CPU (docs/real-vllm.md).
+``--json`` writes the day's accounting to stdout as JSON for scripts (the rest
+then goes to stderr).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 import logging
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
 
+from herdless._cli_settings import SettingsCommand, exit_status, fail
 from herdless.demo.crowd import FALLBACK, PRIMARY, Crowd
 from herdless.demo.day import Day
 from herdless.demo.plot import timeline_png
-from herdless.demo.settings import DemoSettings, parse_settings
+from herdless.demo.settings import DemoSettings
 from herdless.demo.stack import running_stack
+from herdless.demo.summary import day_summary
 from herdless.demo.tally import Tally
 from herdless.demo.view import accounting, live_panel, phase_table, summary_table
 from herdless.launch.vllm import VllmHome, VllmUnavailable, prepare
 
-__all__ = ["main"]
+__all__ = ["help_text", "main", "settings"]
 
 _INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 _UNAVAILABLE = 2  # --backend vllm where vLLM cannot be installed
 
 
-def _parser() -> argparse.ArgumentParser:
-    """Every default is ``None`` (= not given): ``DemoSettings`` fills it from the environment."""
-    fields = DemoSettings.model_fields
-    parser = argparse.ArgumentParser(
-        prog="herdless demo",
-        description="A day at the office in about a minute: a crowd chats with the company's "
-        "GPU through the gateway; the GPU saturates, the model is swapped for maintenance and "
-        "traffic moves to the hosted model and back. Every flag is also settable as "
-        "HERDLESS_DEMO_<FLAG> (--no-fallback: HERDLESS_DEMO_FALLBACK=false).",
-        argument_default=None,
-    )
-
-    def add(name: str, kind: Callable[[str], object], metavar: str | None = None) -> None:
-        field = fields[name]
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            metavar=metavar,
-            help=f"{field.description} ({field.default})",
-        )
-
-    add("length", _positive(float), "SECONDS")
-    add("crowd", _positive(int), "N")
-    add("seed", int, "SEED")
-    parser.add_argument(
-        "--no-fallback",
-        dest="fallback",
-        action="store_const",
-        const=False,
-        help="no hosted model: see what the day looks like without a fallback",
-    )
-    add("out", Path, "DIR")
-    add("speed", _positive(float))
-    add("gpu_seqs", _positive(int), "N")
-    add("deadline", _positive(float), "SECONDS")
-    add("max_words", _positive(int), "N")
-    add("max_tokens", _positive(int), "N")
-    parser.add_argument(
-        "--backend",
-        choices=["emulator", "vllm"],
-        help="the company GPU: emulated, or a real vLLM on CPU, prepared in "
-        "$HERDLESS_VLLM_CACHE or ./.cache/vllm (emulator); vllm defaults to "
-        "--crowd 8 --gpu-seqs 4 --max-words 40 --max-tokens 16",
-    )
-    return parser
+_COMMAND = SettingsCommand(
+    DemoSettings,
+    prog="herdless demo",
+    description="A day at the office in about a minute: a crowd chats with the company's GPU\n"
+    "through the gateway; the GPU saturates, the model is swapped for maintenance and\n"
+    "traffic moves to the hosted model and back. No servers to give: the demo starts\n"
+    "its own (an emulated GPU, the gateway, a hosted model) on free loopback ports.",
+)
+_COMMAND.parser.add_argument(
+    "--json",
+    action="store_true",
+    default=False,  # the parser's default is "absent", which a plain switch is not
+    help="write the day's accounting to stdout as one JSON object, for scripts; the live "
+    "view and the tables then go to stderr [default: off]",
+)
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse ``type`` that parses ``kind`` and refuses zero and negatives."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
+def help_text() -> str:
+    """The ``herdless demo --help`` text (also the docs' CLI reference)."""
+    return _COMMAND.format_help()
 
 
 def settings(argv: Sequence[str]) -> DemoSettings:
-    """The demo's settings: flags over ``HERDLESS_DEMO_*`` over defaults (exit 2 if malformed)."""
-    return parse_settings(_parser(), DemoSettings, argv)[0]
+    """The demo's settings: flags over ``HERDLESS_DEMO_*`` over defaults.
+
+    Raises:
+        SystemExit: ``--help`` (status 0), or a bad flag or variable (status 2).
+    """
+    return _COMMAND.parse(argv)[0]
 
 
 def main(argv: Sequence[str]) -> int:
     """Run ``herdless demo``; returns the exit status.
 
-    0 after the day; 2 when ``--backend vllm`` finds no vLLM it can prepare; 130 after Ctrl-C.
+    0 after the day; 2 for a bad flag or variable, or when ``--backend vllm`` finds no
+    vLLM it can prepare; 130 after Ctrl-C. With ``--json``, stdout holds only the day's
+    accounting (:func:`~herdless.demo.summary.day_summary`) and everything else goes to
+    stderr.
     """
-    opts = settings(argv)
+    try:
+        opts, args = _COMMAND.parse(argv)
+    except SystemExit as exc:
+        return exit_status(exc)
     # The live view shows every decision; the SDK's own warnings would tear it apart.
     logging.getLogger("herdless").setLevel(logging.ERROR)
     out: Path = opts.out or Path(tempfile.mkdtemp(prefix="herdless-demo-"))
-    console = Console()
+    as_json: bool = args.json
+    console = Console(stderr=as_json)
     day = Day(length=opts.length, crowd=opts.crowd)
     fallback = FALLBACK if opts.fallback else None
     vllm: VllmHome | None = None
@@ -120,8 +94,9 @@ def main(argv: Sequence[str]) -> int:
         try:
             vllm = prepare()
         except VllmUnavailable as exc:
-            print(f"herdless demo: vLLM cannot be prepared here: {exc}", file=sys.stderr)
-            return _UNAVAILABLE
+            return fail(
+                "herdless demo", f"vLLM cannot be prepared here: {exc}", status=_UNAVAILABLE
+            )
         gpu = "a real vLLM on CPU: it takes minutes to start"
     console.print(f"starting the company GPU ({gpu}), the gateway and the hosted model ...")
     try:
@@ -171,4 +146,9 @@ def main(argv: Sequence[str]) -> int:
         backends=backends,
     )
     console.print(f"timeline: {png.resolve()}")
+    if as_json:
+        summary = day_summary(
+            tally, day, started=crowd.started, primary=PRIMARY, fallback=fallback, timeline=png
+        )
+        print(json.dumps(summary, indent=2))
     return 0

@@ -6,17 +6,13 @@ serve`` and ``herdless emulate``); ``--no-fallback`` is ``HERDLESS_DEMO_FALLBACK
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["VLLM_DEFAULTS", "DemoSettings", "parse_settings"]
-
-S = TypeVar("S", bound=BaseSettings)
+__all__ = ["VLLM_DEFAULTS", "DemoSettings"]
 
 # A real vLLM on CPU is slow: on the busy 2-core box it read a 210-token question in
 # about 4 s and four 64-token answers at once took 22 s, past the 20 s deadline. A
@@ -47,18 +43,41 @@ class DemoSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="HERDLESS_DEMO_", extra="forbid")
 
-    length: PositiveFloat = Field(default=60.0, description="seconds the day lasts")
-    crowd: PositiveInt = Field(default=150, description="employees")
-    seed: int = Field(default=1, description="random seed")
-    fallback: bool = Field(default=True, description="a hosted model behind the GPU")
-    out: Path | None = Field(default=None, description="folder for the PNG and logs")
+    length: PositiveFloat = Field(
+        default=60.0, description="seconds the day lasts (calls in flight then finish)"
+    )
+    crowd: PositiveInt = Field(
+        default=150, description="employees, each with their own herdless client"
+    )
+    seed: int = Field(
+        default=1, description="seeds the questions, the clients' jitter and the emulators"
+    )
+    fallback: bool = Field(
+        default=True,
+        description="a hosted model behind the company GPU (--no-fallback: see the day without)",
+    )
+    out: Path | None = Field(
+        default=None,
+        description="folder for the timeline PNG and the servers' logs (unset: a temporary one)",
+    )
     speed: PositiveFloat = Field(default=4.0, description="the emulated GPU's time scale")
-    gpu_seqs: PositiveInt = Field(default=8, description="sequences the GPU runs at once")
-    deadline: PositiveFloat = Field(default=20.0, description="seconds per call, waits included")
-    max_words: PositiveInt = Field(default=300, description="longest question asked (words)")
-    max_tokens: PositiveInt = Field(default=512, description="longest answer asked for (tokens)")
+    gpu_seqs: PositiveInt = Field(
+        default=8, description="sequences the GPU runs at once; the gateway admits as many"
+    )
+    deadline: PositiveFloat = Field(
+        default=20.0, description="seconds each client allows a call, waits included"
+    )
+    max_words: PositiveInt = Field(
+        default=300, description="the longest question an employee asks (words)"
+    )
+    max_tokens: PositiveInt = Field(
+        default=512, description="the longest answer an employee asks for (tokens)"
+    )
     backend: Literal["emulator", "vllm"] = Field(
-        default="emulator", description="the company GPU: emulated, or a real vLLM on CPU"
+        default="emulator",
+        description="the company GPU: emulated, or a real vLLM on CPU, prepared in "
+        "$HERDLESS_VLLM_CACHE or ./.cache/vllm; vllm defaults to --crowd 8 --gpu-seqs 4 "
+        "--max-words 40 --max-tokens 16",
     )
 
     @model_validator(mode="before")
@@ -68,27 +87,3 @@ class DemoSettings(BaseSettings):
         if isinstance(data, dict) and data.get("backend") == "vllm":
             data = VLLM_DEFAULTS | data
         return data
-
-
-def parse_settings(
-    parser: argparse.ArgumentParser, kind: type[S], argv: Sequence[str]
-) -> tuple[S, argparse.Namespace]:
-    """Flags over the environment over defaults: ``kind`` built from what ``parser`` was given.
-
-    The parser's defaults must be ``None`` (= not given), so that pydantic-settings
-    reads the environment for every flag left out. Returns the settings and the parsed
-    arguments (for those that are not settings, such as a positional scenario).
-
-    Raises:
-        SystemExit: a flag or variable is malformed (status 2, the message on stderr).
-    """
-    args = parser.parse_args(list(argv))
-    given = {k: v for k, v in vars(args).items() if v is not None and k in kind.model_fields}
-    try:
-        return kind(**given), args
-    except ValidationError as exc:
-        prefix = kind.model_config.get("env_prefix", "")
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        parser.error(f"{problems} (from flags or {prefix}* variables)")

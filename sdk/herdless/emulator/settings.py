@@ -41,7 +41,7 @@ class EmulatorSettings(BaseSettings):
     max_num_queued_reqs: int | None = Field(
         default=None,
         ge=0,
-        description="answer 503 when this many requests already wait (default: no cap)",
+        description="answer 503 when this many requests already wait (unset: no cap)",
     )
     startup_delay: float = Field(
         default=0.0, ge=0, description="seconds of model loading before the port is bound"

@@ -14,19 +14,17 @@ Every line goes to stderr in one format, ``--log-format text`` or ``json`` (see
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import math
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 
 import uvicorn
-from pydantic import SecretStr, ValidationError
 
+from herdless._cli_settings import SettingsCommand, exit_status
 from herdless.gateway.app import create_app
 from herdless.gateway.connections import ConnectionGuard, raise_file_limit
 from herdless.gateway.logs import LOG, configure, event
@@ -34,92 +32,29 @@ from herdless.gateway.protocol import guarded_protocol
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.settings import GatewaySettings
 
-__all__ = ["main"]
+__all__ = ["drain_on_signal", "help_text", "load_settings", "main"]
 
-_HELP = {
-    "host": "interface to listen on (default 127.0.0.1)",
-    "port": "port to listen on (default 8080; 0 picks a free one)",
-    "upstream": "vLLM's base URL (default http://127.0.0.1:8000)",
-    "max_concurrency": "requests running upstream at once (default 64)",
-    "max_queue": "requests waiting at once (default 256; 0 refuses instead)",
-    "queue_timeout": "seconds a request may wait before 429 queue_timeout (default 30)",
-    "rate": "requests per second per key (default: no limit)",
-    "burst": "requests a key may send at once (default: ceil(rate))",
-    "tokens_per_minute": "LLM tokens per minute per key (default: no limit)",
-    "max_inflight_tokens": "KV budget: prompt + max_tokens admitted at once (default: none)",
-    "key_queue_share": "fraction of the queue one API key may hold (default 0.5)",
-    "max_body_bytes": "largest request body, else 413 (default 1 MiB)",
-    "body_timeout": "seconds a client has to send its whole body, else 408 (default 5)",
-    "max_messages": "most messages in one chat request, else 400 (default 2048)",
-    "max_tokens_cap": "largest max_tokens a request may ask for, else 400 (default 32768)",
-    "default_max_tokens": "max_tokens assumed for pricing when a request has none (512)",
-    "max_retry_after": "cap on Retry-After, seconds (default 60)",
-    "drain_retry_after": "Retry-After while draining, seconds (default 30)",
-    "upstream_retry_after": "Retry-After while vLLM is not ready, seconds (default 2)",
-    "health_interval": "seconds between polls of vLLM's /health (default 1)",
-    "connect_timeout": "seconds to connect to vLLM (default 2)",
-    "read_timeout": "seconds between two bytes from vLLM (default 600)",
-    "shutdown_grace": "seconds running requests get to finish on SIGTERM (default 30)",
-    "max_head_bytes": "largest request head (request line and headers), else 431 "
-    "and close (default 32768)",
-    "max_headers": "most header lines in a request, else 431 and close (default 100)",
-    "head_timeout": "seconds from a request's first byte to the end of its headers, "
-    "else 408 and close (default 10)",
-    "keep_alive_timeout": "seconds a connection may stay open with no request under way; "
-    "keep it above your clients' idle timeout (httpx: 5) (default 10)",
-    "max_connections_per_peer": "connections one client address may hold, at most half "
-    "the process's file limit; 0: no cap (default 1024)",
-    "models_cache_ttl": "seconds GET /v1/models is answered from the last upstream answer; "
-    "0: fetched every time, concurrent requests still share one fetch (default 1)",
-    "scheduler": "order of the waiters: vtc (token-fair between keys, then users; "
-    "interactive before batch), or the reference orders round-robin and fcfs (default vtc)",
-    "prompt_weight": "weight of a prompt token in a user's service (default 1)",
-    "completion_weight": "weight of a completion token in a user's service (default 2)",
-    "max_users": "most users (per class) whose service the queue remembers (default 10000)",
-    "interactive_reserve": "slots batch work leaves free while interactive work is recent "
-    "(default: max_concurrency / 8, rounded up)",
-    "reserve_window": "seconds after the last interactive request during which the reserve "
-    "holds (default 30)",
-    "fair_window": "seconds over which /metrics measures service per user and the "
-    "fairness index (default 10)",
-    "metrics_top_users": "users named in /metrics by their service; the rest are 'other' "
-    "(default 10)",
-    "access_log": "write one JSON access-log line per request (default on)",
-    "log_level": "critical, error, warning, info or debug (default info)",
-    "log_format": "text (one line: time, level, logger, message, key=value) or json "
-    "(one object per line), for every line on stderr (default text)",
-}
+_COMMAND = SettingsCommand(
+    GatewaySettings,
+    prog="herdless serve",
+    description="Admission gateway in front of vLLM: bounded queue, per-key limits, "
+    "token-fair order,\nand refusals with a Retry-After spread over time.",
+)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="herdless serve",
-        description="Admission gateway in front of vLLM. Every flag is also "
-        "HERDLESS_GATEWAY_<FLAG> (upper case, '_' for '-'); secrets are environment only: "
-        "HERDLESS_GATEWAY_API_KEYS, HERDLESS_GATEWAY_ADMIN_TOKEN, "
-        "HERDLESS_GATEWAY_UPSTREAM_API_KEY.",
-        argument_default=argparse.SUPPRESS,  # absent flags leave the environment in charge
-    )
-    for name, info in GatewaySettings.model_fields.items():
-        if info.annotation is SecretStr or info.annotation == SecretStr | None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if info.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=_HELP[name])
-        else:
-            parser.add_argument(flag, metavar=name.upper(), help=_HELP[name])
-    return parser
+def help_text() -> str:
+    """The ``herdless serve --help`` text (also the docs' CLI reference)."""
+    return _COMMAND.format_help()
 
 
 def load_settings(argv: Sequence[str]) -> GatewaySettings:
-    """Settings from flags over ``HERDLESS_GATEWAY_*``.
+    """Settings from flags over ``HERDLESS_GATEWAY_*`` over the defaults.
 
     Raises:
-        SystemExit: ``--help`` or an unknown flag (argparse's behaviour).
-        pydantic.ValidationError: a value is out of range or of the wrong type.
+        SystemExit: ``--help`` (status 0), or a bad flag or variable (status 2, the
+            error on stderr naming the flag or the variable the user set).
     """
-    flags = vars(_parser().parse_args(list(argv)))
-    return GatewaySettings(**flags)
+    return _COMMAND.parse(argv)[0]
 
 
 def main(argv: Sequence[str]) -> int:
@@ -127,13 +62,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         settings = load_settings(argv)
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    except ValidationError as exc:
-        for error in exc.errors():
-            name = "-".join(str(part) for part in error["loc"]).replace("_", "-")
-            where = f"--{name}: " if name else ""  # a check across fields names none
-            print(f"herdless serve: {where}{error['msg']}", file=sys.stderr)
-        return 2
+        return exit_status(exc)
 
     configure(settings.log_level, settings.log_format)
     before, after = raise_file_limit()

@@ -37,52 +37,107 @@ ANONYMOUS = "anonymous"
 class GatewaySettings(BaseSettings):
     """Settings of ``herdless serve``; each field is ``HERDLESS_GATEWAY_<NAME>`` or a flag."""
 
-    model_config = SettingsConfigDict(env_prefix="HERDLESS_GATEWAY_", extra="forbid")
+    # The docstring under each field is its description: the help of its flag and its
+    # row in the configuration reference (herdless._cli_settings, docs/scripts).
+    model_config = SettingsConfigDict(
+        env_prefix="HERDLESS_GATEWAY_", extra="forbid", use_attribute_docstrings=True
+    )
 
     host: str = "127.0.0.1"
+    """interface to listen on"""
     port: int = Field(default=8080, ge=0, le=65535)
+    """port to listen on (0 picks a free one)"""
     upstream: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8000")
+    """vLLM's base URL"""
     upstream_api_key: SecretStr | None = None
+    """API key the gateway sends to vLLM (vLLM's --api-key); unset: none"""
     max_concurrency: int = Field(default=64, gt=0)
+    """requests running upstream at once"""
     max_queue: int = Field(default=256, ge=0)
+    """requests waiting at once (0 refuses instead of queueing)"""
     queue_timeout: float = Field(default=30.0, gt=0)
+    """seconds a request may wait before 429 queue_timeout"""
     rate: float | None = Field(default=None, gt=0)
+    """requests per second per key (unset: no limit)"""
     burst: int | None = Field(default=None, gt=0)
+    """requests a key may send at once (unset: ceil(rate))"""
     tokens_per_minute: int | None = Field(default=None, gt=0)
+    """LLM tokens per minute per key (unset: no limit)"""
     max_inflight_tokens: int | None = Field(default=None, gt=0)
+    """KV budget: prompt + max_tokens admitted at once (unset: none)"""
     key_queue_share: float = Field(default=0.5, gt=0, le=1)
+    """fraction of the queue one API key may hold (with API keys only)"""
     max_body_bytes: int = Field(default=1_048_576, gt=0)
+    """largest request body in bytes, else 413"""
     body_timeout: float = Field(default=5.0, gt=0)
+    """seconds a client has to send its whole body, else 408"""
     max_messages: int = Field(default=2048, gt=0)
+    """most messages in one chat request, else 400"""
     max_tokens_cap: int = Field(default=32_768, gt=0)
+    """largest max_tokens a request may ask for, else 400"""
     default_max_tokens: int = Field(default=512, gt=0)
+    """max_tokens assumed for pricing when a request has none"""
     max_retry_after: float = Field(default=60.0, gt=0)
+    """cap on Retry-After, seconds"""
     drain_retry_after: float = Field(default=30.0, gt=0)
+    """Retry-After while draining, seconds"""
     upstream_retry_after: float = Field(default=2.0, gt=0)
+    """Retry-After while vLLM is not ready, seconds"""
     health_interval: float = Field(default=1.0, gt=0)
+    """seconds between polls of vLLM's /health"""
     connect_timeout: float = Field(default=2.0, gt=0)
+    """seconds to connect to vLLM"""
     read_timeout: float = Field(default=600.0, gt=0)
+    """seconds between two bytes from vLLM"""
     shutdown_grace: float = Field(default=30.0, ge=0)
+    """seconds running requests get to finish on SIGTERM"""
     max_head_bytes: int = Field(default=32_768, ge=1024)
+    """largest request head (request line and headers) in bytes, else 431 and close"""
     max_headers: int = Field(default=100, gt=0)
+    """most header lines in a request, else 431 and close"""
     head_timeout: float = Field(default=10.0, gt=0)
+    """seconds from a request's first byte to the end of its headers, else 408 and close"""
     keep_alive_timeout: float = Field(default=10.0, gt=0)
+    """seconds a connection may stay open with no request under way; keep it above your clients'
+    idle timeout (httpx: 5)"""
     max_connections_per_peer: int = Field(default=1024, ge=0)
+    """connections one client address may hold, at most half the process's file limit (0: no cap)"""
     models_cache_ttl: float = Field(default=1.0, ge=0)
+    """seconds GET /v1/models is answered from the last upstream answer (0: fetched every time;
+    concurrent requests still share one fetch)"""
     scheduler: Literal["vtc", "round-robin", "fcfs"] = "vtc"
+    """order of the waiters: vtc (token-fair between keys, then users; interactive before batch),
+    or the reference orders round-robin and fcfs"""
     prompt_weight: float = Field(default=1.0, gt=0)
+    """weight of a prompt token in a user's service"""
     completion_weight: float = Field(default=2.0, gt=0)
+    """weight of a completion token in a user's service"""
     max_users: int = Field(default=10_000, gt=0)
+    """most users (per class) whose service the queue remembers"""
     interactive_reserve: int | None = Field(default=None, ge=0)
+    """slots batch work leaves free while interactive work is recent (unset: max_concurrency / 8,
+    rounded up)"""
     reserve_window: float = Field(default=30.0, gt=0)
+    """seconds after the last interactive request during which the reserve holds"""
     fair_window: float = Field(default=10.0, ge=1)
+    """seconds over which /metrics measures service per user and the fairness index"""
     metrics_top_users: int = Field(default=10, ge=0, le=1000)
+    """users named in /metrics by their service; the rest are 'other'"""
     api_keys: SecretStr | None = None
+    """the API keys clients may use, comma-separated (unset: anyone may call)"""
     admin_token: SecretStr | None = None
+    """bearer token for POST /admin/drain and /admin/resume (unset: admin is off, 403
+    admin_disabled)"""
     key_id_secret: SecretStr | None = None
+    """secret that keys the logged key ids (key- + 8 hex of HMAC-SHA256(secret, key)); unset: a
+    random one per process, so ids change when the gateway restarts and differ between replicas"""
     access_log: bool = True
+    """write one access-log line per request"""
     log_level: str = "info"
+    """critical, error, warning, info or debug"""
     log_format: Literal["text", "json"] = "text"
+    """text (one line: time, level, logger, message, key=value) or json (one object per line), for
+    every line on stderr"""
 
     @field_validator("log_level")
     @classmethod

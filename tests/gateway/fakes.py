@@ -50,6 +50,13 @@ EMBEDDING = (
     b'"embedding":[0.6,0.8]}],'
     b'"usage":{"prompt_tokens":7,"total_tokens":7,"completion_tokens":0}}'
 )
+RESPONSE = (
+    b'{"id":"resp_6","object":"response","model":"m","status":"completed","output":[{'
+    b'"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]}],'
+    b'"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},'
+    b'"output_tokens":4,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":13},'
+    b'"user":null}'
+)
 
 
 class FakeVllm:
@@ -71,6 +78,7 @@ class FakeVllm:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._chat, methods=["POST"]),
                 Route("/v1/embeddings", self._chat, methods=["POST"]),
+                Route("/v1/responses", self._chat, methods=["POST"]),
             ]
         )
 
@@ -98,6 +106,8 @@ class FakeVllm:
             return JSONResponse(payload, status)
         if path == "/v1/embeddings":
             return Response(EMBEDDING, media_type="application/json")
+        if path == "/v1/responses":
+            return Response(RESPONSE, media_type="application/json")
         stream = json.loads(body).get("stream")
         if path == "/v1/completions":
             if stream:

@@ -1,14 +1,17 @@
-"""/v1/completions and /v1/embeddings through admission, the JSON 404 of other /v1 routes,
-and their pricing (in process, a fake vLLM behind)."""
+"""/v1/completions, /v1/embeddings and /v1/responses through admission, the JSON 404 of
+other /v1 routes, and their pricing (in process, a fake vLLM behind)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from typing import Any
 
 import pytest
 from tests.gateway.fakes import (
     EMBEDDING,
+    RESPONSE,
     TEXT_COMPLETION,
     TEXT_SSE,
     FakeVllm,
@@ -16,13 +19,18 @@ from tests.gateway.fakes import (
     until,
 )
 
-from herdless.gateway.routes import parse_completion_request, parse_embedding_request
+from herdless.gateway.routes import (
+    parse_completion_request,
+    parse_embedding_request,
+    parse_response_request,
+)
 from herdless.gateway.wire import BadRequest
 
 pytestmark = [pytest.mark.server]
 
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
 
 
 def completion_body(**extra: Any) -> dict[str, Any]:
@@ -33,7 +41,11 @@ def embedding_body(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "input": "hello", **extra}
 
 
-BODIES = {COMPLETIONS: completion_body, EMBEDDINGS: embedding_body}
+def response_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "input": "hello", **extra}
+
+
+BODIES = {COMPLETIONS: completion_body, EMBEDDINGS: embedding_body, RESPONSES: response_body}
 
 
 # -- pricing (pure) ---------------------------------------------------------------------
@@ -56,6 +68,36 @@ def test_an_embedding_is_priced_by_its_input_only() -> None:
     many = parse_embedding_request(b'{"input":["abcdefgh","abcd"],"user":"u"}')
     assert (many.price(512), many.sequences, many.user) == (3, 2, "u")
     assert parse_embedding_request(b'{"input":[[1,2,3],[4]]}').price(512) == 4
+
+
+def test_a_response_is_priced_by_its_input_instructions_and_max_output_tokens() -> None:
+    text = parse_response_request(b'{"input":"' + b"x" * 40 + b'","max_output_tokens":100}')
+    assert (text.prompt_tokens, text.sequences, text.price(512)) == (10, 1, 110)
+    told = parse_response_request(b'{"input":"abcd","instructions":"abcdefgh","user":"u"}')
+    assert (told.prompt_tokens, told.price(16), told.user) == (3, 19, "u")
+    items = b'[{"role":"user","content":[{"type":"input_text","text":"hello there"}]}]'
+    listed = parse_response_request(b'{"input":' + items + b',"stream":true}')
+    assert listed.prompt_tokens == math.ceil(len(json.dumps(json.loads(items))) / 4)
+    assert listed.stream
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"input":[]}', "input"),
+        (b'{"input":3}', "input"),
+        (b'{"input":"a","instructions":7}', "instructions"),
+        (b'{"input":"a","max_output_tokens":0}', "max_output_tokens"),
+        (b'{"input":"a","background":true}', "background"),
+    ],
+)
+def test_a_response_that_cannot_be_priced_or_held_is_a_bad_request(body: bytes, param: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_response_request(body)
+    assert refused.value.param == param
+    with pytest.raises(BadRequest, match="at most 3") as too_many:
+        parse_response_request(b'{"input":["a","b","c","d"]}', max_messages=3)
+    assert too_many.value.code == "request_too_large"
 
 
 @pytest.mark.parametrize(
@@ -106,6 +148,7 @@ async def test_completions_and_embeddings_are_proxied_to_their_own_upstream_rout
         )
         stream = await client.post(COMPLETIONS, json=completion_body(stream=True))
         vectors = await client.post(EMBEDDINGS, json=embedding_body())
+        answer = await client.post(RESPONSES, json=response_body())
     assert (text.status_code, text.content, text.headers["x-request-id"]) == (
         200,
         TEXT_COMPLETION,
@@ -113,7 +156,8 @@ async def test_completions_and_embeddings_are_proxied_to_their_own_upstream_rout
     )
     assert stream.content == TEXT_SSE
     assert vectors.content == EMBEDDING
-    assert fake_vllm.paths == [COMPLETIONS, COMPLETIONS, EMBEDDINGS]
+    assert answer.content == RESPONSE
+    assert fake_vllm.paths == [COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES]
     assert runtime.gate.admission.inflight == 0
 
 
@@ -123,10 +167,13 @@ async def test_usage_is_settled_and_the_user_field_is_the_fairness_unit(
     async with gateway() as (client, runtime):
         await client.post(COMPLETIONS, json=completion_body(user="ann"))
         await client.post(EMBEDDINGS, json=embedding_body(user="bob"))
+        await client.post(RESPONSES, json=response_body(user="cy"))
         queue, admission = runtime.gate.admission.queue, runtime.gate.admission
         # vLLM's usage, weighted (prompt 1, completion 2): 5 + 3 * 2 and 7 + 0.
         assert queue.counter("interactive", f"anonymous/{runtime.users('ann')}") == 11
         assert queue.counter("interactive", f"anonymous/{runtime.users('bob')}") == 7
+        # The Responses API's names: input_tokens 9, output_tokens 4.
+        assert queue.counter("interactive", f"anonymous/{runtime.users('cy')}") == 9 + 4 * 2
         assert admission.inflight_tokens == 0
 
 
@@ -144,7 +191,7 @@ async def test_the_kv_budget_prices_each_route_by_its_own_tokens(gateway: Gatewa
     assert too_long.status_code == 400
 
 
-@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS])
+@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES])
 async def test_a_full_gateway_refuses_them_with_retry_after(
     gateway: GatewayFactory, fake_vllm: FakeVllm, path: str
 ) -> None:
@@ -162,7 +209,7 @@ async def test_a_full_gateway_refuses_them_with_retry_after(
     assert fake_vllm.paths == [path]
 
 
-@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS])
+@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES])
 async def test_they_share_the_chat_limits(
     gateway: GatewayFactory, fake_vllm: FakeVllm, path: str
 ) -> None:
@@ -199,7 +246,7 @@ async def test_a_deadline_the_queue_cannot_meet_refuses_an_embedding_at_once(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("POST", "/v1/responses"), ("POST", "/v1/audio/speech"), ("GET", "/v1/embeddings/x")],
+    [("POST", "/v1/messages"), ("POST", "/v1/audio/speech"), ("GET", "/v1/embeddings/x")],
 )
 async def test_other_v1_routes_are_a_json_404_naming_the_served_ones(
     gateway: GatewayFactory, fake_vllm: FakeVllm, method: str, path: str
@@ -209,7 +256,12 @@ async def test_other_v1_routes_are_a_json_404_naming_the_served_ones(
     assert response.status_code == 404
     error = response.json()["error"]
     assert error["code"] == "not_found"
-    for served in ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings"):
+    for served in (
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /v1/embeddings",
+        "POST /v1/responses",
+    ):
         assert served in error["message"]
     assert "GET /v1/models" in error["message"]
     assert fake_vllm.paths == []
@@ -223,5 +275,5 @@ async def test_an_unknown_path_outside_v1_names_no_routes(gateway: GatewayFactor
 
 async def test_get_on_an_admitted_route_is_a_405(gateway: GatewayFactory) -> None:
     async with gateway() as (client, _):
-        responses = [await client.get(path) for path in (COMPLETIONS, EMBEDDINGS)]
-    assert [r.status_code for r in responses] == [405, 405]
+        responses = [await client.get(path) for path in (COMPLETIONS, EMBEDDINGS, RESPONSES)]
+    assert [r.status_code for r in responses] == [405, 405, 405]

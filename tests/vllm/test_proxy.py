@@ -14,7 +14,7 @@ import pytest
 
 import herdless
 from herdless.launch.servers import ServerProcess
-from herdless.launch.vllm import FORCED_TEXT, MODEL_NAME, forced_answer
+from herdless.launch.vllm import FORCED_TEXT, MODEL_NAME, forced_answer, read_metric
 
 pytestmark = [pytest.mark.vllm]
 
@@ -76,3 +76,25 @@ def test_sdk_chat_and_stream_through_the_gateway(gateway: ServerProcess) -> None
             assert stream.usage is not None
             assert stream.usage.completion_tokens == 2 + 1  # the SDK asks for usage
     assert text == FORCED_TEXT * 2
+
+
+def test_completions_and_responses_pass_admission_and_settle_their_usage(
+    client: openai.OpenAI, gateway: ServerProcess
+) -> None:
+    served = "herdless_gateway_tokens_served_total"
+    before = read_metric(gateway.url, served, **{"class": "interactive"})
+    text = client.completions.create(
+        model=MODEL_NAME, prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
+    answer = client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=3)
+    after = read_metric(gateway.url, served, **{"class": "interactive"})
+    assert text.object == "text_completion"
+    assert text.usage is not None
+    assert text.usage.completion_tokens == 3
+    assert answer.object == "response"
+    assert answer.usage is not None
+    assert 1 <= answer.usage.output_tokens <= 3
+    assert answer.usage.input_tokens >= 1
+    # The gateway read both usages (the Responses API names its counts input_tokens and
+    # output_tokens) and served exactly those tokens, not its estimates.
+    assert after - before == text.usage.total_tokens + answer.usage.total_tokens

@@ -9,7 +9,13 @@ differs:
 * ``/v1/completions``: the ``prompt``'s estimated tokens (a string, a list of them, token
   ids, or a list of those) plus ``max_tokens`` for each prompt, since vLLM generates one
   completion per prompt;
-* ``/v1/embeddings``: the ``input``'s estimated tokens, no completion tokens.
+* ``/v1/embeddings``: the ``input``'s estimated tokens, no completion tokens;
+* ``/v1/responses`` (OpenAI's Responses API, which vLLM serves too): the ``input``
+  (a string, or a list of items estimated from their JSON) and ``instructions``, plus
+  ``max_output_tokens``. A ``background`` response is refused (400): its work would
+  outlive the request, so admission could not hold its slot. A
+  ``previous_response_id`` brings context the body does not show: the price is low
+  until the usage settles it.
 
 Strings are estimated at 4 characters a token; token ids count one each. The price is
 settled against vLLM's ``usage`` afterwards, so it only needs to be in range. A list of
@@ -31,12 +37,14 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "EMBEDDINGS",
+    "RESPONSES",
     "ROUTES",
     "AdmittedRoute",
     "Priced",
     "TextRequest",
     "parse_completion_request",
     "parse_embedding_request",
+    "parse_response_request",
 ]
 
 _CHARS_PER_TOKEN = 4  # as wire.py's chat estimate
@@ -109,26 +117,56 @@ def parse_completion_request(
     """
     data = _object(body)
     tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
-    max_tokens = data.get("max_tokens")
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise BadRequest("'max_tokens' must be a positive integer", param="max_tokens")
-    if max_tokens is not None and max_tokens > max_tokens_cap:
-        raise BadRequest(
-            f"'max_tokens' is {max_tokens}; the gateway accepts at most {max_tokens_cap}",
-            param="max_tokens",
-            code="request_too_large",
-        )
-    stream = data.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", param="stream")
     return TextRequest(
         prompt_tokens=tokens,
         sequences=sequences,
-        max_tokens=max_tokens,
+        max_tokens=_max_tokens(data, "max_tokens", max_tokens_cap),
         generates=True,
-        stream=stream,
+        stream=_stream(data),
+        user=_user(data),
+    )
+
+
+def parse_response_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> TextRequest:
+    """Validate a ``/v1/responses`` body just enough to price it.
+
+    Raises:
+        BadRequest: not JSON, no usable ``input``, too many input items, a bad
+            ``instructions`` or ``max_output_tokens``, a ``background`` response.
+    """
+    data = _object(body)
+    value = data.get("input")
+    if isinstance(value, str):
+        tokens = _estimate(value)
+    elif isinstance(value, list) and value:
+        if len(value) > max_messages:
+            raise BadRequest(
+                f"'input' holds {len(value)} items; the gateway accepts at most {max_messages}",
+                param="input",
+                code="request_too_large",
+            )
+        tokens = _estimate(json.dumps(value))  # text, roles and structure: settled later
+    else:
+        raise BadRequest("'input' must be a string or a non-empty list of items", param="input")
+    instructions = data.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("'instructions' must be a string", param="instructions")
+        tokens += _estimate(instructions)
+    if data.get("background") is True:
+        raise BadRequest(
+            "the gateway does not admit background responses: their work would outlive "
+            "the request; send it without 'background'",
+            param="background",
+        )
+    return TextRequest(
+        prompt_tokens=tokens,
+        sequences=1,
+        max_tokens=_max_tokens(data, "max_output_tokens", max_tokens_cap),
+        generates=True,
+        stream=_stream(data),
         user=_user(data),
     )
 
@@ -163,6 +201,28 @@ def _object(body: bytes) -> dict[str, Any]:
     if "model" in data and not isinstance(data["model"], str):
         raise BadRequest("'model' must be a string", param="model")
     return data
+
+
+def _max_tokens(data: dict[str, Any], name: str, cap: int) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadRequest(f"'{name}' must be a positive integer", param=name)
+    if value > cap:
+        raise BadRequest(
+            f"'{name}' is {value}; the gateway accepts at most {cap}",
+            param=name,
+            code="request_too_large",
+        )
+    return value
+
+
+def _stream(data: dict[str, Any]) -> bool:
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    return stream
 
 
 def _user(data: dict[str, Any]) -> str | None:
@@ -215,5 +275,6 @@ def _estimate(text: str) -> int:
 CHAT = AdmittedRoute("/v1/chat/completions", parse_chat_request)
 COMPLETIONS = AdmittedRoute("/v1/completions", parse_completion_request)
 EMBEDDINGS = AdmittedRoute("/v1/embeddings", parse_embedding_request)
-ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS)
+RESPONSES = AdmittedRoute("/v1/responses", parse_response_request)
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 """Every admitted route, in the order the 404 message names them."""

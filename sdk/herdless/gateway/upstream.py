@@ -39,8 +39,9 @@ SLOW = "slow"
 # Request headers worth passing on; everything else (Authorization above all) stays here.
 _FORWARD = ("content-type", "accept", "accept-encoding", "x-request-id", "x-herdless-attempt")
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# The Responses API names them input_tokens and output_tokens.
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 
 
 class UpstreamUnavailable(Exception):

@@ -26,6 +26,7 @@ take an annotation on every secret field of every model.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -220,13 +221,31 @@ class SettingsCommand(Generic[S]):
                 )
         namespace = self.parser.parse_args(args)
         given = {k: v for k, v in vars(namespace).items() if k in self.model.model_fields}
+        env = os.environ if environ is None else environ
+        for warning in self.unknown_variables(env):
+            print(f"{self.parser.prog}: warning: {warning}", file=sys.stderr)
         try:
             return self.model(**given), namespace
         except ValidationError as exc:
-            env = os.environ if environ is None else environ
             self._refuse([self._problem(e, given, env) for e in exc.errors()])
         except SettingsError as exc:  # a variable pydantic-settings could not decode
             self._refuse([str(exc)])
+
+    def unknown_variables(self, environ: Mapping[str, str]) -> list[str]:
+        """A line for each variable with this command's prefix that names no setting
+        (a misspelling is otherwise silently ignored), with the closest one when any."""
+        if not self.prefix:
+            return []
+        known = {field.upper() for field in self.model.model_fields}
+        lines = []
+        for variable in sorted(environ):
+            rest = variable.upper().removeprefix(self.prefix.upper())
+            if rest == variable.upper() or rest in known:
+                continue
+            line = f"{variable} is not a setting of this command and is ignored"
+            close = difflib.get_close_matches(rest, sorted(known), n=1, cutoff=0.75)
+            lines.append(line + (f"; did you mean {self.prefix}{close[0]}?" if close else ""))
+        return lines
 
     def _refuse(self, problems: list[str]) -> NoReturn:
         self.parser.error("; ".join(problems))

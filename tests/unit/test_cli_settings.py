@@ -148,3 +148,18 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_fail_is_the_same_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert fail("toy", "port taken", status=1) == 1
     assert capsys.readouterr().err == "toy: error: port taken\n"
+
+
+def test_a_misspelt_variable_of_the_command_is_named_not_ignored_in_silence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOY_SIZ", "9")
+    monkeypatch.setenv("TOY_COLOUR", "red")
+    monkeypatch.setenv("OTHER_SIZE", "9")  # another prefix: not this command's business
+    toy, _ = _command().parse([])
+    assert toy.size == 3  # the misspelt one changed nothing
+    assert capsys.readouterr().err.splitlines() == [
+        "toy: warning: TOY_COLOUR is not a setting of this command and is ignored",
+        "toy: warning: TOY_SIZ is not a setting of this command and is ignored; "
+        "did you mean TOY_SIZE?",
+    ]

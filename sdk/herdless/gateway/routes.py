@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from herdless.gateway.wire import BadRequest, parse_chat_request
+from herdless.gateway.wire import BadRequest, json_object, parse_chat_request
 
 __all__ = [
     "CHAT",
@@ -115,7 +115,7 @@ def parse_completion_request(
     Raises:
         BadRequest: not JSON, no usable ``prompt``, too many prompts, a bad ``max_tokens``.
     """
-    data = _object(body)
+    data = json_object(body)
     tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
     return TextRequest(
         prompt_tokens=tokens,
@@ -136,7 +136,7 @@ def parse_response_request(
         BadRequest: not JSON, no usable ``input``, too many input items, a bad
             ``instructions`` or ``max_output_tokens``, a ``background`` response.
     """
-    data = _object(body)
+    data = json_object(body)
     value = data.get("input")
     if isinstance(value, str):
         tokens = _estimate(value)
@@ -180,7 +180,7 @@ def parse_embedding_request(
     Raises:
         BadRequest: not JSON, no usable ``input``, too many inputs.
     """
-    data = _object(body)
+    data = json_object(body)
     tokens, sequences = _text_tokens(data.get("input"), "input", max_messages)
     return TextRequest(
         prompt_tokens=tokens,
@@ -189,18 +189,6 @@ def parse_embedding_request(
         generates=False,
         user=_user(data),
     )
-
-
-def _object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    if "model" in data and not isinstance(data["model"], str):
-        raise BadRequest("'model' must be a string", param="model")
-    return data
 
 
 def _max_tokens(data: dict[str, Any], name: str, cap: int) -> int | None:

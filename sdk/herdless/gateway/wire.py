@@ -17,6 +17,7 @@ __all__ = [
     "capacity_header",
     "deadline_header",
     "error_body",
+    "json_object",
     "parse_chat_request",
     "priority_header",
     "refusal_headers",
@@ -65,6 +66,24 @@ class ChatRequest:
         return self.prompt_tokens + (self.max_tokens or default_max_tokens)
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object whose ``model``, if any, is a string.
+
+    Raises:
+        BadRequest: not JSON, not an object, or a ``model`` that is not a string.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a deeply nested body ("[[[[...") exhausts json's C stack guard.
+        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    if "model" in data and not isinstance(data["model"], str):
+        raise BadRequest("'model' must be a string", param="model")
+    return data
+
+
 def parse_chat_request(
     body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
 ) -> ChatRequest:
@@ -79,13 +98,7 @@ def parse_chat_request(
     Raises:
         BadRequest: malformed JSON or a missing or mistyped field.
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        # RecursionError: a deeply nested body ("[[[[...") exhausts json's C stack guard.
-        raise BadRequest(f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
+    data = json_object(body)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", param="messages")
@@ -104,8 +117,6 @@ def parse_chat_request(
                 param=f"messages[{index}]",
             )
         chars += _content_chars(message.get("content"), index)
-    if "model" in data and not isinstance(data["model"], str):
-        raise BadRequest("'model' must be a string", param="model")
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")

@@ -286,5 +286,5 @@ def _derived_state(state: ClientState, config: ClientConfig) -> ClientState:
     derived.config = config
     if config.fallback_policy.allow_external != state.config.fallback_policy.allow_external:
         # The route a one-primary client plans once depends on allow_external: plan anew.
-        derived._routes = {allowed: derived._plan(allowed) for allowed in (True, False)}
+        derived._routes = derived.plan_routes()
     return derived

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import Permit, Transition
+from herdless._config import PRIORITIES
 from herdless._flow_errors import CallErrors
 from herdless._log import log_event, logged
 from herdless._types import AttemptRecord
@@ -96,9 +97,12 @@ class Call:
         self.deadline = state.config.deadline if deadline is None else deadline
         if not self.deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {self.deadline!r}")
-        self.priority = state.config.priority if priority is None else priority
-        if self.priority not in ("interactive", "batch"):
-            raise ValueError(f"priority must be 'interactive' or 'batch', got {priority!r}")
+        if priority is None:
+            self.priority = state.config.priority  # checked when the client was made
+        elif priority in PRIORITIES:
+            self.priority = priority
+        else:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         self.start = 0.0
         self.deadline_at = math.inf
         self.records: list[AttemptRecord] = []

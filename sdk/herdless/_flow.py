@@ -76,11 +76,8 @@ class CallFlow(Call):
         state = self.state
         self.begin()
         state.spend.record_call()
-        route = state.route(allow_fallback=self.allow_fallback)
+        route = state.route(allow_fallback=self.allow_fallback, batch=self.priority == "batch")
         backends = route.backends
-        if self.priority == "batch":  # batch work waits for the GPU: it never spills outside
-            fallbacks = state.fallback_names
-            backends = tuple(b for b in backends if not (b.external and b.name in fallbacks))
         reserve = state.config.fallback_policy.reserve * self.deadline
         hedging = state.hedging
         if hedging is not None:

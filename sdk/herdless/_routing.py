@@ -4,6 +4,9 @@
   never any backend marked ``external=True``; a client whose ``FallbackPolicy`` has
   ``allow_external=False`` never reaches an external backend at all. Backends kept
   out this way are listed in ``Route.refused`` so the error can say so.
+- **Batch work** (``priority="batch"``) waits for the GPU: it never spills to an
+  external fallback (an external primary is still its primary). Not a guard the caller
+  set, so those fallbacks are left out quietly, not listed as refused.
 - **Several primaries** (several GPU servers behind their gateways): the first one is
   chosen per call by the *power of two choices*: two random healthy primaries, the one
   with fewer calls in flight wins. "Healthy" means its breaker lets a call through and
@@ -117,6 +120,7 @@ def plan_route(
     *,
     allow_fallback: bool,
     allow_external: bool,
+    batch: bool = False,
     healthy: Callable[[Backend], bool],
     in_flight: Callable[[Backend], int],
     rng: random.Random,
@@ -129,6 +133,8 @@ def plan_route(
         guarded = backend.external and not (allow_fallback and allow_external)
         if guarded or (not allow_fallback and backend in fallbacks):
             refused.append(backend)
+        elif batch and backend.external and backend in fallbacks:
+            continue
         else:
             allowed.append(backend)
     return Route(tuple(allowed), tuple(refused))

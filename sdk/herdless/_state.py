@@ -96,7 +96,7 @@ class ClientState:
             for b in config.backends
         }
         """Per backend name: its breaker, retry budget, window and pacer."""
-        self._routes = {allowed: self._plan(allowed) for allowed in (True, False)}
+        self._routes = self.plan_routes()
 
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
@@ -122,11 +122,11 @@ class ClientState:
         """The pacer of ``backend``, when pacing is on."""
         return self._pacers.get(backend.name)
 
-    def route(self, *, allow_fallback: bool) -> Route:
-        """The backends one call may try, in order."""
+    def route(self, *, allow_fallback: bool, batch: bool = False) -> Route:
+        """The backends one call may try, in order (``batch``: a batch call's)."""
         if len(self.config.primaries) == 1:  # nothing to choose per call: plan once
-            return self._routes[allow_fallback]
-        return self._plan(allow_fallback)
+            return self._routes[allow_fallback, batch]
+        return self._plan(allow_fallback, batch)
 
     def served(self, backend: Backend, reason: str | None, *, now: float) -> dict[str, Any] | None:
         """A call was served at ``now``; ``PrimaryDegraded`` fields when one is due."""
@@ -137,13 +137,19 @@ class ClientState:
             now=now,
         )
 
-    def _plan(self, allow_fallback: bool) -> Route:
+    def plan_routes(self) -> dict[tuple[bool, bool], Route]:
+        """The routes of a one-primary client, planned once: by ``(allow_fallback, batch)``."""
+        pairs = [(allowed, batch) for allowed in (True, False) for batch in (False, True)]
+        return {pair: self._plan(*pair) for pair in pairs}
+
+    def _plan(self, allow_fallback: bool, batch: bool) -> Route:
         config = self.config
         return plan_route(
             config.primaries,
             config.fallbacks,
             allow_fallback=allow_fallback,
             allow_external=config.fallback_policy.allow_external,
+            batch=batch,
             healthy=self._healthy,
             in_flight=lambda backend: self._windows[backend.name].in_use,
             rng=self.rng,

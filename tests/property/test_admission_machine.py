@@ -82,8 +82,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         return [t for t in self.tickets if t.state == state]
 
     def _level(self, key_id: str) -> float | None:
-        keys = self.adm._keys  # white-box: the conservation check needs the level
-        if key_id not in keys or (key := keys[key_id]).tokens is None:
+        # White-box: the conservation check needs the level of a key already seen.
+        key = self.adm._keys._keys.get(key_id)
+        if key is None or key.tokens is None:
             return None
         return key.tokens.level(self.clock.monotonic())
 

@@ -61,9 +61,6 @@ class KeyBudgets:
             key = self._keys[key_id] = KeyBudget(rate=rate, tokens=tpm)
         return key
 
-    def __contains__(self, key_id: object) -> bool:
-        return key_id in self._keys
-
     def __getitem__(self, key_id: str) -> KeyBudget:
         """The budget of a key that has a ticket (so was seen)."""
         return self._keys[key_id]

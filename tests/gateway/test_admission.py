@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from herdless.gateway.admission import Admission
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import AdmissionConfig, TokenBucket
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 from herdless.testing import FakeClock
 
 

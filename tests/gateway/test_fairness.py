@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herdless.gateway.admission import Admission
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import AdmissionConfig, Priority
-from herdless.gateway.service import jain_index
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.service import jain_index
 from herdless.testing import FakeClock
 
 

@@ -22,9 +22,9 @@ from hypothesis.stateful import (
 )
 from tests.property._profile import PROPERTY
 
-from herdless.gateway.admission import Admission
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import AdmissionConfig, Priority
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.testing import FakeClock
 
 KEYS = st.sampled_from(["key-a", "key-b", "key-c"])

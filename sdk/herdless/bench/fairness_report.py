@@ -21,7 +21,7 @@ from herdless.bench.fairness_stats import (
 )
 from herdless.bench.report import Column, ScenarioResult, Target, medians
 from herdless.bench.stats import ratio
-from herdless.gateway.service import jain_index
+from herdless.gateway.core.service import jain_index
 
 __all__ = [
     "priority_figures",

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from herdless.gateway.service import jain_index
+from herdless.gateway.core.service import jain_index
 
 __all__ = [
     "CallRecord",

@@ -3,7 +3,7 @@
 Purpose-built so that capacity and service time are exact: ``slots`` requests
 run at once, each for ``service`` seconds, so the server completes
 ``slots / service`` requests per second, no more, no less. Admission is not a
-copy: it is :class:`herdless.gateway.admission.Admission` driven by the
+copy: it is :class:`herdless.gateway.core.admission.Admission` driven by the
 gateway's own async driver (:class:`herdless.gateway.gate.Gate`), and refusals
 are written with the gateway's own headers and error bodies
 (:mod:`herdless.gateway.wire`). Runs in-process on the virtual-time loop
@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 
 from herdless.bench.vtime import VirtualClock
-from herdless.gateway.admission import Admission
-from herdless.gateway.decisions import Enqueued, Refuse
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Enqueued, Refuse
 from herdless.gateway.gate import Gate
-from herdless.gateway.limits import AdmissionConfig
+from herdless.gateway.core.limits import AdmissionConfig
 from herdless.gateway.wire import capacity_header, error_body, refusal_headers
 
 __all__ = ["HerdServer", "ServerParams", "completion_body"]

@@ -1,4 +1,4 @@
-"""The async driver of :class:`~herdless.gateway.admission.Admission`: waiting, not deciding.
+"""The async driver of :class:`~herdless.gateway.core.admission.Admission`: waiting, not deciding.
 
 Admission decides; this module only parks the queued requests on futures and
 wakes them when the core starts them, times them out, or drains them. Offers
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from herdless.gateway.admission import Admission
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.limits import Priority
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.limits import Priority
 from herdless.gateway.logs import LOG, event
 
 __all__ = ["Gate"]

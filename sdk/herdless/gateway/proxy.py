@@ -18,7 +18,7 @@ import anyio
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.routes import CHAT, AdmittedRoute
 from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer

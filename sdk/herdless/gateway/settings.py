@@ -1,7 +1,7 @@
 """The gateway's settings: ``HERDLESS_GATEWAY_*`` variables and ``herdless serve`` flags.
 
 This is the only gateway module that reads the environment; it turns it into the
-frozen :class:`~herdless.gateway.admission.AdmissionConfig`,
+frozen :class:`~herdless.gateway.core.admission.AdmissionConfig`,
 :class:`~herdless.gateway.connections.ConnectionLimits` and an :class:`ApiKeys`
 table, which hold no pydantic.
 """
@@ -17,7 +17,7 @@ from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.connections import ConnectionLimits
-from herdless.gateway.limits import AdmissionConfig
+from herdless.gateway.core.limits import AdmissionConfig
 
 __all__ = [
     "ANONYMOUS",

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from herdless.gateway.decisions import Refuse
-from herdless.gateway.limits import Priority
+from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.core.limits import Priority
 
 __all__ = [
     "BadRequest",

@@ -1,6 +1,6 @@
-"""What :class:`~herdless.gateway.admission.Admission` hands out: tickets and decisions.
+"""What :class:`~herdless.gateway.core.admission.Admission` hands out: tickets and decisions.
 
-Plain data, no logic; re-exported by :mod:`herdless.gateway.admission`.
+Plain data, no logic; re-exported by :mod:`herdless.gateway.core.admission`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from herdless.gateway.limits import Priority
+from herdless.gateway.core.limits import Priority
 
 __all__ = ["Admit", "Enqueued", "Refuse", "Ticket"]
 

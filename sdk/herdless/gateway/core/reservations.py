@@ -8,7 +8,7 @@ refused caller the next free slot after it:
   frees every ``gap = mean_service / max(1, running)`` seconds, where
   ``mean_service`` is an EWMA of measured run times, and the refused caller's user
   gets ``share`` of the slots that free (its place in the fair order, see
-  :meth:`herdless.gateway.fairqueue.FairQueue.share`), so each user keeps its own
+  :meth:`herdless.gateway.core.fairqueue.FairQueue.share`), so each user keeps its own
   horizon::
 
       retry_at = max(now, horizon_user, floor) + gap / share
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import math
 
-from herdless.gateway.decisions import Refuse
-from herdless.gateway.limits import AdmissionConfig, TokenBucket
+from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 
 __all__ = ["Reservations", "unattainable"]
 

@@ -1,8 +1,8 @@
 """Per-key budgets: each key's request-rate and LLM-token buckets, and its waiters (pure).
 
-:class:`herdless.gateway.admission.Admission` asks these before it queues anything
+:class:`herdless.gateway.core.admission.Admission` asks these before it queues anything
 (rules 2 and 4 of its docstring); the buckets themselves are
-:class:`herdless.gateway.limits.TokenBucket`. The table is bounded by the configured
+:class:`herdless.gateway.core.limits.TokenBucket`. The table is bounded by the configured
 keys (or the one anonymous id of an open gateway): a key id never comes from a client.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from herdless.gateway.limits import AdmissionConfig, TokenBucket
+from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 
 __all__ = ["KeyBudget", "KeyBudgets"]
 

@@ -2,15 +2,15 @@
 
 A clock-injected state machine, apart from the HTTP layer: the async driver
 (``gate.py``) and the unit tests drive it by calling methods, never by sleeping. The
-fair queue (:mod:`~herdless.gateway.fairqueue`: the waiters' order, the service per
-user) and the reservation schedule (:mod:`~herdless.gateway.reservations`: the
+fair queue (:mod:`~herdless.gateway.core.fairqueue`: the waiters' order, the service per
+user) and the reservation schedule (:mod:`~herdless.gateway.core.reservations`: the
 Retry-After of every refusal) do the detailed work.
 
 Rules, checked in this order by :meth:`Admission.offer` (each explained, with its
 answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
 1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_*``.
-2. requests per second per key (:mod:`herdless.gateway.keys`) -> 429 ``rate_limited``.
+2. requests per second per key (:mod:`herdless.gateway.core.keys`) -> 429 ``rate_limited``.
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
 4. LLM tokens per minute per key, settled against real usage -> 429 ``token_budget``.
@@ -29,11 +29,11 @@ import itertools
 import math
 
 from herdless._clock import Clock
-from herdless.gateway.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.fairqueue import FairQueue, Flow
-from herdless.gateway.keys import KeyBudgets
-from herdless.gateway.limits import AdmissionConfig, Priority
-from herdless.gateway.reservations import Reservations, unattainable
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.fairqueue import FairQueue, Flow
+from herdless.gateway.core.keys import KeyBudgets
+from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.reservations import Reservations, unattainable
 
 __all__ = ["Admission"]
 

@@ -1,6 +1,6 @@
 """Service measured over a sliding window, and how evenly it is shared (pure).
 
-The fair queue (:mod:`herdless.gateway.fairqueue`) charges each user's weighted tokens
+The fair queue (:mod:`herdless.gateway.core.fairqueue`) charges each user's weighted tokens
 to a :class:`ServiceWindow`; ``/metrics`` shows the last window per user and Jain's
 index over the users that waited throughout it, and the fairness benchmark computes
 the same index from its clients' records.

@@ -1,6 +1,6 @@
 """The gateway's limits (:class:`AdmissionConfig`) and its token bucket (pure, no I/O).
 
-See :mod:`herdless.gateway.admission` for how they are applied and why the bucket
+See :mod:`herdless.gateway.core.admission` for how they are applied and why the bucket
 reserves a time for each refused caller instead of using aiolimiter.
 """
 

@@ -56,9 +56,9 @@ import math
 from collections import deque
 from collections.abc import Iterator
 
-from herdless.gateway.decisions import Ticket
-from herdless.gateway.limits import CLASSES, AdmissionConfig, Priority
-from herdless.gateway.service import ServiceWindow, jain_index
+from herdless.gateway.core.decisions import Ticket
+from herdless.gateway.core.limits import CLASSES, AdmissionConfig, Priority
+from herdless.gateway.core.service import ServiceWindow, jain_index
 
 __all__ = ["OVERFLOW", "FairQueue", "Flow"]
 

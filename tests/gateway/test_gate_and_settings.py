@@ -10,11 +10,11 @@ from tests.gateway.fakes import until
 
 from herdless._exposition import Exposition, Histogram
 from herdless.bench.vtime import VirtualClock, run_virtual
-from herdless.gateway.core.admission import Admission
 from herdless.gateway.cli import load_settings, main
+from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
-from herdless.gateway.gate import Gate
 from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.gate import Gate
 from herdless.gateway.settings import ApiKeys, GatewaySettings
 from herdless.gateway.upstream import UsageSniffer
 from herdless.gateway.wire import BadRequest, parse_chat_request

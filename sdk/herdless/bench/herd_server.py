@@ -28,8 +28,8 @@ import httpx
 from herdless.bench.vtime import VirtualClock
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Enqueued, Refuse
-from herdless.gateway.gate import Gate
 from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.gate import Gate
 from herdless.gateway.wire import capacity_header, error_body, refusal_headers
 
 __all__ = ["HerdServer", "ServerParams", "completion_body"]

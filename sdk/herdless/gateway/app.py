@@ -27,8 +27,8 @@ from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.core.admission import Admission
-from herdless.gateway.gate import Gate
 from herdless.gateway.core.limits import CLASSES
+from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, effective_config, event
 from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics
 from herdless.gateway.models import ModelList

@@ -471,7 +471,7 @@ def test_while_the_upstream_is_out_an_unattainable_deadline_is_a_503(clock: Fake
 
 def test_every_refusal_advertises_the_capacity_of_one_key(clock: FakeClock) -> None:
     adm = make(clock, max_concurrency=8, max_queue=16, key_queue_share=0.5)
-    assert adm.config.key_capacity == 16
+    assert adm.key_capacity == 16
     for _ in range(8):
         admit(adm, "a")
     for _ in range(8):

@@ -104,7 +104,7 @@ class HerdServer:
         finally:
             gate.release(decision.ticket)
         self.served.append(loop.time())
-        capacity = capacity_header(gate.admission.config.key_capacity)
+        capacity = capacity_header(gate.admission.key_capacity)
         return 200, [(b"content-type", b"application/json"), capacity], completion_body()
 
     def _refusal(self, refuse: Refuse) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -241,7 +241,7 @@ async def _relay(
     """Pass the upstream response through, byte for byte; returns what it saw of usage."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
-    out.append(capacity_header(rt.gate.admission.config.key_capacity))
+    out.append(capacity_header(rt.gate.admission.key_capacity))
     if response.status_code in (429, 503) and "retry-after" not in response.headers:
         retry_after = rt.settings.upstream_retry_after
         out += refusal_headers(

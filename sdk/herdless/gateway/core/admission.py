@@ -3,7 +3,8 @@
 A clock-injected state machine, apart from the HTTP layer: the async driver
 (``gate.py``) and the unit tests drive it by calling methods, never by sleeping. The
 fair queue (:mod:`~herdless.gateway.core.fairqueue`: the waiters' order, the service per
-user) and the reservation schedule (:mod:`~herdless.gateway.core.reservations`: the
+user), the sizing rule (:mod:`~herdless.gateway.core.sizing`: how much the engine holds
+now) and the reservation schedule (:mod:`~herdless.gateway.core.reservations`: the
 Retry-After of every refusal) do the detailed work.
 
 Rules, checked in this order by :meth:`Admission.offer` (each explained, with its
@@ -14,11 +15,12 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
 4. LLM tokens per minute per key, settled against real usage -> 429 ``token_budget``.
-5. runs now when none of its class waits, a slot is free, its price fits the KV budget
-   and, for batch work, the interactive reserve stays free.
+5. runs now when none of its class waits and the sizing rule holds nothing back: the
+   engine's room (or the static limits), and for batch work the interactive headroom.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
    (``kv_budget``); a waiter not started in ``queue_timeout`` -> 429 ``queue_timeout``.
-7. a caller's deadline shorter than its predicted wait -> ``deadline_unattainable``.
+7. a caller's deadline shorter than its predicted wait (its place over the answers
+   finished per second, measured) -> ``deadline_unattainable``.
 8. an interactive arrival in a full queue displaces a batch waiter -> 429 ``displaced``.
 9. waiters start in the fair order; the head first even when a smaller one would fit.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 
 from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -34,8 +37,13 @@ from herdless.gateway.core.fairqueue import FairQueue, Flow
 from herdless.gateway.core.keys import KeyBudgets
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.reservations import Reservations, unattainable
+from herdless.gateway.core.sizing import Hold, Reading, Sizing
 
-__all__ = ["Admission"]
+__all__ = ["DRAIN_WINDOW", "Admission"]
+
+DRAIN_WINDOW = 10.0
+"""Seconds over which the answers finished per second are measured."""
+_DRAIN_SAMPLES = 4  # answers finished before the measured rate is believed
 
 
 class Admission:
@@ -57,9 +65,13 @@ class Admission:
         self._keys = KeyBudgets(config)
         self._queue = FairQueue(config)
         self._reservations = Reservations(config)
+        self._sizing = Sizing(config)
+        self._reservations.capacity = config.key_capacity(self._sizing.limit)
         self._queued = 0
-        self._running = 0
-        self._inflight_tokens = 0
+        self._finished: deque[float] = deque()  # end times within DRAIN_WINDOW
+        self._first_finish = math.inf
+        self.held: Hold | None = None
+        """What held the next waiter back at the last dispatch (``None``: nothing)."""
         self._mean_service = config.initial_service_time
         self._last_interactive = -math.inf
         self._displacements = 0
@@ -83,12 +95,41 @@ class Admission:
     @property
     def inflight(self) -> int:
         """Requests running upstream."""
-        return self._running
+        return self._sizing.running
 
     @property
     def inflight_tokens(self) -> int:
-        """Sum of the prices of the running requests (the KV budget in use)."""
-        return self._inflight_tokens
+        """Sum of the prices of the running requests (the static KV budget in use)."""
+        return self._sizing.inflight_tokens
+
+    @property
+    def sizing(self) -> Sizing:
+        """The sizing rule and what it learned of the engine (read it; feed it readings
+        through :meth:`observe`)."""
+        return self._sizing
+
+    @property
+    def limit(self) -> int:
+        """The dispatch limit now, in requests (static, or sized from the engine)."""
+        return self._sizing.limit
+
+    @property
+    def key_capacity(self) -> int:
+        """Most requests of one key the gateway holds at once (``X-Herdless-Capacity``):
+        the dispatch limit now plus the key's share of the queue."""
+        return self._reservations.capacity
+
+    def drain_rate(self) -> float:
+        """Answers finished per second over the last ``DRAIN_WINDOW`` seconds; before
+        there are enough, the dispatch limit over the mean run time."""
+        now = self._clock.monotonic()
+        finished = self._finished
+        while finished and finished[0] < now - DRAIN_WINDOW:
+            finished.popleft()
+        span = min(DRAIN_WINDOW, now - self._first_finish)
+        if len(finished) < _DRAIN_SAMPLES or span < 1.0:
+            return max(1, self.inflight or self.limit) / self._mean_service
+        return len(finished) / span
 
     @property
     def mean_service_time(self) -> float:
@@ -144,10 +185,22 @@ class Admission:
         self._switch(draining=False, ready=self._ready, code=self._not_ready_code)
 
     def _switch(self, *, draining: bool, ready: bool, code: str) -> None:
-        was_ready = self.ready
+        was_ready, upstream_was_ready = self.ready, self._ready
         self._draining, self._ready, self._not_ready_code = draining, ready, code
+        if not upstream_was_ready and ready:  # another engine, maybe another model
+            self._sizing.reset()
+            self._resized()
         if not was_ready and self.ready:  # serving again: the old reservations are void
             self._reservations.serving_again()
+
+    def observe(self, reading: Reading) -> None:
+        """Take a reading of the engine's metrics (see :mod:`.sizing`); the caller then
+        calls :meth:`dispatch`, as room may have grown."""
+        self._sizing.observe(reading)
+        self._resized()
+
+    def _resized(self) -> None:
+        self._reservations.capacity = self.config.key_capacity(self._sizing.limit)
 
     def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
@@ -207,8 +260,8 @@ class Admission:
         if interactive:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
-        if self._startable(klass, price, now):
-            ticket = self._new_ticket(key_id, price, now, flow, prompt)
+        ticket = self._new_ticket(key_id, price, now, flow, prompt)
+        if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
             return Admit(ticket)
@@ -219,13 +272,12 @@ class Admission:
                 # A full key share is freed only by one of the key's own batch waiters.
                 victim = self._queue.victim(key_id if key_full else None)
             if victim is None:
-                return self._queue_refusal(flow, now, self._full_code(price), deadline=deadline)
+                return self._queue_refusal(flow, now, self._full_code(ticket), deadline=deadline)
         if deadline is not None:
-            wait = self._queue.place(flow) * self._mean_service / cfg.max_concurrency
+            wait = self._queue.place(flow) / self.drain_rate()
             if wait > deadline:
-                return unattainable(429, wait, deadline, cfg.key_capacity)
+                return unattainable(429, wait, deadline, self.key_capacity)
         displaced = () if victim is None else ((victim, self._displace(victim, now)),)
-        ticket = self._new_ticket(key_id, price, now, flow, prompt)
         key.charge(price)
         self._queue.push(flow, ticket, now)
         key.queued += 1
@@ -237,13 +289,14 @@ class Admission:
         started: list[Ticket] = []
         now = self._clock.monotonic()
         queue = self._queue
-        while self._running < self.config.max_concurrency:
-            ticket = queue.head("interactive")
+        recent = self._recent_interactive(now)
+        self.held = None
+        while True:
+            ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
-                ticket = queue.head("batch")
-                if ticket is None or not self._batch_room(now):
-                    break
-            if not self._fits_kv(ticket.price):
+                break
+            self.held = self._sizing.hold(ticket, now, recent_interactive=recent)
+            if self.held is not None:
                 break  # head-of-line: skipping it would starve large prompts
             # Charged first: a flow that stops waiting leaves with this charge counted.
             self._start(ticket, queue.flow_of(ticket), now)
@@ -278,8 +331,6 @@ class Admission:
             self._drop(ticket)
         else:
             now = self._clock.monotonic()
-            self._running -= 1
-            self._inflight_tokens -= ticket.price
             started = now if ticket.started_at is None else ticket.started_at
             run = max(0.0, now - started)
             alpha = self.config.ewma_alpha
@@ -290,6 +341,11 @@ class Admission:
                 prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
                 completion_tokens = max(0, used_tokens - prompt)
             self._queue.finish(ticket, now, prompt=prompt_tokens, completion=completion_tokens)
+            self._sizing.finish(
+                ticket, now, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+            )
+            self._finished.append(now)
+            self._first_finish = min(self._first_finish, now)
         ticket.state = "done"
 
     def expire(self, ticket: Ticket, *, deadline_passed: bool = False) -> Refuse:
@@ -299,7 +355,7 @@ class Admission:
         now = self._clock.monotonic()
         if deadline_passed:
             waited = now - ticket.offered_at
-            return unattainable(429, waited, waited, self.config.key_capacity)
+            return unattainable(429, waited, waited, self.key_capacity)
         flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
         return self._queue_refusal(flow, now, "queue_timeout")
 
@@ -309,11 +365,7 @@ class Admission:
         """A 503 with a reservation: not serving now (``draining``, ``upstream_*``; also
         when a request finds the upstream gone, ``message`` says how)."""
         return self._reservations.unavailable(
-            self._clock.monotonic(),
-            code,
-            message,
-            mean_service=self._mean_service,
-            deadline=deadline,
+            self._clock.monotonic(), code, message, gap=1 / self.drain_rate(), deadline=deadline
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -331,40 +383,31 @@ class Admission:
             prompt=price if prompt is None else min(prompt, price),
         )
 
-    def _startable(self, klass: Priority, price: int, now: float) -> bool:
-        """Rule 5: may a new request of ``klass`` start without waiting?"""
-        if self._running >= self.config.max_concurrency or not self._fits_kv(price):
-            return False
+    def _startable(self, ticket: Ticket, now: float) -> bool:
+        """Rule 5: may a new request start without waiting?"""
         if self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
-        if klass == "interactive":
-            return True
-        return not self._queue.depth("batch") and self._batch_room(now)
+        if ticket.priority == "batch" and self._queue.depth("batch"):
+            return False
+        recent = self._recent_interactive(now)
+        return self._sizing.hold(ticket, now, recent_interactive=recent) is None
 
-    def _batch_room(self, now: float) -> bool:
-        """Whether a batch request may take a slot: the reserve stays free after it."""
-        recent = now - self._last_interactive < self.config.reserve_window
-        reserve = self.config.effective_reserve if recent else 0
-        return self._running + 1 <= self.config.max_concurrency - reserve
+    def _recent_interactive(self, now: float) -> bool:
+        return now - self._last_interactive < self.config.reserve_window
 
-    def _full_code(self, price: int) -> str:
-        """What holds a full queue back: the KV budget (slots are free but the head's
-        price, or this one's when none waits, does not fit) or the queue itself."""
+    def _full_code(self, ticket: Ticket) -> str:
+        """What holds a full queue back: the KV budget (the head's price, or this one's
+        when none waits, does not fit) or the queue itself."""
         queue = self._queue
-        head = queue.head("interactive") or queue.head("batch")
-        blocked = price if head is None else head.price
-        kv_blocks = self._running < self.config.max_concurrency and not self._fits_kv(blocked)
-        return "kv_budget" if kv_blocks else "queue_full"
-
-    def _fits_kv(self, price: int) -> bool:
-        limit = self.config.max_inflight_tokens
-        return limit is None or self._inflight_tokens + price <= limit
+        head = queue.head("interactive") or queue.head("batch") or ticket
+        now = self._clock.monotonic()
+        held = self._sizing.hold(head, now, recent_interactive=self._recent_interactive(now))
+        return "kv_budget" if held == "kv" else "queue_full"
 
     def _start(self, ticket: Ticket, flow: Flow, now: float) -> None:
         ticket.state = "running"
         ticket.started_at = now
-        self._running += 1
-        self._inflight_tokens += ticket.price
+        self._sizing.start(ticket, now, predicted=flow.predicted)
         self._queue.start(ticket, flow, now)
 
     def _drop(self, ticket: Ticket) -> None:
@@ -389,7 +432,7 @@ class Admission:
         refused = self._reservations.queue(
             now,
             code,
-            gap=self._mean_service / max(1, self._running),
+            gap=1 / self.drain_rate(),
             share=self._queue.share(flow),
             horizon=flow.horizon,
             queued=self._queued,

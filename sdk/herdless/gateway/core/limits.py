@@ -10,7 +10,16 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["CLASSES", "SCHEDULERS", "AdmissionConfig", "Priority", "Scheduler", "TokenBucket"]
+__all__ = [
+    "CLASSES",
+    "SCHEDULERS",
+    "STATIC_CONCURRENCY",
+    "AdmissionConfig",
+    "Priority",
+    "Scheduler",
+    "SizingMode",
+    "TokenBucket",
+]
 
 _NEVER = -math.inf
 
@@ -22,6 +31,10 @@ CLASSES: Final[tuple[Priority, ...]] = ("interactive", "batch")
 Scheduler = Literal["vtc", "round-robin", "fcfs"]
 """How the queue orders its waiters: token-fair (``vtc``), or the two reference orders."""
 SCHEDULERS: Final[tuple[Scheduler, ...]] = ("vtc", "round-robin", "fcfs")
+SizingMode = Literal["engine", "static"]
+"""How the dispatch limit is found: from the engine's metrics, or the static limits only."""
+STATIC_CONCURRENCY: Final = 64
+"""Requests running at once while the engine has not said its size (no ``max_concurrency``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,14 +42,17 @@ class AdmissionConfig:
     """Limits of the gateway. ``None`` disables a limit. Times are in seconds.
 
     Attributes:
-        max_concurrency: requests running upstream at once.
+        max_concurrency: cap on the requests running upstream at once (``None``: sized
+            from the engine, :mod:`herdless.gateway.core.sizing`; ``STATIC_CONCURRENCY``
+            while the engine has not said its size).
         max_queue: requests waiting at once (0: refuse instead of waiting).
         queue_timeout: longest wait in the queue before a 429 ``queue_timeout``.
         rate: requests per second per key (token bucket refill).
         burst: requests a key may send at once (bucket size); defaults to
             ``max(1, ceil(rate))``.
         tokens_per_minute: LLM tokens (prompt + completion) per minute per key.
-        max_inflight_tokens: KV budget: sum of prices of the running requests.
+        max_inflight_tokens: cap on the KV budget: while static, the sum of the prices
+            of the running requests; while sized, the peak KV they may reach.
         key_queue_share: fraction of the queue one key may hold (0 < share <= 1).
         initial_service_time: assumed run time of a request until one is measured.
         ewma_alpha: weight of the newest run time in the service-time average.
@@ -57,9 +73,13 @@ class AdmissionConfig:
             reserve holds; afterwards batch may fill every slot.
         fair_window: seconds over which the service per user and the fairness index
             are measured (whole seconds).
+        sizing: ``engine`` (the dispatch limit follows the engine's readings, under the
+            caps) or ``static`` (the caps, or ``STATIC_CONCURRENCY``, only).
+        stale_after: seconds without a reading of the engine before the limit falls
+            back to the last good one.
     """
 
-    max_concurrency: int = 64
+    max_concurrency: int | None = None
     max_queue: int = 256
     queue_timeout: float = 30.0
     rate: float | None = None
@@ -79,9 +99,12 @@ class AdmissionConfig:
     interactive_reserve: int | None = None
     reserve_window: float = 30.0
     fair_window: float = 10.0
+    sizing: SizingMode = "engine"
+    stale_after: float = 1.0
 
     def __post_init__(self) -> None:
-        _positive("max_concurrency", self.max_concurrency)
+        if self.max_concurrency is not None:
+            _positive("max_concurrency", self.max_concurrency)
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
         for name in (
@@ -94,14 +117,18 @@ class AdmissionConfig:
             "completion_weight",
             "max_users",
             "reserve_window",
+            "stale_after",
         ):
             _positive(name, getattr(self, name))
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.sizing not in ("engine", "static"):
+            raise ValueError(f"sizing must be 'engine' or 'static', got {self.sizing!r}")
         reserve = self.interactive_reserve
-        if reserve is not None and not 0 <= reserve < self.max_concurrency:
+        if reserve is not None and not 0 <= reserve < self.static_concurrency:
             raise ValueError(
-                f"interactive_reserve must be in [0, max_concurrency), got {reserve!r}"
+                f"interactive_reserve must be in [0, {self.static_concurrency}) "
+                f"(the static concurrency), got {reserve!r}"
             )
         if not self.fair_window >= 1:
             raise ValueError(f"fair_window must be >= 1 second, got {self.fair_window!r}")
@@ -122,24 +149,33 @@ class AdmissionConfig:
         return max(1, math.ceil(self.rate or 1))
 
     @property
+    def static_concurrency(self) -> int:
+        """Requests running at once while static: ``max_concurrency``, else 64."""
+        return STATIC_CONCURRENCY if self.max_concurrency is None else self.max_concurrency
+
+    @property
     def effective_reserve(self) -> int:
-        """Slots batch leaves free for interactive work: ``interactive_reserve``, or
-        ``ceil(max_concurrency / 8)``, at most ``max_concurrency - 1``."""
+        """Slots batch leaves free for interactive work while static (see
+        :meth:`reserve_for`)."""
+        return self.reserve_for(self.static_concurrency)
+
+    def reserve_for(self, limit: int) -> int:
+        """Slots batch leaves free for interactive work at a limit of ``limit`` requests:
+        ``interactive_reserve``, or ``ceil(limit / 8)``, at most ``limit - 1``."""
         if self.interactive_reserve is not None:
-            return self.interactive_reserve
-        return min(self.max_concurrency - 1, math.ceil(self.max_concurrency / 8))
+            return min(self.interactive_reserve, limit - 1)
+        return min(limit - 1, math.ceil(limit / 8))
 
     @property
     def key_queue_limit(self) -> int:
         """Most requests one key may have waiting: ``ceil(max_queue * key_queue_share)``."""
         return math.ceil(self.max_queue * self.key_queue_share)
 
-    @property
-    def key_capacity(self) -> int:
-        """Most requests of one key the gateway holds at once, running or waiting:
-        ``max_concurrency + key_queue_limit``. Advertised to clients as
+    def key_capacity(self, limit: int) -> int:
+        """Most requests of one key the gateway holds at once, running or waiting, at a
+        dispatch limit of ``limit``: ``limit + key_queue_limit``. Advertised to clients as
         ``X-Herdless-Capacity``, so that a herdless client sizes its window to it."""
-        return self.max_concurrency + self.key_queue_limit
+        return limit + self.key_queue_limit
 
 
 def _positive(name: str, value: float) -> None:

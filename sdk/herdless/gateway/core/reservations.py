@@ -5,8 +5,9 @@ latest time it has already promised to a refused caller) and hands the next
 refused caller the next free slot after it:
 
 * queue (``queue_full``, ``queue_timeout``, ``kv_budget``, ``displaced``): a slot
-  frees every ``gap = mean_service / max(1, running)`` seconds, where
-  ``mean_service`` is an EWMA of measured run times, and the refused caller's user
+  frees every ``gap = 1 / drain_rate`` seconds, where ``drain_rate`` is the answers
+  finished per second the gateway measured (``Admission.drain_rate``), and the refused
+  caller's user
   gets ``share`` of the slots that free (its place in the fair order, see
   :meth:`herdless.gateway.core.fairqueue.FairQueue.share`), so each user keeps its own
   horizon::
@@ -22,7 +23,7 @@ refused caller the next free slot after it:
 * not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
   service is expected back after the configured ``delay`` (``drain_retry_after``
   or ``upstream_retry_after``), and then the GPU takes a request every
-  ``gap = mean_service / max_concurrency`` seconds, so
+  ``gap = 1 / drain_rate`` seconds, so
   ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
   the promises still outstanding become the queue's ``floor`` (a caller refused
   by a full queue is told a time after them) and the next outage starts afresh.
@@ -58,10 +59,12 @@ class Reservations:
         config: the gateway's limits (caps, delays, the queue's size).
     """
 
-    __slots__ = ("_config", "_messages", "_outage_horizon", "_policies", "floor")
+    __slots__ = ("_config", "_messages", "_outage_horizon", "_policies", "capacity", "floor")
 
     def __init__(self, config: AdmissionConfig) -> None:
         self._config = config
+        self.capacity = config.key_capacity(config.static_concurrency)
+        """``X-Herdless-Capacity`` of the refusals: set by admission as its limit moves."""
         self._outage_horizon = _NEVER
         self.floor = _NEVER
         """The earliest time a queue refusal may name: promises of the last outage."""
@@ -106,7 +109,7 @@ class Reservations:
         start = max(now, horizon, self.floor)
         wait = min(start + gap / share - now, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
-            return unattainable(429, wait, deadline, cfg.key_capacity)
+            return unattainable(429, wait, deadline, self.capacity)
         return Refuse(
             status=429,
             code=code,
@@ -114,7 +117,7 @@ class Reservations:
             retry_after=wait,
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - queued),
-            capacity=cfg.key_capacity,
+            capacity=self.capacity,
         )
 
     def unavailable(
@@ -123,20 +126,20 @@ class Reservations:
         code: str,
         message: str | None = None,
         *,
-        mean_service: float,
+        gap: float,
         deadline: float | None = None,
     ) -> Refuse:
         """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
 
         ``retry_at = max(now + delay, horizon + gap)`` with ``delay`` the configured time
-        until service is expected back and ``gap = mean_service / max_concurrency`` (the
-        rate at which the GPU will take the callers back), capped at ``max_retry_after``
+        until service is expected back and ``gap`` the seconds between two answers the
+        GPU finishes (the rate at which it will take the callers back), capped at
+        ``max_retry_after``
         (a drain's at ``2 x delay``: its callers go to their fallback meanwhile).
         """
         cfg = self._config
         draining = code == "draining"
         delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
-        gap = mean_service / cfg.max_concurrency
         # Relative to now, so that the cap holds exactly despite float rounding.
         wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
         if draining:
@@ -146,7 +149,7 @@ class Reservations:
             wait = min(wait, 2 * delay)
         if deadline is not None and wait > deadline and not draining:
             # No reservation: it will not come back for this request.
-            return unattainable(503, wait, deadline, cfg.key_capacity)
+            return unattainable(503, wait, deadline, self.capacity)
         self._outage_horizon = now + wait
         return Refuse(
             status=503,
@@ -154,7 +157,7 @@ class Reservations:
             message=message or (_DRAINING if draining else _NOT_READY),
             retry_after=wait,
             drain=draining,
-            capacity=cfg.key_capacity,
+            capacity=self.capacity,
         )
 
     def serving_again(self) -> None:
@@ -176,7 +179,7 @@ class Reservations:
             retry_after=wait,
             policy=self._policies[code],
             remaining=max(0, math.floor(bucket.level(now))),
-            capacity=self._config.key_capacity,
+            capacity=self.capacity,
         )
 
 

@@ -30,18 +30,19 @@ from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.limits import CLASSES
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, effective_config, event
-from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics
+from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics, SizingFigures
 from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import AdmittedProxy
 from herdless.gateway.routes import ROUTES
 from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
+from herdless.gateway.watcher import Watcher
 from herdless.gateway.wire import error_body, refusal_headers
 
 __all__ = ["create_app"]
 
-_HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health polls and /v1/models
+_HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health and /metrics polls, /v1/models
 _SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
 _PATH_SHOWN = 100  # characters of an unknown path echoed in a 404 (error bodies are cached)
 _SERVED = ", ".join(f"POST {route.path}" for route in ROUTES) + " and GET /v1/models"
@@ -73,13 +74,29 @@ def create_app(
             jain={name: admission.fairness(name) for name in CLASSES},
         )
 
+    def sizing() -> SizingFigures:
+        size, last = admission.sizing, admission.sizing.last
+        return SizingFigures(
+            limit=size.limit,
+            mode="engine" if size.sized else "static",
+            held=admission.held if admission.queue_depth else None,
+            kv_capacity=size.kv_capacity,
+            kv_usage=None if last is None else last.kv_usage,
+            running=None if last is None else last.running,
+            waiting=None if last is None else last.waiting,
+            fill=size.fill,
+            preemptions=size.preemptions_seen,
+            stale=size.stale,
+        )
+
+    cap = settings.max_concurrency
     runtime = Runtime(
         settings=settings.without_secrets(),
         gate=Gate(admission),
         upstream=Upstream(
             str(settings.upstream),
             api_key=settings.upstream_api_key,
-            max_connections=settings.max_concurrency + _HEALTH_CONNECTIONS,
+            max_connections=None if cap is None else cap + _HEALTH_CONNECTIONS,
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
             transport=transport,
@@ -91,6 +108,7 @@ def create_app(
                 "inflight_tokens": admission.inflight_tokens,
             },
             fairness=fairness,
+            sizing=sizing,
             top=settings.metrics_top_users,
         ),
         keys=settings.api_key_table(),
@@ -103,13 +121,22 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         event(LOG, logging.INFO, "config", **shown)
         await _poll_once(runtime)  # know the upstream's state before the first request
-        poller = asyncio.create_task(_poll_forever(runtime))
+        tasks = [asyncio.create_task(_poll_forever(runtime))]
+        if settings.sizing == "engine":
+            watcher = Watcher(
+                runtime.upstream,
+                runtime.gate,
+                interval=settings.metrics_interval,
+                now=clock.monotonic,
+            )
+            await watcher.read_once()  # sized before the first request where it can be
+            tasks.append(asyncio.create_task(watcher.run()))
         try:
             yield
         finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await runtime.upstream.aclose()
             adm = runtime.gate.admission
             event(

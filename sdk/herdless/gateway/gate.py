@@ -14,6 +14,7 @@ import logging
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.limits import Priority
+from herdless.gateway.core.sizing import Reading
 from herdless.gateway.logs import LOG, event
 
 __all__ = ["Gate"]
@@ -140,6 +141,17 @@ class Gate:
             self._upstream_state = state
         if ready:
             self._dispatch()
+
+    def observe(self, reading: Reading) -> None:
+        """Take a reading of the engine (see :mod:`herdless.gateway.core.sizing`) and start
+        whoever now fits."""
+        self.admission.observe(reading)
+        self._dispatch()
+
+    @property
+    def key_capacity(self) -> int:
+        """``X-Herdless-Capacity``: requests of one key the gateway holds at once now."""
+        return self.admission.key_capacity
 
     def _dispatch(self) -> None:
         for ticket in self.admission.dispatch():

@@ -20,6 +20,15 @@ Exposed (all names prefixed ``herdless_gateway_``):
   weighted tokens charged to each of the top users over the last window, the rest
   summed as ``user="other"``: a bounded label set) and ``fairness_jain{class}``
   (gauge: Jain's index over the users that waited throughout the last window);
+* self-sizing (read from the sizing rule at scrape time, see :class:`SizingFigures`):
+  ``dispatch_limit`` (requests the gateway lets run upstream now), ``sizing_mode{mode}``
+  (1 for ``engine`` or ``static``: static when the engine publishes no size),
+  ``dispatch_held{reason}`` (1 for what holds the next waiter back now: ``cap``, ``kv``,
+  ``reserve``, ``seqs``, ``engine_waiting``, ``stale``), ``engine_kv_capacity_tokens``,
+  ``engine_kv_usage``, ``engine_running``, ``engine_waiting`` (as last read),
+  ``engine_kv_fill`` (the share of the KV the rule fills, lowered by preemptions),
+  ``engine_preemptions_total`` (preemptions seen), ``engine_readings_stale`` (1 while
+  the limit is the last good one);
 * ``build_info{version,python}`` (always 1) and the standard ``process_*`` series
   (CPU seconds, resident and virtual memory, open and maximum file descriptors, start
   time: :func:`herdless._exposition.process_metrics`).
@@ -36,7 +45,7 @@ from dataclasses import dataclass
 from herdless._exposition import CONTENT_TYPE, Exposition, Histogram, labels, process_metrics
 from herdless._version import __version__
 
-__all__ = ["CONTENT_TYPE", "Fairness", "GatewayMetrics", "top_users"]
+__all__ = ["CONTENT_TYPE", "HOLDS", "Fairness", "GatewayMetrics", "SizingFigures", "top_users"]
 
 _PREFIX = "herdless_gateway_"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -71,6 +80,39 @@ class Fairness:
     jain: Mapping[str, float]
 
 
+HOLDS = ("cap", "kv", "reserve", "seqs", "engine_waiting", "stale")
+"""What may hold the next waiter back (``dispatch_held{reason}``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizingFigures:
+    """The self-sizing figures of one scrape (``None``: not read from the engine).
+
+    Attributes:
+        limit: requests the gateway lets run upstream now.
+        mode: ``engine`` (sized from its readings) or ``static``.
+        held: what holds the next waiter back now, or ``None``.
+        kv_capacity: the engine's KV capacity in tokens.
+        kv_usage: the engine's KV use as last read, 0 to 1.
+        running: requests the engine ran, as last read.
+        waiting: requests waiting in the engine's queue, as last read.
+        fill: share of the KV capacity the rule fills now.
+        preemptions: preemptions seen in the readings (a counter).
+        stale: whether the readings are stale (the last good limit holds).
+    """
+
+    limit: int
+    mode: str
+    held: str | None
+    kv_capacity: int | None
+    kv_usage: float | None
+    running: int | None
+    waiting: int | None
+    fill: float
+    preemptions: int
+    stale: bool
+
+
 def top_users(users: Mapping[str, float], top: int) -> list[tuple[str, float]]:
     """The ``top`` users by service, largest first, then ``("other", the rest)``."""
     best = heapq.nlargest(top, users.items(), key=lambda item: item[1])
@@ -90,6 +132,7 @@ class GatewayMetrics:
         "queue_wait",
         "rejections",
         "requests",
+        "sizing",
         "top",
         "ttfb",
     )
@@ -99,10 +142,12 @@ class GatewayMetrics:
         gauges: Callable[[], dict[str, float]],
         *,
         fairness: Callable[[], Fairness] | None = None,
+        sizing: Callable[[], SizingFigures] | None = None,
         top: int = 10,
     ) -> None:
         self.gauges = gauges
         self.fairness = fairness
+        self.sizing = sizing
         self.top = top
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
@@ -140,6 +185,8 @@ class GatewayMetrics:
             out.one(p + name, "gauge", _GAUGES.get(name, name), value)
         if self.fairness is not None:
             self._fair_share(out, self.fairness())
+        if self.sizing is not None:
+            self._sizing(out, self.sizing())
         for attribute, (name, help) in _HISTOGRAMS.items():
             out.histogram(p + name, help, getattr(self, attribute))
         build = labels(version=__version__, python=platform.python_version())
@@ -148,6 +195,46 @@ class GatewayMetrics:
         )
         process_metrics(out)
         return out.text()
+
+    def _sizing(self, out: Exposition, size: SizingFigures) -> None:
+        p = _PREFIX
+        out.one(p + "dispatch_limit", "gauge", "Requests let run upstream now.", size.limit)
+        out.by(
+            p + "sizing_mode",
+            "gauge",
+            "1 for how the limit is found: engine (its metrics) or static.",
+            "mode",
+            {mode: int(mode == size.mode) for mode in ("engine", "static")},
+        )
+        out.by(
+            p + "dispatch_held",
+            "gauge",
+            "1 for what holds the next waiter back now.",
+            "reason",
+            {reason: int(reason == size.held) for reason in HOLDS},
+        )
+        engine = {
+            "engine_kv_capacity_tokens": ("The engine's KV capacity, tokens.", size.kv_capacity),
+            "engine_kv_usage": ("The engine's KV use as last read, 0 to 1.", size.kv_usage),
+            "engine_running": ("Requests the engine ran, as last read.", size.running),
+            "engine_waiting": ("Requests in the engine's own queue, as last read.", size.waiting),
+        }
+        for name, (help, value) in engine.items():
+            if value is not None:
+                out.one(p + name, "gauge", help, value)
+        out.one(p + "engine_kv_fill", "gauge", "Share of the KV the rule fills now.", size.fill)
+        out.one(
+            p + "engine_preemptions_total",
+            "counter",
+            "Preemptions seen in the engine's readings.",
+            size.preemptions,
+        )
+        out.one(
+            p + "engine_readings_stale",
+            "gauge",
+            "1 while the readings are stale and the last good limit holds.",
+            int(size.stale),
+        )
 
     def _fair_share(self, out: Exposition, fair: Fairness) -> None:
         p = _PREFIX

@@ -17,7 +17,7 @@ from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.connections import ConnectionLimits
-from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.core.limits import STATIC_CONCURRENCY, AdmissionConfig
 
 __all__ = [
     "ANONYMOUS",
@@ -51,8 +51,9 @@ class GatewaySettings(BaseSettings):
     """vLLM's base URL"""
     upstream_api_key: SecretStr | None = None
     """API key the gateway sends to vLLM (vLLM's --api-key); unset: none"""
-    max_concurrency: int = Field(default=64, gt=0)
-    """requests running upstream at once"""
+    max_concurrency: int | None = Field(default=None, gt=0)
+    """cap on requests running upstream at once (unset: sized from the upstream's /metrics; 64
+    while it publishes no size)"""
     max_queue: int = Field(default=256, ge=0)
     """requests waiting at once (0 refuses instead of queueing)"""
     queue_timeout: float = Field(default=30.0, gt=0)
@@ -64,7 +65,13 @@ class GatewaySettings(BaseSettings):
     tokens_per_minute: int | None = Field(default=None, gt=0)
     """LLM tokens per minute per key (unset: no limit)"""
     max_inflight_tokens: int | None = Field(default=None, gt=0)
-    """KV budget: prompt + max_tokens admitted at once (unset: none)"""
+    """cap on the KV tokens of the running requests (unset: the engine's KV capacity, read from its
+    /metrics; none while it publishes none)"""
+    sizing: Literal["engine", "static"] = "engine"
+    """engine: dispatch while the engine has room, read from its /metrics every metrics_interval;
+    static: only the caps (max_concurrency, else 64)"""
+    metrics_interval: float = Field(default=0.25, gt=0)
+    """seconds between reads of the upstream's /metrics (sizing engine)"""
     key_queue_share: float = Field(default=0.5, gt=0, le=1)
     """fraction of the queue one API key may hold (with API keys only)"""
     max_body_bytes: int = Field(default=1_048_576, gt=0)
@@ -115,8 +122,9 @@ class GatewaySettings(BaseSettings):
     max_users: int = Field(default=10_000, gt=0)
     """most users (per class) whose service the queue remembers"""
     interactive_reserve: int | None = Field(default=None, ge=0)
-    """slots batch work leaves free while interactive work is recent (unset: max_concurrency / 8,
-    rounded up)"""
+    """slots batch work leaves free while interactive work is recent, with static sizing (unset:
+    max_concurrency / 8, rounded up); sized from the engine, batch leaves what interactive work
+    held over reserve_window"""
     reserve_window: float = Field(default=30.0, gt=0)
     """seconds after the last interactive request during which the reserve holds"""
     fair_window: float = Field(default=10.0, ge=1)
@@ -157,10 +165,10 @@ class GatewaySettings(BaseSettings):
     @model_validator(mode="after")
     def _reserve_below_concurrency(self) -> GatewaySettings:
         reserve = self.interactive_reserve
-        if reserve is not None and reserve >= self.max_concurrency:
+        limit = STATIC_CONCURRENCY if self.max_concurrency is None else self.max_concurrency
+        if reserve is not None and reserve >= limit:
             raise ValueError(
-                f"interactive_reserve ({reserve}) must be below max_concurrency "
-                f"({self.max_concurrency})"
+                f"interactive_reserve ({reserve}) must be below max_concurrency ({limit})"
             )
         return self
 
@@ -204,6 +212,8 @@ class GatewaySettings(BaseSettings):
             interactive_reserve=self.interactive_reserve,
             reserve_window=self.reserve_window,
             fair_window=self.fair_window,
+            sizing=self.sizing,
+            stale_after=max(1.0, 4 * self.metrics_interval),
         )
 
     def connection_limits(self) -> ConnectionLimits:

@@ -65,7 +65,8 @@ class Upstream:
     Args:
         base_url: the upstream root, e.g. ``http://127.0.0.1:8000``.
         api_key: sent as the upstream's bearer key (clients' keys never are).
-        max_connections: pool size; the admission limit plus a few for health checks.
+        max_connections: pool size (``None``: unbounded, the admission bounds it); the
+            admission cap plus a few for health checks and metrics.
         connect_timeout: seconds to connect (a loading vLLM refuses at once).
         read_timeout: seconds between two bytes of the response.
         transport: an httpx transport, for tests (``httpx.ASGITransport``).
@@ -76,7 +77,7 @@ class Upstream:
         base_url: str,
         *,
         api_key: SecretStr | None = None,
-        max_connections: int = 100,
+        max_connections: int | None = 100,
         connect_timeout: float = 2.0,
         read_timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -160,6 +161,19 @@ class Upstream:
         except httpx.TransportError:
             return SLOW
         return None if response.status_code == 200 else "upstream_loading"
+
+    async def metrics(self, *, within: float) -> str | None:
+        """The engine's Prometheus text (``GET /metrics``, at most ``within`` seconds).
+
+        Returns:
+            The text; ``""`` for an answer other than 200 (no metrics there); ``None``
+            when no answer came (refused, cut or late).
+        """
+        try:
+            response = await self._client.get("/metrics", timeout=within)
+        except httpx.TransportError:
+            return None
+        return response.text if response.status_code == 200 else ""
 
     async def aclose(self) -> None:
         """Close the connection pool."""

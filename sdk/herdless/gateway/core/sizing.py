@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from herdless.gateway.core.decisions import Ticket
-from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.limits import AdmissionConfig
 
 __all__ = ["ENGINE_WAITING", "FILL", "Hold", "Reading", "Sizing"]
 
@@ -215,7 +215,8 @@ class Sizing:
         self.stale = False
         if not reading.sizable:
             return
-        assert reading.kv_capacity is not None and reading.kv_usage is not None
+        assert reading.kv_capacity is not None
+        assert reading.kv_usage is not None
         self.kv_capacity = reading.kv_capacity
         self._good_at = reading.at
         if last is not None:
@@ -308,9 +309,9 @@ class Sizing:
         cap = self.config.max_inflight_tokens
         if cap is not None and self.inflight_tokens + ticket.price > cap:
             return "kv"
-        if not interactive and recent_interactive:
-            if running + 1 > limit - self.config.reserve_for(limit):
-                return "reserve"
+        reserve = self.config.reserve_for(limit) if recent_interactive else 0
+        if not interactive and running + 1 > limit - reserve:
+            return "reserve"
         return None
 
     def start(self, ticket: Ticket, now: float, *, predicted: float | None) -> None:

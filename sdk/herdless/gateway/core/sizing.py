@@ -378,7 +378,11 @@ class Sizing:
         return out
 
     def _accounted(self, now: float) -> float:
-        """KV the gateway's own running requests hold at ``now``, by its account."""
+        """KV the gateway's own running requests may hold at ``now``, by its account:
+        their final sizes until the decode rate is measured (so that the tokens they
+        generated meanwhile are not taken for another client's)."""
+        if self._decode_rate is None:
+            return sum(size + left for size, left in self._sizes(now))
         return sum(size for size, _ in self._sizes(now))
 
     def _peak(self, now: float, new: _Run | None = None) -> float:

@@ -1,0 +1,292 @@
+"""Self-sizing: the dispatch rule on scripted engine readings (pure, fake clock)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Ticket
+from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.sizing import FILL, Reading, Sizing
+from herdless.testing import FakeClock
+
+pytestmark = [pytest.mark.server]
+
+_ids = itertools.count(1)
+
+
+def ticket(prompt: int, max_tokens: int, priority: Priority = "interactive") -> Ticket:
+    return Ticket(
+        id=next(_ids),
+        key_id="key-a",
+        price=prompt + max_tokens,
+        offered_at=0.0,
+        prompt=prompt,
+        priority=priority,
+    )
+
+
+def reading(at: float, *, capacity: int = 10_000, usage: float = 0.0, **more: int) -> Reading:
+    fields: dict[str, int] = {"running": 0, "waiting": 0, "preemptions": 0}
+    fields |= {"generation_tokens": 0, "block_size": 0} | more
+    return Reading(at=at, kv_capacity=capacity, kv_usage=usage, **fields)
+
+
+def fill(sizing: Sizing, make: object, now: float = 0.0, *, limit: int = 1000) -> int:
+    """Start tickets from ``make()`` until the rule holds one back; returns how many."""
+    started = 0
+    while started < limit:
+        t = make()  # type: ignore[operator]
+        if sizing.hold(t, now, recent_interactive=False) is not None:
+            return started
+        sizing.start(t, now, predicted=None)
+        started += 1
+    return started
+
+
+def test_static_until_the_engine_says_its_size() -> None:
+    sizing = Sizing(AdmissionConfig())
+    assert (sizing.sized, sizing.limit) == (False, 64)
+    assert fill(sizing, lambda: ticket(10, 10)) == 64
+    assert sizing.hold(ticket(10, 10), 0.0, recent_interactive=False) == "cap"
+    # A reading without the KV capacity (another server) keeps it static.
+    sizing.observe(Reading(at=0.0, running=3, waiting=0))
+    assert not sizing.sized
+
+
+def test_it_grows_to_the_engines_room_not_a_count() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    assert sizing.sized
+    # 900 + 100 tokens each, none generated yet: int(0.97 * 10_000 / 1_000) fit.
+    assert fill(sizing, lambda: ticket(900, 100)) == int(FILL * 10_000 / 1_000)
+    assert sizing.hold(ticket(900, 100), 0.0, recent_interactive=False) == "kv"
+    # Short requests of the same engine: many more.
+    small = Sizing(AdmissionConfig())
+    small.observe(reading(0.0, capacity=10_000))
+    assert fill(small, lambda: ticket(90, 10)) == int(FILL * 10_000 / 100)
+
+
+def test_the_caps_bound_the_engines_room() -> None:
+    sizing = Sizing(AdmissionConfig(max_concurrency=3, max_inflight_tokens=5_000))
+    sizing.observe(reading(0.0, capacity=10_000))
+    assert fill(sizing, lambda: ticket(10, 10)) == 3
+    tokens = Sizing(AdmissionConfig(max_inflight_tokens=5_000))
+    tokens.observe(reading(0.0, capacity=10_000))
+    assert fill(tokens, lambda: ticket(900, 100)) == 5
+
+
+def test_answers_are_predicted_from_the_settled_usage_not_max_tokens() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    first = ticket(400, 600)
+    sizing.start(first, 0.0, predicted=None)
+    sizing.finish(first, 1.0, prompt_tokens=400, completion_tokens=100)
+    # The class's answers now average 100 tokens: 500 per request, not 1,000.
+    assert fill(sizing, lambda: ticket(400, 600), 1.0) == int(FILL * 10_000 / 500)
+    # A user's own average wins over the class's.
+    other = Sizing(AdmissionConfig())
+    other.observe(reading(0.0, capacity=10_000))
+    t = ticket(400, 600)
+    assert other.hold(t, 0.0, recent_interactive=False) is None
+    other.start(t, 0.0, predicted=600)
+    assert other._peak(0.0) == 1_000  # noqa: SLF001 (the peak of one request)
+
+
+def test_the_prompt_estimate_is_calibrated_by_the_engines_counts() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    for _ in range(40):  # the engine counts twice the prompt the gateway estimated
+        t = ticket(100, 0)
+        sizing.start(t, 0.0, predicted=None)
+        sizing.finish(t, 0.0, prompt_tokens=200, completion_tokens=0)
+    assert fill(sizing, lambda: ticket(100, 0)) == pytest.approx(FILL * 10_000 / 200, abs=2)
+
+
+def test_requests_half_done_leave_room_the_final_sizes_would_not() -> None:
+    """Each running sequence gains one token per step: the peak is not the sum of finals."""
+    staggered = Sizing(AdmissionConfig())
+    staggered.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    staggered.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    # 100 tokens per second per sequence; one request every second, 100 + 400 each.
+    for second in range(4):
+        staggered.start(ticket(100, 400), float(second), predicted=None)
+    fresh = Sizing(AdmissionConfig())
+    fresh.observe(reading(0.0, capacity=10_000))
+    for _ in range(4):
+        fresh.start(ticket(100, 400), 3.0, predicted=None)
+    # The oldest ends before the newest grows: their peak is below 4 x 500.
+    assert staggered._peak(3.0) < fresh._peak(3.0) == 2_000  # noqa: SLF001
+
+
+def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    chats = [ticket(100, 100) for _ in range(3)]
+    for chat in chats:
+        sizing.start(chat, 0.0, predicted=None)
+    for chat in chats:
+        sizing.finish(chat, 1.0, prompt_tokens=100, completion_tokens=100)
+
+    def batch() -> Ticket:
+        return ticket(900, 100, "batch")
+
+    started = 0
+    while sizing.hold(batch(), 1.0, recent_interactive=True) is None:
+        sizing.start(batch(), 1.0, predicted=None)
+        started += 1
+    # Three chats of 200 tokens ran at once: batch leaves 3 x 200 + one more free.
+    assert started == int((FILL * 10_000 - 800) / 1_000)
+    assert sizing.hold(batch(), 1.0, recent_interactive=True) == "reserve"
+    # A chat still starts at once; without recent interactive work, batch may fill it.
+    assert sizing.hold(ticket(100, 100), 1.0, recent_interactive=True) is None
+    assert sizing.hold(ticket(100, 100, "batch"), 1.0, recent_interactive=False) is None
+
+
+def test_preemptions_brake_and_quiet_readings_release() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=100_000, preemptions=0))
+    sizing.observe(reading(0.25, capacity=100_000, preemptions=3))
+    braked = sizing.fill
+    assert braked < FILL
+    assert sizing.preemptions_seen == 3
+    assert fill(sizing, lambda: ticket(900, 100), 0.25) == int(braked * 100) < int(FILL * 100)
+    for step in range(1, 200):
+        sizing.observe(reading(0.25 + step * 0.25, capacity=100_000, preemptions=3))
+    assert sizing.fill == FILL
+
+
+def test_the_engines_own_queue_holds_starts_until_answers_end() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0))
+    running = [ticket(10, 10) for _ in range(3)]
+    for t in running:
+        sizing.start(t, 0.0, predicted=None)
+    sizing.observe(reading(0.25, waiting=2, running=3, usage=0.01))
+    assert sizing.hold(ticket(10, 10), 0.25, recent_interactive=False) == "engine_waiting"
+    sizing.finish(running[0], 0.3, prompt_tokens=None, completion_tokens=None)
+    # One ended, so one of the engine's waiters runs: the count is back to the slack.
+    assert sizing.engine_waiting == 1
+    assert sizing.hold(ticket(10, 10), 0.3, recent_interactive=False) is None
+
+
+def test_max_num_seqs_is_learned_when_the_engine_queues_twice_with_kv_to_spare() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0))
+    sizing.observe(reading(0.25, running=4, waiting=3, usage=0.05))
+    assert sizing.seq_limit is None  # once may be a moment of arrivals
+    sizing.observe(reading(0.5, running=4, waiting=2, usage=0.05))
+    assert sizing.seq_limit == 4
+    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "engine_waiting"
+    sizing.observe(reading(0.6, running=4, waiting=0, usage=0.05))
+    assert fill(sizing, lambda: ticket(10, 10), 0.6) == 4
+    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "seqs"
+    # The engine ran more than learned: the limit is raised, never a ceiling it proved wrong.
+    sizing.observe(reading(0.75, running=6, waiting=0, usage=0.05))
+    assert sizing.seq_limit == 6
+    sizing.observe(reading(1.0, running=6, waiting=0, usage=0.05))
+    assert sizing.seq_limit == 6
+    # Queueing with a full KV cache says nothing of max_num_seqs.
+    kv = Sizing(AdmissionConfig())
+    for at in (0.0, 0.25, 0.5):
+        kv.observe(reading(at, running=4, waiting=3, usage=0.95))
+    assert kv.seq_limit is None
+
+
+def test_stale_readings_hold_the_last_good_limit_never_zero() -> None:
+    config = AdmissionConfig(stale_after=1.0)
+    sizing = Sizing(config)
+    sizing.observe(reading(0.0, capacity=100_000))
+    for t in [ticket(900, 100) for _ in range(5)]:
+        sizing.start(t, 0.0, predicted=None)
+    sizing.observe(reading(0.25, capacity=100_000, running=5, usage=0.05))
+    good = sizing.limit
+    assert 5 < good < 100
+    assert not sizing.failed(1.0)  # 0.75 s without a reading: not yet stale
+    assert sizing.failed(1.5)
+    # Below the last good limit starts go on; at it they stop ("stale"), never at zero.
+    assert sizing.hold(ticket(900, 100), 1.5, recent_interactive=False) is None
+    assert fill(sizing, lambda: ticket(900, 100), 1.5) == good - 5
+    assert sizing.hold(ticket(900, 100), 1.5, recent_interactive=False) == "stale"
+    sizing.observe(reading(2.0, capacity=100_000, running=good, usage=0.5))
+    assert not sizing.stale
+
+
+def test_its_own_starts_count_between_readings() -> None:
+    """The engine's KV use lags: what the gateway started since is in its own account."""
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, usage=0.0))
+    assert fill(sizing, lambda: ticket(900, 100)) == 9  # no reading in between
+    # Usage the gateway did not cause (another client of the engine) leaves less room.
+    shared = Sizing(AdmissionConfig())
+    shared.observe(reading(0.0, capacity=10_000, usage=0.5))
+    assert fill(shared, lambda: ticket(900, 100)) == 4
+
+
+def test_a_restarted_engine_is_learned_anew() -> None:
+    sizing = Sizing(AdmissionConfig())
+    for at in (0.0, 0.25, 0.5):
+        sizing.observe(reading(at, running=4, waiting=3, usage=0.05, generation_tokens=500))
+    assert sizing.seq_limit == 4
+    # Counters went back: another process. A new model may have another KV capacity.
+    sizing.observe(reading(0.75, capacity=20_000, generation_tokens=0))
+    assert (sizing.seq_limit, sizing.kv_capacity) == (None, 20_000)
+    sizing.reset()
+    assert (sizing.sized, sizing.limit) == (False, 64)
+
+
+def test_static_sizing_ignores_the_readings() -> None:
+    sizing = Sizing(AdmissionConfig(sizing="static", max_concurrency=2))
+    sizing.observe(reading(0.0, capacity=10_000))
+    assert not sizing.sized
+    assert fill(sizing, lambda: ticket(10, 10)) == 2
+
+
+# -- through admission --------------------------------------------------------------------
+
+
+def test_admission_dispatches_by_the_engines_room_and_advertises_the_live_limit() -> None:
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(max_queue=100), clock=clock)
+    assert adm.key_capacity == 64 + 100
+    adm.observe(reading(clock.monotonic(), capacity=10_000))
+    decisions = [adm.offer("key-a", 1_000, prompt=900) for _ in range(12)]
+    started = [d for d in decisions if isinstance(d, Admit)]
+    waiting = [d for d in decisions if isinstance(d, Enqueued)]
+    assert (len(started), len(waiting)) == (9, 3)
+    assert adm.held is None
+    assert adm.dispatch() == []
+    assert adm.held == "kv"
+    # The limit follows the engine: about KV / the typical request, plus the queue.
+    adm.observe(reading(clock.monotonic(), capacity=10_000, usage=0.9, running=9))
+    assert adm.limit == 9
+    assert adm.key_capacity == 9 + 100
+    clock.advance(1.0)
+    adm.release(started[0].ticket, prompt_tokens=900, completion_tokens=100)
+    assert [t.id for t in adm.dispatch()] == [waiting[0].ticket.id]
+
+
+def test_the_predicted_wait_uses_the_measured_drain_rate() -> None:
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(max_concurrency=2, max_queue=100), clock=clock)
+    first = [adm.offer("key-a", 20, prompt=10) for _ in range(2)]
+    # Answers finish at 4 per second, measured over 2 s.
+    tickets = [d.ticket for d in first if isinstance(d, Admit)]
+    for _ in range(8):
+        clock.advance(0.25)
+        done = tickets.pop(0)
+        adm.release(done, prompt_tokens=10, completion_tokens=10)
+        nxt = adm.offer("key-a", 20, prompt=10)
+        assert isinstance(nxt, Admit)
+        tickets.append(nxt.ticket)
+    assert adm.drain_rate() == pytest.approx(8 / 1.75)
+    for _ in range(9):
+        adm.offer("key-a", 20, prompt=10)
+    # The 10th waiter: place 10 at about 4.6 answers per second is about 2.2 s.
+    refused = adm.offer("key-a", 20, prompt=10, deadline=2.0)
+    assert not isinstance(refused, Admit | Enqueued)
+    assert refused.code == "deadline_unattainable"
+    fits = adm.offer("key-a", 20, prompt=10, deadline=3.0)
+    assert isinstance(fits, Enqueued)

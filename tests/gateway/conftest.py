@@ -29,6 +29,7 @@ def gateway(fake_vllm: FakeVllm) -> GatewayFactory:
         transport: httpx.AsyncBaseTransport | None = None, **overrides: Any
     ) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
         overrides.setdefault("health_interval", 3600)  # tests flip readiness themselves
+        overrides.setdefault("metrics_interval", 3600)  # and read the engine themselves
         settings = GatewaySettings(**overrides)
         app = create_app(settings, transport=transport or httpx.ASGITransport(app=fake_vllm.app))
         async with (

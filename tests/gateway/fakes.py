@@ -71,9 +71,12 @@ class FakeVllm:
         self.models_seen: list[dict[str, str]] = []  # headers of each GET /v1/models
         self.models_hold: asyncio.Event | None = None
         self.models_status = 200
+        self.metrics: str | None = None  # the /metrics text; None: 404, as a server without
+        self.metrics_status = 200
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
+                Route("/metrics", self._metrics),
                 Route("/v1/models", self._models),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._chat, methods=["POST"]),
@@ -84,6 +87,11 @@ class FakeVllm:
 
     async def _health(self, request: Request) -> Response:
         return Response(b"", self.health_status)
+
+    async def _metrics(self, request: Request) -> Response:
+        if self.metrics is None:
+            return Response(b"not found", 404)
+        return Response(self.metrics, self.metrics_status, media_type="text/plain")
 
     async def _models(self, request: Request) -> Response:
         self.models_seen.append(dict(request.headers))

@@ -92,7 +92,7 @@ def test_answers_are_predicted_from_the_settled_usage_not_max_tokens() -> None:
     t = ticket(400, 600)
     assert other.hold(t, 0.0, recent_interactive=False) is None
     other.start(t, 0.0, predicted=600)
-    assert other._peak(0.0) == 1_000  # noqa: SLF001 (the peak of one request)
+    assert other._peak(0.0) == 1_000
 
 
 def test_the_prompt_estimate_is_calibrated_by_the_engines_counts() -> None:
@@ -118,7 +118,7 @@ def test_requests_half_done_leave_room_the_final_sizes_would_not() -> None:
     for _ in range(4):
         fresh.start(ticket(100, 400), 3.0, predicted=None)
     # The oldest ends before the newest grows: their peak is below 4 x 500.
-    assert staggered._peak(3.0) < fresh._peak(3.0) == 2_000  # noqa: SLF001
+    assert staggered._peak(3.0) < fresh._peak(3.0) == 2_000
 
 
 def test_batch_leaves_the_interactive_headroom_it_measured() -> None:

@@ -115,6 +115,11 @@ def create_app(
         users=settings.user_ids(),
         admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
     )
+    watcher = None
+    if settings.sizing == "engine":
+        watcher = Watcher(
+            runtime.upstream, runtime.gate, interval=settings.metrics_interval, now=clock.monotonic
+        )
     model_list = ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)
 
     @contextlib.asynccontextmanager
@@ -122,13 +127,7 @@ def create_app(
         event(LOG, logging.INFO, "config", **shown)
         await _poll_once(runtime)  # know the upstream's state before the first request
         tasks = [asyncio.create_task(_poll_forever(runtime))]
-        if settings.sizing == "engine":
-            watcher = Watcher(
-                runtime.upstream,
-                runtime.gate,
-                interval=settings.metrics_interval,
-                now=clock.monotonic,
-            )
+        if watcher is not None:
             await watcher.read_once()  # sized before the first request where it can be
             tasks.append(asyncio.create_task(watcher.run()))
         try:
@@ -227,6 +226,7 @@ def create_app(
     # redirect that a client following it would send its body (and key) through.
     app.router.redirect_slashes = False
     app.state.runtime = runtime
+    app.state.watcher = watcher
     return app
 
 

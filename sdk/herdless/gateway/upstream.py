@@ -166,14 +166,16 @@ class Upstream:
         """The engine's Prometheus text (``GET /metrics``, at most ``within`` seconds).
 
         Returns:
-            The text; ``""`` for an answer other than 200 (no metrics there); ``None``
-            when no answer came (refused, cut or late).
+            The text; ``""`` for a 404 (no metrics there); ``None`` when no answer came
+            (refused, cut or late) or another error did.
         """
         try:
             response = await self._client.get("/metrics", timeout=within)
         except httpx.TransportError:
             return None
-        return response.text if response.status_code == 200 else ""
+        if response.status_code == 404:
+            return ""
+        return response.text if response.status_code == 200 else None
 
     async def aclose(self) -> None:
         """Close the connection pool."""

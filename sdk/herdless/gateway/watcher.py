@@ -118,10 +118,10 @@ class Watcher:
         """Reads that failed or came late."""
 
     async def run(self) -> None:
-        """Read every ``interval`` seconds, for ever."""
+        """Read every ``interval`` seconds, for ever (the first read is the caller's)."""
         while True:
-            await self.read_once()
             await asyncio.sleep(self._interval)
+            await self.read_once()
 
     async def read_once(self) -> Reading | None:
         """One read: the reading handed to the gate, or ``None`` when it failed."""

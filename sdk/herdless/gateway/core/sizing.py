@@ -207,7 +207,10 @@ class Sizing:
             and reading.generation_tokens is not None
             and reading.generation_tokens < last.generation_tokens
         )
-        if restarted or (reading.kv_capacity != self.kv_capacity and self.sized):
+        if self.sized and not reading.sizable:
+            self.failed(reading.at)  # a glitch; a real swap comes through reset()
+            return
+        if restarted or (self.sized and reading.kv_capacity != self.kv_capacity):
             self._reset_learned()  # another engine, maybe another model: learn it anew
             last = None
         self.last = reading

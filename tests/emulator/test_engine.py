@@ -123,10 +123,11 @@ def test_kv_exhaustion_preempts_the_newest_and_everything_still_finishes() -> No
 
 
 def test_kv_exhaustion_in_crash_mode_raises() -> None:
-    cfg = EngineConfig(max_num_seqs=8, kv_cache_tokens=50, on_kv_exhausted="crash", max_lag=1e9)
+    # Four blocks of 16: both prompts fit at once (one block each), their answers do not.
+    cfg = EngineConfig(max_num_seqs=8, kv_cache_tokens=64, on_kv_exhausted="crash", max_lag=1e9)
     engine = Engine(cfg)
     for _ in range(2):
-        engine.add(seq(prompt=20, max_tokens=20), 0.0)
+        engine.add(seq(prompt=16, max_tokens=40), 0.0)
     with pytest.raises(KVCacheExhausted, match="KV cache exhausted"):
         engine.advance(100.0)
 
@@ -176,13 +177,16 @@ def test_idle_engine_starts_at_the_arrival_not_at_the_late_tick() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("max_num_seqs", 0), ("kv_cache_tokens", 0), ("speed", 0.0), ("decode_base", -1.0),
-     ("on_kv_exhausted", "explode")],
+     ("on_kv_exhausted", "explode"), ("max_num_batched_tokens", 0), ("block_size", 0),
+     ("max_num_batched_tokens", 100), ("kv_cache_tokens", 15)],
 )  # fmt: skip
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})  # type: ignore[arg-type]
 
 
-def test_a_prompt_larger_than_the_kv_cache_is_refused() -> None:
-    with pytest.raises(ValueError, match="KV cache"):
-        Engine(EngineConfig(kv_cache_tokens=10)).add(seq(prompt=10), 0.0)
+def test_a_sequence_that_could_not_finish_alone_in_the_kv_cache_is_refused() -> None:
+    engine = Engine(EngineConfig(kv_cache_tokens=32, block_size=16))  # two blocks
+    engine.add(seq(prompt=30, max_tokens=3), 0.0)  # at most 32 tokens of KV: fits
+    with pytest.raises(ValueError, match="does not fit in the KV cache"):
+        engine.add(seq(prompt=30, max_tokens=4), 0.0)

@@ -2,7 +2,8 @@
 
 Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/embeddings`` (emulated vectors), ``POST /tokenize``, ``GET /v1/models``,
-``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``;
+``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``
+(which the ``metrics_error_for`` and ``metrics_stall_for`` faults fail or stall);
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
 affects (``refuse_for`` and ``maintenance_for`` close the serving port: use the
 control port, ``--control-port``, to reach them meanwhile).
@@ -82,9 +83,12 @@ async def _version(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     state = _state(request)
-    return PlainTextResponse(
-        render(state.engine, state.settings.model), media_type="text/plain; version=0.0.4"
-    )
+    if state.metrics_outage == "error":  # the /metrics fault: as a handler that raised
+        return PlainTextResponse("Internal Server Error", status_code=500)
+    await state.metrics_back()  # the stall fault: held until it ends (at once if off)
+    settings = state.settings
+    text = render(state.engine, settings.model, max_model_len=settings.max_model_len)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 async def _get_faults(request: Request) -> Response:
@@ -140,11 +144,14 @@ def create_app(
         timer = None
         if settings.crash_after is not None:
             timer = asyncio.get_running_loop().call_later(settings.crash_after, crash)
+        if (outage := settings.metrics_outage()) is not None:
+            state.begin_metrics_outage(outage)
         try:
             yield
         finally:
             if timer is not None:
                 timer.cancel()
+            state.end_metrics_outage()
             state.driver.close()
 
     routes = [

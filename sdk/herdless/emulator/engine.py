@@ -1,4 +1,4 @@
-"""The emulated GPU: a continuous-batching scheduler and its timing model (pure, no I/O).
+"""The emulated GPU: steps of vLLM V1's scheduler laid on a timeline (pure, no I/O).
 
 The engine never reads a clock and never sleeps: its driver passes ``now`` (in
 seconds, any monotonic origin) to :meth:`Engine.add`, :meth:`Engine.abort` and
@@ -6,36 +6,31 @@ seconds, any monotonic origin) to :meth:`Engine.add`, :meth:`Engine.abort` and
 Tests drive it with a fake clock; the asyncio driver (``driver.py``) sets one
 timer at the deadline.
 
-**Scheduling** (as vLLM's scheduler does it, simplified). The engine runs one
-*step* at a time. At the start of a step:
+**Scheduling** is ``scheduler.py``'s (vLLM V1's, read from vLLM 0.32): one token
+budget per step, ``max_num_batched_tokens``, shared by the running sequences'
+decodes (one token each) and prefill chunks; long prompts are prefilled over
+several steps (chunked prefill); KV is held in blocks of ``block_size`` tokens and
+a running sequence that needs a block when none is free preempts the newest one;
+the waiting queue is served first come first served. A sequence samples a token
+at the end of each step that leaves its KV complete (``computed == num_tokens``):
+every step while it decodes, and at the end of the step that completes its
+prefill.
 
-1. every running sequence needs one more KV slot for its next token; while
-   they do not all fit in ``kv_cache_tokens``, the most recently admitted running
-   sequence is *preempted*: its KV is freed and it goes back to the front of the
-   waiting queue, to be recomputed later (prompt plus what it already generated),
-   and ``num_preemptions`` counts it. With ``on_kv_exhausted="crash"`` the
-   engine raises :class:`KVCacheExhausted` instead, as a GPU server without
-   admission control would die;
-2. if nothing was preempted, waiting sequences are admitted first-come
-   first-served while fewer than ``max_num_seqs`` run and their prompt (plus
-   tokens already generated) plus one fits in the free KV;
-3. every sequence in the batch produces one token when the step ends (an
-   admitted one after its prefill, in the same step).
-
-A sequence holds ``prompt_tokens + generated`` KV tokens while it runs; aborting
-or finishing frees them at once.
-
-**Timing model.** A step that runs ``n`` sequences and prefills ``P`` tokens
+**Timing model.** A step that runs ``n`` sequences and prefills ``P`` tokens (the
+scheduled tokens that are not a decode's one, so ``P <= max_num_batched_tokens``)
 lasts::
 
     step_time = (decode_base + decode_per_seq * n + P / prefill_tokens_per_s) / speed
 
 so one sequence's speed (one token per step) falls as the batch grows while the
 total throughput ``n / step_time`` rises and saturates at
-``speed / decode_per_seq``. Defaults resemble a Llama-3-8B-class model in bf16 on
-one 80 GB data-centre GPU: 12 ms per step alone (about 80 tokens/s for one
-stream), 0.12 ms more per running sequence (a batch of 256 steps in 43 ms, about
-6,000 tokens/s in total), prefill at 16,000 tokens/s, and 400,000 tokens of KV.
+``speed / decode_per_seq``, and a step that carries a prefill chunk is longer for
+every sequence decoding in it (the chunk's tokens share its budget). Defaults
+resemble a Llama-3-8B-class model in bf16 on one 80 GB data-centre GPU: 12 ms per
+step alone (about 80 tokens/s for one stream), 0.12 ms more per running sequence
+(a batch of 256 steps in 43 ms, about 6,000 tokens/s in total), prefill at 16,000
+tokens/s (a full 8,192-token budget of prefill adds 0.51 s to its step), and
+400,000 tokens of KV.
 
 **Late wake-ups.** Steps are laid end to end on the emulated timeline: if the
 driver wakes late, :meth:`Engine.advance` runs every overdue step at once (a
@@ -46,14 +41,17 @@ is dropped rather than replayed in a burst.
 
 from __future__ import annotations
 
-import enum
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from herdless.emulator.kvcache import KVCache
 from herdless.emulator.metrics import EngineMetrics
+from herdless.emulator.scheduler import KVCacheExhausted, Scheduler
+from herdless.emulator.sequence import FinishReason, SeqState, Sequence
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "Engine",
     "EngineConfig",
     "FinishReason",
@@ -62,17 +60,23 @@ __all__ = [
     "Sequence",
 ]
 
-FinishReason = Literal["stop", "length", "abort"]
+DEFAULT_BLOCK_SIZE = 16
+"""vLLM's KV block size when ``--block-size`` is not given: ``CacheConfig.
+DEFAULT_BLOCK_SIZE = 16`` in vLLM 0.32's ``vllm/config/cache.py``."""
 
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+"""vLLM 0.32's token budget per step for the OpenAI API server on a large GPU.
 
-class KVCacheExhausted(RuntimeError):
-    """Raised by a step when running sequences outgrow the KV cache in ``crash`` mode."""
-
-
-class SeqState(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+``EngineArgs.get_batch_defaults`` (``vllm/engine/arg_utils.py``) picks it by device
+memory and usage context: on a GPU of at least 70 GiB that is not an A100 (H100,
+H200) it is 8,192 for ``UsageContext.OPENAI_API_SERVER`` (16,384 for the offline
+``LLM`` class); at 160 GiB and more (B200) 16,384 for both; on other GPUs (A100
+included) 2,048 for the server (``SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS``,
+also the fallback); on CPU 2,048 per tensor-parallel rank. Chunked prefill is on by
+default (``SchedulerConfig.enable_chunked_prefill = True``, ``vllm/config/
+scheduler.py``). The same table sets ``max_num_seqs`` to 1,024 on H100/H200 and 256
+on the others; the emulator keeps 256, the figure its benchmarks are measured with.
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +85,11 @@ class EngineConfig:
 
     Args:
         max_num_seqs: most sequences in one batch.
-        kv_cache_tokens: KV-cache size in tokens, shared by the running sequences.
+        max_num_batched_tokens: token budget of one step, shared by decodes and
+            prefill chunks (vLLM's flag); at least ``max_num_seqs``, as vLLM requires.
+        kv_cache_tokens: KV-cache size in tokens; ``kv_cache_tokens // block_size``
+            blocks (vLLM's ``num_gpu_blocks``) are lent to the running sequences.
+        block_size: tokens per KV block.
         decode_base: seconds of a step, whatever its batch.
         decode_per_seq: seconds added to a step per sequence in its batch.
         prefill_tokens_per_s: prompt tokens prefilled per second.
@@ -91,7 +99,9 @@ class EngineConfig:
     """
 
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     kv_cache_tokens: int = 400_000
+    block_size: int = DEFAULT_BLOCK_SIZE
     decode_base: float = 0.012
     decode_per_seq: float = 0.000_12
     prefill_tokens_per_s: float = 16_000.0
@@ -100,7 +110,7 @@ class EngineConfig:
     max_lag: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "kv_cache_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("decode_base", "decode_per_seq", "max_lag"):
@@ -113,6 +123,21 @@ class EngineConfig:
             raise ValueError(
                 f"on_kv_exhausted must be 'preempt' or 'crash', got {self.on_kv_exhausted!r}"
             )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(  # vLLM's SchedulerConfig refuses it too
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.num_gpu_blocks < 1:
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must hold one block "
+                f"of block_size ({self.block_size})"
+            )
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """KV blocks: ``kv_cache_tokens // block_size`` (what ``cache_config_info`` says)."""
+        return self.kv_cache_tokens // self.block_size
 
     def step_time(self, batch: int, prefill_tokens: int) -> float:
         """Seconds of one step (the formula in the module docstring)."""
@@ -120,79 +145,17 @@ class EngineConfig:
         return (work + prefill_tokens / self.prefill_tokens_per_s) / self.speed
 
 
-class Sequence:
-    """One request's generation, shared by the engine (writer) and its stream (reader).
-
-    Args:
-        prompt_tokens: tokens of the prompt.
-        max_tokens: most tokens to generate (EOS included).
-        content_tokens: tokens before EOS, or ``None`` to ignore EOS.
-        arrival: ``now`` when it was submitted.
-    """
-
-    __slots__ = (
-        "arrival",
-        "content_tokens",
-        "finish_reason",
-        "finished_at",
-        "first_token_at",
-        "generated",
-        "max_tokens",
-        "prompt_tokens",
-        "state",
-        "waiter",
-        "wake_at",
-    )
-
-    def __init__(
-        self, *, prompt_tokens: int, max_tokens: int, content_tokens: int | None, arrival: float
-    ) -> None:
-        if prompt_tokens < 1 or max_tokens < 1:
-            raise ValueError("prompt_tokens and max_tokens must be >= 1")
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.content_tokens = content_tokens
-        self.arrival = arrival
-        self.generated = 0
-        self.state = SeqState.WAITING
-        self.finish_reason: FinishReason | None = None
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
-        # The driver's wake-up handle for the stream reading this sequence, and the token
-        # count at which to use it (opaque here).
-        self.waiter: object = None
-        self.wake_at = 1
-
-    @property
-    def kv_tokens(self) -> int:
-        """KV tokens this sequence holds while it runs."""
-        return self.prompt_tokens + self.generated
-
-    @property
-    def text_tokens(self) -> int:
-        """Generated tokens that carry text (the EOS token carries none)."""
-        if self.content_tokens is None:
-            return self.generated
-        return min(self.generated, self.content_tokens)
-
-    def __repr__(self) -> str:
-        return (
-            f"Sequence(state={self.state.value}, prompt={self.prompt_tokens}, "
-            f"generated={self.generated}/{self.max_tokens}, finish={self.finish_reason})"
-        )
-
-
 class _Step:
     __slots__ = ("batch", "end", "start")
 
-    def __init__(self, start: float, end: float, batch: list[Sequence]) -> None:
+    def __init__(self, start: float, end: float, batch: tuple[Sequence, ...]) -> None:
         self.start = start
         self.end = end
         self.batch = batch
 
 
 class Engine:
-    """The scheduler and timing model described in the module docstring.
+    """The scheduler on a timeline, as described in the module docstring.
 
     Usage (with any monotonic ``now``)::
 
@@ -203,37 +166,43 @@ class Engine:
         engine.next_deadline()                # when to call advance again, or None
     """
 
-    __slots__ = ("_free_at", "_kv_used", "_running", "_step", "_waiting", "config", "metrics")
+    __slots__ = ("_free_at", "_step", "config", "kv", "metrics", "scheduler")
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = cfg = config or EngineConfig()
         self.metrics = EngineMetrics()
-        # Admission order; the newest running sequence is the last key (preempted first).
-        self._running: dict[Sequence, None] = {}
-        # Aborted sequences stay in here, skipped when popped (removal would be O(n)).
-        self._waiting: deque[Sequence] = deque()
-        self._kv_used = 0
+        self.kv = KVCache(cfg.num_gpu_blocks, cfg.block_size)
+        self.scheduler = Scheduler(
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            kv=self.kv,
+            on_kv_exhausted=cfg.on_kv_exhausted,
+            metrics=self.metrics,
+        )
         self._step: _Step | None = None
         self._free_at = float("-inf")
 
     # -- what the driver calls ---------------------------------------------------------
 
     def add(self, seq: Sequence, now: float) -> None:
-        """Queue ``seq`` (waiting queue is unbounded, as in vLLM)."""
+        """Queue ``seq`` (waiting queue is unbounded, as in vLLM).
+
+        Raises:
+            ValueError: when ``seq`` could not finish even alone in the KV cache (its
+                prompt plus ``max_tokens``; the server's ``max_model_len`` check comes
+                first, as vLLM's does).
+        """
         del now  # the arrival time is on the sequence; kept for a uniform driver API
-        if seq.prompt_tokens + 1 > self.config.kv_cache_tokens:
-            raise ValueError("prompt does not fit in the KV cache")
-        self._waiting.append(seq)
-        self.metrics.waiting += 1
+        # The last sampled token's KV is never written: prompt + max_tokens - 1 at most.
+        if self.kv.blocks_for(seq.prompt_tokens + seq.max_tokens - 1) > self.kv.num_blocks:
+            raise ValueError("the sequence (prompt plus max_tokens) does not fit in the KV cache")
+        self.scheduler.add(seq)
 
     def abort(self, seq: Sequence, now: float) -> None:
         """Stop ``seq`` now (client gone) and free its KV at once. Idempotent."""
         if seq.state is SeqState.FINISHED:
             return
-        if seq.state is SeqState.RUNNING:
-            self._release(seq)
-        else:
-            self.metrics.waiting -= 1
+        self.scheduler.remove(seq)
         self._finish(seq, "abort", now)
 
     def advance(self, now: float) -> list[Sequence]:
@@ -245,10 +214,10 @@ class Engine:
         progressed: dict[Sequence, None] = {}
         while True:
             if self._step is None:
-                if not self._running and self.metrics.waiting == 0:
+                if not self.scheduler.has_work:
                     break
                 self._start_step(now)
-                if self._step is None:  # pragma: no cover -- kv >= one prompt is validated
+                if self._step is None:  # pragma: no cover -- add() checks the head fits alone
                     break
             step = self._step
             if step.end > now:
@@ -265,20 +234,28 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return self.scheduler.num_running
 
     @property
     def num_waiting(self) -> int:
-        return self.metrics.waiting
+        return self.scheduler.num_waiting
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
 
     @property
     def kv_used(self) -> int:
-        """KV tokens held by the running sequences."""
-        return self._kv_used
+        """KV tokens held by the running sequences, in whole blocks (blocks x block_size)."""
+        return self.kv.used * self.kv.block_size
 
     def kv_usage(self) -> float:
-        """Fraction of the KV cache in use, 0 to 1."""
-        return self._kv_used / self.config.kv_cache_tokens
+        """Fraction of the KV blocks in use, 0 to 1 (``vllm:kv_cache_usage_perc``)."""
+        return self.kv.usage()
 
     # -- internals ---------------------------------------------------------------------
 
@@ -287,84 +264,43 @@ class Engine:
         # Steps chain end to end while there is work; an idle engine starts when the
         # first waiting sequence arrived. Never replay more than max_lag of backlog.
         start = self._free_at
-        if not self._running:
-            head = self._peek_waiting()
+        if not self.scheduler.num_running:
+            head = self.scheduler.peek_waiting()
             if head is not None:
                 start = max(start, head.arrival)
         start = max(start, now - cfg.max_lag)
-
-        preempted = False
-        # 1. Each running sequence needs one more slot for the token this step makes.
-        while self._running and self._kv_used + len(self._running) > cfg.kv_cache_tokens:
-            if cfg.on_kv_exhausted == "crash":
-                raise KVCacheExhausted(
-                    f"KV cache exhausted: {self._kv_used} of {cfg.kv_cache_tokens} tokens used "
-                    f"by {len(self._running)} sequences"
-                )
-            self._preempt(next(reversed(self._running)))
-            preempted = True
-
-        # 2. Admit waiting sequences (not when we just preempted: that would thrash).
-        prefill = 0
-        batch = list(self._running)
-        if not preempted:
-            free = cfg.kv_cache_tokens - self._kv_used - len(self._running)
-            while len(self._running) < cfg.max_num_seqs:
-                head = self._peek_waiting()
-                if head is None or head.arrival > start or head.kv_tokens + 1 > free:
-                    break
-                self._waiting.popleft()
-                self.metrics.waiting -= 1
-                if head.generated == 0:
-                    self.metrics.prompt_tokens += head.prompt_tokens
-                head.state = SeqState.RUNNING
-                self._running[head] = None
-                self._kv_used += head.kv_tokens
-                free -= head.kv_tokens + 1
-                prefill += head.kv_tokens
-                batch.append(head)
-        if not batch:
-            return
-        self._step = _Step(start, start + cfg.step_time(len(batch), prefill), batch)
+        batch = self.scheduler.schedule(start)
+        if batch is not None:
+            end = start + cfg.step_time(len(batch.seqs), batch.prefill_tokens)
+            self._step = _Step(start, end, batch.seqs)
 
     def _end_step(self, step: _Step, progressed: dict[Sequence, None]) -> None:
-        self._free_at = step.end
+        self._free_at = end = step.end
         made = 0
         for seq in step.batch:
-            if seq.state is not SeqState.RUNNING:  # aborted or preempted during the step
+            if seq.state is not SeqState.RUNNING:  # aborted during the step
+                continue
+            if seq.computed < seq.num_tokens:  # a prefill chunk: no token yet
                 continue
             seq.generated += 1
-            self._kv_used += 1
             made += 1
             if seq.first_token_at is None:
-                seq.first_token_at = step.end
-                self.metrics.ttft.observe(step.end - seq.arrival)
+                seq.first_token_at = end
+                self.metrics.ttft.observe(end - seq.arrival)
+                # vLLM counts a prompt when its first token comes, once (not on recompute).
+                self.metrics.prompt_tokens += seq.prompt_tokens
+            elif seq.last_token_at is not None:
+                # Time since this sequence's previous token (a preemption's wait included).
+                self.metrics.itl.observe(end - seq.last_token_at)
+            seq.last_token_at = end
             if seq.content_tokens is not None and seq.generated > seq.content_tokens:
-                self._release(seq)
-                self._finish(seq, "stop", step.end)
+                self.scheduler.remove(seq)
+                self._finish(seq, "stop", end)
             elif seq.generated >= seq.max_tokens:
-                self._release(seq)
-                self._finish(seq, "length", step.end)
+                self.scheduler.remove(seq)
+                self._finish(seq, "length", end)
             progressed[seq] = None
         self.metrics.generation_tokens += made
-        # Every token of this step took one step to come: that is the inter-token latency.
-        self.metrics.itl.observe(step.end - step.start, made)
-
-    def _peek_waiting(self) -> Sequence | None:
-        while self._waiting and self._waiting[0].state is not SeqState.WAITING:
-            self._waiting.popleft()  # drop aborted entries lazily
-        return self._waiting[0] if self._waiting else None
-
-    def _preempt(self, seq: Sequence) -> None:
-        self._release(seq)
-        seq.state = SeqState.WAITING
-        self._waiting.appendleft(seq)
-        self.metrics.waiting += 1
-        self.metrics.preemptions += 1
-
-    def _release(self, seq: Sequence) -> None:
-        del self._running[seq]
-        self._kv_used -= seq.kv_tokens
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.state = SeqState.FINISHED

@@ -19,16 +19,22 @@ Actions happen once, when posted:
   connections are refused; requests in flight carry on);
 - ``maintenance_for``: a model swap: abort everything in flight, refuse
   connections, come back after that many seconds;
-- ``crash``: the process exits at once (status 70), as a dead engine would.
+- ``crash``: the process exits at once (status 70), as a dead engine would;
+- ``metrics_error_for``: ``GET /metrics`` answers 500 for that many seconds (a
+  scraper reads nothing; every other route is served);
+- ``metrics_stall_for``: ``GET /metrics`` gets no answer for that many seconds; the
+  scrapes held meanwhile are answered when it ends (with the metrics then), as an
+  overloaded API server answers late. One of the two at a time: a new one replaces
+  the window in progress, and ``DELETE /_emulator/faults`` ends it.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["FaultActions", "Faults", "parse_faults"]
+__all__ = ["FaultActions", "Faults", "MetricsOutage", "parse_faults"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,18 +84,45 @@ class Faults:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsOutage:
+    """``GET /metrics`` failing (``"error"``: a 500) or stalling (``"stall"``: no answer)
+    for ``seconds``."""
+
+    mode: Literal["error", "stall"]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("error", "stall"):
+            raise ValueError(f"mode must be 'error' or 'stall', got {self.mode!r}")
+        if self.seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FaultActions:
     """One-shot actions posted with the faults; ``None`` or ``False`` does nothing."""
 
     refuse_for: float | None = None
     maintenance_for: float | None = None
     crash: bool = False
+    metrics_error_for: float | None = None
+    metrics_stall_for: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("refuse_for", "maintenance_for"):
+        for name in ("refuse_for", "maintenance_for", "metrics_error_for", "metrics_stall_for"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if self.metrics_error_for is not None and self.metrics_stall_for is not None:
+            raise ValueError("metrics_error_for and metrics_stall_for: give one, not both")
+
+    def metrics_outage(self) -> MetricsOutage | None:
+        """The ``/metrics`` window these actions begin, if any."""
+        if self.metrics_error_for is not None:
+            return MetricsOutage(mode="error", seconds=self.metrics_error_for)
+        if self.metrics_stall_for is not None:
+            return MetricsOutage(mode="stall", seconds=self.metrics_stall_for)
+        return None
 
 
 _STEADY = {f.name: f for f in fields(Faults)}

@@ -1,5 +1,14 @@
-"""The emulator's counters and their Prometheus text, under vLLM's metric names and
-labels (written by :mod:`herdless._exposition`, as the gateway's are)."""
+"""The emulator's counters and their Prometheus text, under vLLM's metric names,
+labels, types and help texts (written by :mod:`herdless._exposition`, as the
+gateway's are), as vLLM 0.32's ``PrometheusStatLogger`` declares them
+(``vllm/v1/metrics/loggers.py``).
+
+``vllm:cache_config_info`` is vLLM's "info" metric: a gauge set to 1.0 whose labels
+are every field of its ``CacheConfig``, as strings (``CacheConfig.metrics_info``
+in ``vllm/config/cache.py``: ``str(value)`` of each item of the instance's
+``__dict__``, in declaration order), then ``engine``; no ``model_name``. A reader
+takes the KV capacity from it: ``num_gpu_blocks * block_size`` tokens.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +16,29 @@ from typing import Protocol
 
 from herdless._exposition import Exposition, Histogram, labels
 
-__all__ = ["EngineMetrics", "EngineView", "render"]
+__all__ = ["EngineMetrics", "EngineView", "cache_config_labels", "render"]
 
 # vLLM's own bucket bounds for these histograms (seconds), trimmed.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+_WAITING_BY_REASON_HELP = (
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+    "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+    "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting."
+)
+_REJECTIONS_HELP = "Number of admission attempts rejected by a queue limit, by reason."
+_HELP = {
+    "ttft": "Histogram of time to first token in seconds.",
+    "itl": "Histogram of inter-token latency in seconds.",
+    "e2e": "Histogram of e2e request latency in seconds.",
+}
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
 
 
 class EngineMetrics:
-    """What the engine counts; the app adds admission rejections."""
+    """What the engine counts (the scheduler its preemptions); the app adds admission
+    rejections. Gauges (running, waiting, KV) are read from the engine itself."""
 
     __slots__ = (
         "e2e",
@@ -28,11 +49,9 @@ class EngineMetrics:
         "prompt_tokens",
         "rejected",
         "ttft",
-        "waiting",
     )
 
     def __init__(self) -> None:
-        self.waiting = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -54,11 +73,74 @@ class EngineView(Protocol):
     def num_running(self) -> int: ...
     @property
     def num_waiting(self) -> int: ...
+    @property
+    def num_gpu_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
     def kv_usage(self) -> float: ...
 
 
-def render(engine: EngineView, model: str) -> str:
-    """The Prometheus text exposition of ``engine``'s state, labelled like vLLM's."""
+def cache_config_labels(
+    *, num_gpu_blocks: int, block_size: int, max_model_len: int | None
+) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info``: vLLM 0.32's ``CacheConfig`` fields, in
+    its order, as its API server shows them once the engine is up, then ``engine``.
+
+    The set of names is vLLM's exactly (a contract test compares it with a real
+    server's). The values are vLLM's defaults, but for what the emulator knows
+    better: its blocks, the tokens they hold, the concurrency at ``max_model_len``
+    (``num_gpu_blocks / ceil(max_model_len / block_size)``) and
+    ``enable_prefix_caching``, ``False`` because the emulator caches no prefix.
+    """
+    tokens = num_gpu_blocks * block_size
+    concurrency = (
+        None if max_model_len is None else num_gpu_blocks / -(-max_model_len // block_size)
+    )
+    fields: dict[str, object] = {
+        "block_size": block_size,
+        "user_specified_block_size": block_size != 16,  # 16: vLLM's default
+        "kv_cache_layout": None,
+        "prefix_match_unit": None,
+        "gpu_memory_utilization": 0.92,
+        "cache_dtype": "auto",
+        "is_attention_free": False,
+        "num_gpu_blocks_override": None,
+        "sliding_window": None,
+        "enable_prefix_caching": False,
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_cache_retention_interval": 0,
+        "kv_cache_dtype_skip_layers": [],
+        "mamba_page_size_padded": None,
+        "skip_page_size_padded": None,
+        "mamba_block_size": None,
+        "mamba_cache_dtype": "auto",
+        "mamba_ssm_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "enable_mamba_shared_prefix_checkpoint": False,
+        "replayssm_buffer_len": 16,
+        "use_replayssm": False,
+        "use_kda_recoverssm": False,
+        "num_gpu_blocks": num_gpu_blocks,
+        "num_cpu_blocks": None,
+        "effective_attention_block_size": block_size,
+        "kv_cache_size_tokens": tokens,
+        "kv_cache_max_concurrency": concurrency,
+        "hash_block_size": None,
+        "cache_hit_alignment_tokens": None,
+        "kv_sharing_fast_prefill": False,
+        "swa_bounded_replay": True,
+        "kv_cache_memory_bytes": None,
+        "kv_offloading_size": None,
+        "kv_offloading_backend": "native",
+        "_block_size_resolved": True,
+        "engine": "0",
+    }
+    return {name: str(value) for name, value in fields.items()}
+
+
+def render(engine: EngineView, model: str, *, max_model_len: int | None = None) -> str:
+    """The Prometheus text exposition of ``engine``'s state, labelled like vLLM's
+    (``max_model_len`` feeds ``cache_config_info``'s ``kv_cache_max_concurrency``)."""
     m = engine.metrics
     out = Exposition()
     base = {"engine": "0", "model_name": model}
@@ -73,28 +155,31 @@ def render(engine: EngineView, model: str) -> str:
         engine.num_waiting)  # fmt: skip
     one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
         engine.kv_usage())  # fmt: skip
-    one("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.",
-        m.preemptions)  # fmt: skip
+    one("vllm:num_preemptions_total", "counter",
+        "Cumulative number of preemption from the engine.", m.preemptions)  # fmt: skip
     one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
         m.prompt_tokens)  # fmt: skip
     one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
         m.generation_tokens)  # fmt: skip
     # vLLM's waiting requests by reason: "capacity" (no slot or KV yet) and "deferred"
     # (waiting on something else, never the case here).
-    out.family("vllm:num_requests_waiting_by_reason", "gauge", "Waiting requests by reason.",
+    out.family("vllm:num_requests_waiting_by_reason", "gauge", _WAITING_BY_REASON_HELP,
                [(labels(**base, reason="capacity"), engine.num_waiting),
                 (labels(**base, reason="deferred"), 0)])  # fmt: skip
     finished = {**m.finished, "error": 0, "repetition": 0}  # reasons vLLM has and we never give
-    out.family("vllm:request_success_total", "counter", "Count of finished requests by reason.",
+    out.family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
                [(labels(**base, finished_reason=r), n) for r, n in finished.items()])  # fmt: skip
     # vLLM counts admission rejections per frontend, not per engine: no engine label.
-    out.family("vllm:admission_rejections_total", "counter", "Requests refused at admission.",
+    out.family("vllm:admission_rejections_total", "counter", _REJECTIONS_HELP,
                [(labels(model_name=model, reason="max_num_queued_reqs"), m.rejected),
                 (labels(model_name=model, reason="max_num_queued_tokens"), 0)])  # fmt: skip
-    out.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.",
-                  m.ttft, **base)  # fmt: skip
-    out.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.",
-                  m.itl, **base)  # fmt: skip
-    out.histogram("vllm:e2e_request_latency_seconds", "Histogram of end-to-end latency.",
-                  m.e2e, **base)  # fmt: skip
+    out.histogram("vllm:time_to_first_token_seconds", _HELP["ttft"], m.ttft, **base)
+    out.histogram("vllm:inter_token_latency_seconds", _HELP["itl"], m.itl, **base)
+    out.histogram("vllm:e2e_request_latency_seconds", _HELP["e2e"], m.e2e, **base)
+    info = cache_config_labels(
+        num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
+        max_model_len=max_model_len,
+    )  # fmt: skip
+    out.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+               [(labels(**info), 1.0)])  # fmt: skip
     return out.text()

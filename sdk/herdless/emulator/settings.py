@@ -10,8 +10,12 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from herdless.emulator.engine import EngineConfig
-from herdless.emulator.faults import Faults
+from herdless.emulator.engine import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    EngineConfig,
+)
+from herdless.emulator.faults import FaultActions, Faults, MetricsOutage
 
 __all__ = ["EmulatorSettings"]
 
@@ -37,7 +41,22 @@ class EmulatorSettings(BaseSettings):
         default=8192, ge=2, description="context length: prompt plus max_tokens"
     )
     max_num_seqs: int = Field(default=256, ge=1, description="most sequences in one batch")
-    kv_cache_tokens: int = Field(default=400_000, ge=2, description="KV-cache size in tokens")
+    max_num_batched_tokens: int = Field(
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        ge=1,
+        description="token budget of one engine step, shared by decodes (1 each) and "
+        "prefill chunks: longer prompts are prefilled over several steps (vLLM's flag; "
+        "its default on an H100/H200-class GPU)",
+    )
+    kv_cache_tokens: int = Field(
+        default=400_000,
+        ge=2,
+        description="KV-cache size in tokens: kv_cache_tokens // block_size blocks "
+        "(num_gpu_blocks in vllm:cache_config_info)",
+    )
+    block_size: int = Field(
+        default=DEFAULT_BLOCK_SIZE, ge=1, description="tokens per KV block (vLLM's flag)"
+    )
     max_num_queued_reqs: int | None = Field(
         default=None,
         ge=0,
@@ -94,6 +113,17 @@ class EmulatorSettings(BaseSettings):
     slow_latency: float = Field(
         default=0.0, ge=0, description="fault: seconds a --slow-rate completion is held"
     )
+    metrics_error_for: float | None = Field(
+        default=None,
+        ge=0,
+        description="fault: GET /metrics answers 500 for this many seconds after serving starts",
+    )
+    metrics_stall_for: float | None = Field(
+        default=None,
+        ge=0,
+        description="fault: GET /metrics gets no answer for this many seconds after serving "
+        "starts (held requests are answered when it ends)",
+    )
     crash_after: float | None = Field(
         default=None,
         ge=0,
@@ -112,6 +142,22 @@ class EmulatorSettings(BaseSettings):
                 f"kv_cache_tokens ({self.kv_cache_tokens}) must be >= "
                 f"max_model_len ({self.max_model_len})"
             )
+        capacity = self.kv_cache_tokens // self.block_size * self.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) holds "
+                f"{self.kv_cache_tokens // self.block_size} blocks of block_size "
+                f"({self.block_size}): {capacity} tokens, fewer than max_model_len "
+                f"({self.max_model_len})"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM's SchedulerConfig refuses it too.
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.metrics_error_for is not None and self.metrics_stall_for is not None:
+            raise ValueError("give metrics_error_for or metrics_stall_for, not both")
         if self.answer_min_tokens > self.answer_max_tokens:
             raise ValueError("answer_min_tokens must be <= answer_max_tokens")
         return self
@@ -120,7 +166,9 @@ class EmulatorSettings(BaseSettings):
         """The engine's part of these settings."""
         return EngineConfig(
             max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             kv_cache_tokens=self.kv_cache_tokens,
+            block_size=self.block_size,
             decode_base=self.decode_base,
             decode_per_seq=self.decode_per_seq,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
@@ -139,3 +187,10 @@ class EmulatorSettings(BaseSettings):
             slow_rate=self.slow_rate,
             slow_latency=self.slow_latency,
         )
+
+    def metrics_outage(self) -> MetricsOutage | None:
+        """The ``/metrics`` fault to begin when serving starts, if one is set."""
+        actions = FaultActions(
+            metrics_error_for=self.metrics_error_for, metrics_stall_for=self.metrics_stall_for
+        )
+        return actions.metrics_outage()

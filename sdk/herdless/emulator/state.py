@@ -11,11 +11,11 @@ import logging
 import os
 import random
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 from herdless.emulator.driver import Driver
 from herdless.emulator.engine import Engine
-from herdless.emulator.faults import FaultActions, Faults
+from herdless.emulator.faults import FaultActions, Faults, MetricsOutage
 from herdless.emulator.settings import EmulatorSettings
 
 __all__ = ["Control", "EmulatorState", "NoListener", "exit_now"]
@@ -23,6 +23,8 @@ __all__ = ["Control", "EmulatorState", "NoListener", "exit_now"]
 log = logging.getLogger("herdless.emulator")
 
 CRASH_STATUS = 70  # EX_SOFTWARE: the engine died
+
+_OUTAGE_WORDS = {"error": "answers 500", "stall": "does not answer"}
 
 
 def exit_now() -> None:
@@ -90,6 +92,11 @@ class EmulatorState:
         self.serving = True
         self.control_port: int | None = None  # serves /_emulator/ only; set by server.py
         self._resume: asyncio.TimerHandle | None = None
+        # The /metrics fault in progress: "error", "stall" or None; set when it begins,
+        # back to None (and the stalled scrapes let go) when it ends.
+        self.metrics_outage: Literal["error", "stall"] | None = None
+        self._metrics_back = asyncio.Event()
+        self._metrics_end: asyncio.TimerHandle | None = None
 
     def _engine_died(self, exc: BaseException) -> None:
         # The process is about to end; should ``crash`` return (in tests), nobody may wait
@@ -115,14 +122,44 @@ class EmulatorState:
         if actions.refuse_for is not None:
             log.warning("fault: refusing connections for %.3f s", actions.refuse_for)
             self.control.refuse_for(actions.refuse_for)
+        if (outage := actions.metrics_outage()) is not None:
+            self.begin_metrics_outage(outage)
 
     def clear(self) -> None:
-        """Clear the steady faults; end a refusal or maintenance window early."""
+        """Clear the steady faults; end a refusal, maintenance or /metrics window early."""
         self.faults = Faults()
         self.control.reopen()
         if self._resume is not None:
             self._resume.cancel()
             self.end_maintenance()
+        self.end_metrics_outage()
+
+    def begin_metrics_outage(self, outage: MetricsOutage) -> None:
+        """``GET /metrics`` fails or stalls for ``outage.seconds`` from now; a window in
+        progress ends first (its stalled scrapes are answered)."""
+        self.end_metrics_outage()
+        log.warning("fault: /metrics %s for %.3f s", _OUTAGE_WORDS[outage.mode], outage.seconds)
+        self.metrics_outage = outage.mode
+        self._metrics_back = asyncio.Event()
+        self._metrics_end = asyncio.get_running_loop().call_later(
+            outage.seconds, self.end_metrics_outage
+        )
+
+    def end_metrics_outage(self) -> None:
+        """End the ``/metrics`` fault now, if one is on: stalled scrapes are answered."""
+        if self._metrics_end is not None:
+            self._metrics_end.cancel()
+            self._metrics_end = None
+        if self.metrics_outage is None:
+            return
+        self.metrics_outage = None
+        self._metrics_back.set()
+        log.warning("/metrics answers again")
+
+    async def metrics_back(self) -> None:
+        """Return when the ``/metrics`` fault in progress ends (at once if none is on)."""
+        if self.metrics_outage is not None:
+            await self._metrics_back.wait()
 
     def begin_maintenance(self, seconds: float) -> None:
         """Model swap: drop everything in flight, stop serving, come back after ``seconds``."""

@@ -102,6 +102,22 @@ def _fairness(opts: BenchSettings, out: Path, progress: Progress) -> list[Scenar
     return fairness.run(params, out, progress)
 
 
+def _sizing(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import sizing  # lazy: starts real processes
+
+    if opts.target:
+        print(
+            "sizing: compares gateways it starts in front of its own emulator; --target is not used"
+        )
+    return sizing.run(sizing.SizingParams(repeats=opts.repeats, seed=opts.seed), out, progress)
+
+
+def _sizing_runs(opts: BenchSettings) -> int:
+    from herdless.bench.sizing import runs
+
+    return runs(int(opts.repeats))
+
+
 def _fairness_runs(opts: BenchSettings) -> int:
     from herdless.bench.fairness import ARMS, RESERVES
 
@@ -164,6 +180,13 @@ SCENARIOS: dict[str, Scenario] = {
         "without priorities: token-fair queueing against round-robin and FCFS",
         run=_fairness,
         runs=_fairness_runs,
+        needs=_SERVERS,
+    ),
+    "sizing": Scenario(
+        help="self-sizing from the engine's metrics against static limits (batch flood, crowd, "
+        "mixes, a switch of mix, stale readings)",
+        run=_sizing,
+        runs=_sizing_runs,
         needs=_SERVERS,
     ),
     "hedge": Scenario(

@@ -1,0 +1,218 @@
+"""The ``sizing`` scenarios: a gateway that sizes itself from the engine, beside static limits.
+
+Real processes on 127.0.0.1: an emulated GPU (``herdless emulate --kv-cache-tokens
+60000 --max-num-seqs 256 --speed 4``: vLLM's default ``max-num-seqs``, its chunked
+prefill, its FCFS queue and its preemptions) and, per arm, a gateway in front of it,
+every arm against the same emulator in the same run:
+
+1. ``sizing-flood``: a batch job (40 closed-loop callers, 3,000-token prompts, 600-token
+   answers, ``X-Herdless-Priority: batch``) beside 6 employees chatting (200 + 40 tokens,
+   0.5 s think time, from 3 s in). Arms: the chats alone, vLLM alone, static limits (the
+   old defaults, sized by the docs' table, by hand, the best static arrangement) and the
+   self-sized gateway. Figures: chat p50/p95, batch tokens per second, preemptions.
+2. ``sizing-crowd``: 120 employees at once, 3,000-token prompts, ``max_tokens`` 600,
+   natural answers of 450-600 tokens. Figures: makespan, preemptions, the engine's
+   waiting count (sampled every 0.1 s) p50.
+3. ``sizing-mixes``: three closed-loop mixes with no think time (short chat 64 x
+   200 + 100, RAG 24 x 6,000 + 300, long answers 24 x 500 + 1,500), each against a sweep
+   of static ``--max-concurrency`` and the self-sized gateway. Figure: goodput, the
+   answers finished within ``deadline`` seconds of their sending, per second, after a
+   warm-up.
+4. ``sizing-switch``: the mix switches from short chat to RAG mid-run; the dispatch
+   limit the gateway shows on ``/metrics`` (sampled every 0.25 s): how long it takes to
+   settle, and its swing afterwards.
+5. ``sizing-stale``: the emulator's ``/metrics`` stalls for 10 s mid-run (its fault):
+   throughput in those 10 s against the 10 s before, preemptions after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from herdless._percentiles import percentile
+from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.sizing_load import (
+    SELF,
+    STATIC_ARMS,
+    Load,
+    SizingParams,
+    arm_url,
+    closed_loop,
+    emulator,
+    idle,
+    preemptions,
+    sampled,
+)
+from herdless.bench.sizing_mixes import MIXES, mixes, stale, switch
+from herdless.bench.stats import ratio
+from herdless.launch.servers import ServerProcess
+
+__all__ = ["SizingParams", "run", "runs"]
+
+
+# -- 1. the batch flood -----------------------------------------------------------------
+
+
+def _flood_arm(engine: ServerProcess, p: SizingParams, name: str, opts: Any) -> Arm:
+    def run(seed: int) -> dict[str, float]:
+        chats_only = name == "chats alone"
+        with arm_url(engine, opts) as gw:
+            url = (gw or engine).url + "/v1"
+            asyncio.run(idle(engine.url))
+            before = asyncio.run(preemptions(engine.url))
+            chats = Load(kind="chat", callers=6, prompt=200, answer=40, think=0.5, start=3.0)
+            chats.priority = "interactive"
+            loads = [chats]
+            batch = Load(kind="batch", callers=40, prompt=3000, answer=600, priority="batch")
+            if not chats_only:
+                loads.append(batch)
+            t0 = time.monotonic()
+            asyncio.run(closed_loop(url, loads, p.flood, seed))
+            took = time.monotonic() - t0
+            after = asyncio.run(preemptions(engine.url))
+        latencies = [c.ended - c.sent for c in chats.calls]
+        batch_tokens = sum(c.tokens for c in batch.calls)
+        return {
+            "chat_p50": percentile(latencies, 50) if latencies else math.nan,
+            "chat_p95": percentile(latencies, 95) if latencies else math.nan,
+            "batch_tps": math.nan if chats_only else batch_tokens / took,
+            "preemptions": after - before,
+        }
+
+    return Arm(name=name, run=run)
+
+
+def _flood(engine: ServerProcess, p: SizingParams, progress: Progress) -> ScenarioResult:
+    specs: dict[str, Any] = {"chats alone": None, "vLLM alone, no gateway": None}
+    specs |= STATIC_ARMS | {SELF: dict(p.gateway)}
+    arms = [_flood_arm(engine, p, name, opts) for name, opts in specs.items()]
+    runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+    rows = medians(runs)
+    base = next(r for r in rows if r["arm"] == "chats alone")
+    alone = next(r for r in rows if r["arm"] == "vLLM alone, no gateway")
+    best = next(r for r in rows if r["arm"] == "best static (24, reserve 8)")
+    for row in rows:
+        row["p50_x"] = ratio(row["chat_p50"], base["chat_p50"])
+        row["p95_x"] = ratio(row["chat_p95"], base["chat_p95"])
+        row["tps_x"] = ratio(row["batch_tps"], alone["batch_tps"])
+    me = next(r for r in rows if r["arm"] == SELF)
+    return ScenarioResult(
+        name="sizing-flood",
+        title="A batch flood beside 6 chatting employees (emulated GPU, KV 60,000, 256 seqs)",
+        params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed, "seconds": p.flood},
+        columns=[
+            Column(key="chat_p50", label="chat p50 s"),
+            Column(key="p50_x", label="x alone"),
+            Column(key="chat_p95", label="chat p95 s"),
+            Column(key="p95_x", label="x alone"),
+            Column(key="batch_tps", label="batch tokens/s", fmt="{:.0f}"),
+            Column(key="tps_x", label="x vLLM alone"),
+            Column(key="preemptions", label="preemptions", fmt="{:.0f}"),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=[
+            Target(label="self-sized chat p50 / alone", value=me["p50_x"], limit=1.5),
+            Target(label="self-sized chat p95 / alone", value=me["p95_x"], limit=2.2),
+            Target(
+                label="self-sized chat p95 / best static's",
+                value=ratio(me["chat_p95"], best["chat_p95"]),
+                limit=1.0,
+            ),
+            Target(
+                label="self-sized batch tokens/s / vLLM alone",
+                value=me["tps_x"],
+                limit=0.95,
+                at_least=True,
+            ),
+        ],
+        notes=[
+            "Every answer is exactly max_tokens long (ignore_eos); 429s are retried after "
+            "their retry-after-ms. Static arms run `--sizing static` with the flags named."
+        ],
+    )
+
+
+# -- 2. the crowd -----------------------------------------------------------------------
+
+
+def _crowd_arm(engine: ServerProcess, name: str, opts: Any) -> Arm:
+    def run(seed: int) -> dict[str, float]:
+        with arm_url(engine, opts) as gw:
+            url = (gw or engine).url + "/v1"
+            asyncio.run(idle(engine.url))
+            before = asyncio.run(preemptions(engine.url))
+            crowd = Load(kind="crowd", callers=120, prompt=3000, answer=600, ignore_eos=False)
+            work = closed_loop(url, [crowd], 600.0, seed, once=True)
+            took, seen = asyncio.run(sampled(engine.url, None, work))
+            after = asyncio.run(preemptions(engine.url))
+        return {
+            "makespan": took,
+            "preemptions": after - before,
+            "waiting_p50": seen.waiting_p50,
+            "answered": len(crowd.calls),
+        }
+
+    return Arm(name=name, run=run)
+
+
+def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
+    with emulator(p, answer_min_tokens=450, answer_max_tokens=600) as engine:
+        specs: dict[str, Any] = {"vLLM alone, no gateway": None}
+        specs |= {k: v for k, v in STATIC_ARMS.items() if "best" not in k and "hand" not in k}
+        specs[SELF] = dict(p.gateway)
+        arms = [_crowd_arm(engine, name, opts) for name, opts in specs.items()]
+        runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+    rows = medians(runs)
+    alone = next(r for r in rows if r["arm"] == "vLLM alone, no gateway")
+    for row in rows:
+        row["makespan_x"] = ratio(row["makespan"], alone["makespan"])
+    me = next(r for r in rows if r["arm"] == SELF)
+    return ScenarioResult(
+        name="sizing-crowd",
+        title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
+        params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed},
+        columns=[
+            Column(key="makespan", label="makespan s"),
+            Column(key="makespan_x", label="x vLLM alone"),
+            Column(key="preemptions", label="preemptions", fmt="{:.0f}"),
+            Column(key="waiting_p50", label="engine waiting p50", fmt="{:.0f}"),
+            Column(key="answered", label="answered", fmt="{:.0f}"),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=[
+            Target(label="self-sized makespan / vLLM alone", value=me["makespan_x"], limit=1.03),
+            Target(
+                label="self-sized preemptions - vLLM alone's",
+                value=me["preemptions"] - alone["preemptions"],
+                limit=0,
+            ),
+            Target(label="self-sized engine waiting p50", value=me["waiting_p50"], limit=2),
+        ],
+    )
+
+
+def runs(repeats: int) -> int:
+    """Arm runs of one ``sizing`` run (for the progress bar)."""
+    flood = 2 + len(STATIC_ARMS) + 1
+    crowd = 1 + 2 + 1
+    mixes = len(MIXES) * (len(SizingParams().statics) + 1)
+    return repeats * (flood + crowd + mixes) + 2
+
+
+def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
+    """Every sizing scenario, in one run."""
+    results = []
+    with emulator(p) as engine:
+        results.append(_flood(engine, p, progress))
+    results.append(_crowd(p, progress))
+    results.append(mixes(p, progress))
+    results.append(switch(p, out, progress))
+    results.append(stale(p, progress))
+    return results

@@ -165,32 +165,36 @@ def test_the_engines_own_queue_holds_starts_until_answers_end() -> None:
     for t in running:
         sizing.start(t, 0.0, predicted=None)
     sizing.observe(reading(0.25, waiting=2, running=3, usage=0.01))
-    assert sizing.hold(ticket(10, 10), 0.25, recent_interactive=False) == "engine_waiting"
-    sizing.finish(running[0], 0.3, prompt_tokens=None, completion_tokens=None)
+    # Once may be prompts waiting a step for the engine's token budget: no hold yet.
+    assert sizing.hold(ticket(10, 10), 0.25, recent_interactive=False) is None
+    sizing.observe(reading(0.5, waiting=2, running=3, usage=0.01))
+    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "engine_waiting"
+    sizing.finish(running[0], 0.6, prompt_tokens=None, completion_tokens=None)
     # One ended, so one of the engine's waiters runs: the count is back to the slack.
     assert sizing.engine_waiting == 1
-    assert sizing.hold(ticket(10, 10), 0.3, recent_interactive=False) is None
+    assert sizing.hold(ticket(10, 10), 0.6, recent_interactive=False) is None
 
 
 def test_max_num_seqs_is_learned_when_the_engine_queues_twice_with_kv_to_spare() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0))
-    sizing.observe(reading(0.25, running=4, waiting=3, usage=0.05))
-    assert sizing.seq_limit is None  # once may be a moment of arrivals
-    sizing.observe(reading(0.5, running=4, waiting=2, usage=0.05))
+    for at in (0.25, 0.5, 0.75):  # a moment of arrivals, or the per-step token budget
+        sizing.observe(reading(at, running=4, waiting=3, usage=0.05))
+        assert sizing.seq_limit is None
+    sizing.observe(reading(1.0, running=4, waiting=2, usage=0.05))
     assert sizing.seq_limit == 4
-    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "engine_waiting"
-    sizing.observe(reading(0.6, running=4, waiting=0, usage=0.05))
-    assert fill(sizing, lambda: ticket(10, 10), 0.6) == 4
-    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "seqs"
+    assert sizing.hold(ticket(10, 10), 1.0, recent_interactive=False) == "engine_waiting"
+    sizing.observe(reading(1.1, running=4, waiting=0, usage=0.05))
+    assert fill(sizing, lambda: ticket(10, 10), 1.1) == 4
+    assert sizing.hold(ticket(10, 10), 1.1, recent_interactive=False) == "seqs"
     # The engine ran more than learned: the limit is raised, never a ceiling it proved wrong.
-    sizing.observe(reading(0.75, running=6, waiting=0, usage=0.05))
+    sizing.observe(reading(1.25, running=6, waiting=0, usage=0.05))
     assert sizing.seq_limit == 6
-    sizing.observe(reading(1.0, running=6, waiting=0, usage=0.05))
+    sizing.observe(reading(1.5, running=6, waiting=0, usage=0.05))
     assert sizing.seq_limit == 6
     # Queueing with a full KV cache says nothing of max_num_seqs.
     kv = Sizing(AdmissionConfig())
-    for at in (0.0, 0.25, 0.5):
+    for at in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25):
         kv.observe(reading(at, running=4, waiting=3, usage=0.95))
     assert kv.seq_limit is None
 
@@ -227,11 +231,11 @@ def test_its_own_starts_count_between_readings() -> None:
 
 def test_a_restarted_engine_is_learned_anew() -> None:
     sizing = Sizing(AdmissionConfig())
-    for at in (0.0, 0.25, 0.5):
+    for at in (0.0, 0.25, 0.5, 0.75, 1.0):
         sizing.observe(reading(at, running=4, waiting=3, usage=0.05, generation_tokens=500))
     assert sizing.seq_limit == 4
     # Counters went back: another process. A new model may have another KV capacity.
-    sizing.observe(reading(0.75, capacity=20_000, generation_tokens=0))
+    sizing.observe(reading(1.25, capacity=20_000, generation_tokens=0))
     assert (sizing.seq_limit, sizing.kv_capacity) == (None, 20_000)
     sizing.reset()
     assert (sizing.sized, sizing.limit) == (False, 64)

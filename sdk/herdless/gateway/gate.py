@@ -32,7 +32,7 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_early", "_upstream_state", "_waiters", "admission")
+    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
@@ -42,6 +42,7 @@ class Gate:
         # Refusals of queued tickets whose caller was not waiting yet (displaced or
         # drained between its offer and its wait); taken by wait(), dropped by release().
         self._early: dict[int, Refuse] = {}
+        self._timer: asyncio.TimerHandle | None = None  # the next spaced batch start
 
     def offer(
         self,
@@ -154,8 +155,18 @@ class Gate:
         return self.admission.key_capacity
 
     def _dispatch(self) -> None:
-        for ticket in self.admission.dispatch():
+        admission = self.admission
+        for ticket in admission.dispatch():
             self._wake(ticket, None)
+        if admission.held == "spacing" and self._timer is None:
+            # Spaced batch starts wait for a time, not for an event: wake at that time.
+            delay = admission.sizing.batch_spaced_until - admission.clock.monotonic()
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(max(0.0, delay), self._spaced)
+
+    def _spaced(self) -> None:
+        self._timer = None
+        self._dispatch()
 
     def _wake(self, ticket: Ticket, result: Refuse | None) -> None:
         future = self._waiters.get(ticket.id)

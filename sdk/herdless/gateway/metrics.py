@@ -24,7 +24,7 @@ Exposed (all names prefixed ``herdless_gateway_``):
   ``dispatch_limit`` (requests the gateway lets run upstream now), ``sizing_mode{mode}``
   (1 for ``engine`` or ``static``: static when the engine publishes no size),
   ``dispatch_held{reason}`` (1 for what holds the next waiter back now: ``cap``, ``kv``,
-  ``reserve``, ``seqs``, ``engine_waiting``, ``stale``), ``engine_kv_capacity_tokens``,
+  ``reserve``, ``spacing``, ``seqs``, ``engine_waiting``, ``stale``), ``engine_kv_capacity_tokens``,
   ``engine_kv_usage``, ``engine_running``, ``engine_waiting`` (as last read),
   ``engine_kv_fill`` (the share of the KV the rule fills, lowered by preemptions),
   ``engine_preemptions_total`` (preemptions seen), ``engine_readings_stale`` (1 while
@@ -80,7 +80,7 @@ class Fairness:
     jain: Mapping[str, float]
 
 
-HOLDS = ("cap", "kv", "reserve", "seqs", "engine_waiting", "stale")
+HOLDS = ("cap", "kv", "reserve", "spacing", "seqs", "engine_waiting", "stale")
 """What may hold the next waiter back (``dispatch_held{reason}``)."""
 
 

@@ -103,6 +103,11 @@ class Admission:
         return self._sizing.inflight_tokens
 
     @property
+    def clock(self) -> Clock:
+        """The clock admission decides on."""
+        return self._clock
+
+    @property
     def sizing(self) -> Sizing:
         """The sizing rule and what it learned of the engine (read it; feed it readings
         through :meth:`observe`)."""

@@ -22,14 +22,23 @@ itself. Before a waiter starts, :meth:`Sizing.hold` says what holds it back, or
    settles), else its class's, never more than ``max_tokens``; prompts are the
    gateway's estimates scaled by the ratio the engine's reported ``prompt_tokens``
    measured. KV the engine holds beyond this account (another client) is added.
-3. **The engine's own queue stays near empty.** No start while the engine's waiting
+3. **The engine's own queue stays near empty.** No batch start while the engine's waiting
    count, as last read plus what the gateway started since less what ended, is above
-   ``ENGINE_WAITING``. vLLM does not publish ``max_num_seqs``: it is learned as the
-   running count when the engine queues twice in a row with KV to spare.
+   ``ENGINE_WAITING`` and was in the reading before too (a queue that lasts, not the
+   prompts waiting one step for the engine's per-step token budget). vLLM does not
+   publish ``max_num_seqs``: it is learned as the running count when the engine queued
+   with KV to spare and the same count running for ``SEQ_READINGS`` readings in a row.
 4. **Interactive headroom.** Batch work leaves free, in KV tokens and in sequences,
    the most that interactive work held at once over the last ``reserve_window``
-   seconds plus one typical interactive request: a chat joins the running batch at
-   once instead of waiting for a batch answer to end.
+   seconds plus one typical interactive request (one request, before any was seen): a
+   chat joins the running batch at once instead of waiting for a batch answer to end.
+   An interactive request is not held by the engine's queue (rule 3): it is short,
+   and behind a queue that drains it waits less than behind a batch answer.
+   While interactive work is recent, batch starts are **spaced** at least
+   ``batch run time / most batch requests running lately`` apart (the pace a steady
+   batch job needs, so spacing never starves it): a
+   cohort of long prompts started at once is prefilled in one queue that every chat
+   sent meanwhile waits behind, and spaced starts break such cohorts up for good.
 5. **Preemptions are the brake.** A reading whose ``num_preemptions_total`` rose
    lowers ``fill`` by 5 % (not below half); each reading without one gives back a
    little, up to ``FILL``.
@@ -54,11 +63,12 @@ from typing import Final, Literal
 from herdless.gateway.core.decisions import Ticket
 from herdless.gateway.core.limits import AdmissionConfig
 
-__all__ = ["ENGINE_WAITING", "FILL", "Hold", "Reading", "Sizing"]
+__all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Reading", "Sizing"]
 
-Hold = Literal["cap", "kv", "reserve", "seqs", "engine_waiting", "stale"]
+Hold = Literal["cap", "kv", "reserve", "spacing", "seqs", "engine_waiting", "stale"]
 """What holds the next waiter back: a configured cap (or the static limit), the KV
-headroom, the interactive headroom (batch only), the engine's learned ``max_num_seqs``,
+headroom, the interactive headroom or the spacing of batch starts (batch only), the
+engine's learned ``max_num_seqs``,
 the engine's own queue, or the last good limit while the readings are stale."""
 
 FILL: Final = 0.97
@@ -66,12 +76,16 @@ FILL: Final = 0.97
 take the rest)."""
 ENGINE_WAITING: Final = 1
 """Requests the engine may hold waiting before the gateway stops starting more."""
+SEQ_READINGS: Final = 4
+"""Readings in a row that must show the engine queueing with KV to spare, the same count
+running, before that count is taken for its ``max_num_seqs``."""
 _MIN_FILL = 0.5
 _BRAKE = 0.95
 _RECOVER = 0.002
 _EWMA = 0.2
 _SEQ_KV = 0.9  # the engine queues with KV below this share: its max_num_seqs is the cause
 _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
+_HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,10 +164,15 @@ class Sizing:
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
         self._good_at = -math.inf
         self._good_limit: int | None = None
-        self._queued_twice = False
+        self._queued_streak = 0  # readings in a row queueing with KV to spare, same running
+        self._waited_before = False  # the reading before showed waiting > ENGINE_WAITING
         self._started_since = 0  # started since the last reading
         self._ended_since = 0  # ended since the last reading
         self._typical = float(_TYPICAL)  # EWMA of the footprints started
+        self._typical_interactive = float(_TYPICAL)  # the same, of interactive requests
+        self._batch_run: float | None = None  # EWMA of batch run times, seconds
+        self._batch_started = -math.inf  # when the last batch request started
+        self._batch_high = 0.0  # most batch requests running lately (decays per reading)
         self._interactive_peak: deque[tuple[float, float, int]] = deque()
         self.limit = self.static_limit
         self.stale = False
@@ -180,7 +199,7 @@ class Sizing:
         """The engine's waiting count as last read, less the requests ended since (each
         lets a waiter in), plus those started since when it was queueing then."""
         waiting = 0 if self.last is None or self.last.waiting is None else self.last.waiting
-        if waiting == 0:
+        if waiting <= ENGINE_WAITING or not self._waited_before:
             return 0
         return max(0, waiting + self._started_since - self._ended_since)
 
@@ -215,6 +234,7 @@ class Sizing:
             last = None
         self.last = reading
         self._started_since = self._ended_since = 0
+        self._batch_high *= _HIGH_DECAY
         self.stale = False
         if not reading.sizable:
             return
@@ -253,11 +273,14 @@ class Sizing:
                 self.fill = min(FILL, self.fill + _RECOVER)
         if now.running is not None and now.waiting is not None and now.kv_usage is not None:
             queued = now.waiting > 0 and now.kv_usage < _SEQ_KV
-            if queued and self._queued_twice and now.running == last.running:
+            same = queued and now.running == last.running
+            self._queued_streak = self._queued_streak + 1 if same else int(queued)
+            if self._queued_streak >= SEQ_READINGS:
                 self.seq_limit = max(1, now.running)
             if self.seq_limit is not None and now.running > self.seq_limit:
                 self.seq_limit = now.running  # learned on a moment of arrivals: raise it
-            self._queued_twice = queued
+        if last.waiting is not None:
+            self._waited_before = last.waiting > ENGINE_WAITING
 
     def failed(self, now: float) -> bool:
         """A read failed or came late; returns whether the readings are stale now (rule 6)."""
@@ -288,11 +311,13 @@ class Sizing:
         self.failed(now)
         if self.stale and self._good_limit is not None and running >= self._good_limit:
             return "stale"
-        if self.engine_waiting > ENGINE_WAITING:
+        if not interactive and self.engine_waiting > ENGINE_WAITING:
             return "engine_waiting"
         reserve_seqs, reserve_tokens = (0, 0.0)
-        if not interactive and recent_interactive:
-            reserve_seqs, reserve_tokens = self._interactive_reserve(now)
+        if not interactive:
+            reserve_seqs, reserve_tokens = self._interactive_reserve(now, recent_interactive)
+            if recent_interactive and now < self.batch_spaced_until:
+                return "spacing"
         if self.seq_limit is not None and running + reserve_seqs >= self.seq_limit:
             return "seqs" if reserve_seqs == 0 or running >= self.seq_limit else "reserve"
         budget = self.kv_budget
@@ -317,6 +342,14 @@ class Sizing:
             return "reserve"
         return None
 
+    @property
+    def batch_spaced_until(self) -> float:
+        """The earliest time the next batch request may start while interactive work is
+        recent (rule 4's spacing); ``-inf`` before a batch run time is measured."""
+        if self._batch_run is None or not self.sized:
+            return -math.inf
+        return self._batch_started + self._batch_run / max(1.0, self._batch_high)
+
     def start(self, ticket: Ticket, now: float, *, predicted: float | None) -> None:
         """``ticket`` starts; ``predicted``: its user's average answer, if known."""
         run = self._run_of(ticket, predicted, now)
@@ -324,7 +357,13 @@ class Sizing:
         self.inflight_tokens += ticket.price
         self._started_since += 1
         self._typical += _EWMA * (run.prompt + run.predicted - self._typical)
+        if not run.interactive:
+            self._batch_started = now
+            batch = sum(1 for other in self._runs.values() if not other.interactive)
+            self._batch_high = max(self._batch_high, float(batch))
         if run.interactive:
+            footprint = run.prompt + run.predicted
+            self._typical_interactive += _EWMA * (footprint - self._typical_interactive)
             self._note_interactive(now)
 
     def finish(
@@ -343,6 +382,9 @@ class Sizing:
         self._ended_since += 1
         if run.interactive:
             self._note_interactive(now)
+        else:
+            took, old = now - run.started, self._batch_run
+            self._batch_run = took if old is None else old + _EWMA * (took - old)
         if prompt_tokens is not None and ticket.prompt > 0:
             ratio = prompt_tokens / ticket.prompt
             self._prompt_ratio += _EWMA * (ratio - self._prompt_ratio)
@@ -413,19 +455,16 @@ class Sizing:
             window.pop()
         window.append((now, tokens, seqs))
 
-    def _interactive_reserve(self, now: float) -> tuple[int, float]:
+    def _interactive_reserve(self, now: float, recent: bool) -> tuple[int, float]:
         """(sequences, KV tokens) batch leaves free for interactive work (rule 4)."""
         window = self._interactive_peak
         horizon = now - self.config.reserve_window
         while window and window[0][0] < horizon:
             window.popleft()
-        if not window:
-            return 0, 0.0
-        tokens = max(item[1] for item in window)
-        seqs = max(item[2] for item in window)
-        if seqs == 0:
-            return 0, 0.0
-        return seqs + 1, tokens + tokens / seqs
+        tokens = max((item[1] for item in window), default=0.0) if recent else 0.0
+        seqs = max((item[2] for item in window), default=0) if recent else 0
+        typical = tokens / seqs if seqs else self._typical_interactive
+        return seqs + 1, tokens + typical
 
     def _live_limit(self, now: float) -> int:
         """Requests the engine holds now: running, plus how many more of the typical

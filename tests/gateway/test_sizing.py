@@ -145,6 +145,23 @@ def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
     assert sizing.hold(ticket(100, 100, "batch"), 1.0, recent_interactive=False) is None
 
 
+def test_batch_starts_are_spaced_while_chats_run() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=100_000))
+    batch = [ticket(900, 100, "batch") for _ in range(4)]
+    for t in batch:
+        sizing.start(t, 0.0, predicted=None)
+    sizing.finish(batch[0], 2.0, prompt_tokens=900, completion_tokens=100)
+    sizing.start(ticket(900, 100, "batch"), 2.0, predicted=None)
+    # A batch request runs 2 s and 4 ran at once: one start every 0.5 s keeps the pace.
+    assert sizing.batch_spaced_until == pytest.approx(2.5)
+    assert sizing.hold(ticket(900, 100, "batch"), 2.2, recent_interactive=True) == "spacing"
+    assert sizing.hold(ticket(900, 100, "batch"), 2.5, recent_interactive=True) is None
+    # Without chats around a cohort harms nobody: no spacing.
+    assert sizing.hold(ticket(900, 100, "batch"), 2.2, recent_interactive=False) is None
+    assert sizing.hold(ticket(100, 10), 2.2, recent_interactive=True) is None
+
+
 def test_preemptions_brake_and_quiet_readings_release() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=100_000, preemptions=0))
@@ -166,13 +183,15 @@ def test_the_engines_own_queue_holds_starts_until_answers_end() -> None:
         sizing.start(t, 0.0, predicted=None)
     sizing.observe(reading(0.25, waiting=2, running=3, usage=0.01))
     # Once may be prompts waiting a step for the engine's token budget: no hold yet.
-    assert sizing.hold(ticket(10, 10), 0.25, recent_interactive=False) is None
+    assert sizing.hold(ticket(10, 10, "batch"), 0.25, recent_interactive=False) is None
     sizing.observe(reading(0.5, waiting=2, running=3, usage=0.01))
-    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) == "engine_waiting"
+    assert sizing.hold(ticket(10, 10, "batch"), 0.5, recent_interactive=False) == "engine_waiting"
+    # A chat is not held back by a queue that drains: it is short.
+    assert sizing.hold(ticket(10, 10), 0.5, recent_interactive=False) is None
     sizing.finish(running[0], 0.6, prompt_tokens=None, completion_tokens=None)
     # One ended, so one of the engine's waiters runs: the count is back to the slack.
     assert sizing.engine_waiting == 1
-    assert sizing.hold(ticket(10, 10), 0.6, recent_interactive=False) is None
+    assert sizing.hold(ticket(10, 10, "batch"), 0.6, recent_interactive=False) is None
 
 
 def test_max_num_seqs_is_learned_when_the_engine_queues_twice_with_kv_to_spare() -> None:
@@ -183,7 +202,7 @@ def test_max_num_seqs_is_learned_when_the_engine_queues_twice_with_kv_to_spare()
         assert sizing.seq_limit is None
     sizing.observe(reading(1.0, running=4, waiting=2, usage=0.05))
     assert sizing.seq_limit == 4
-    assert sizing.hold(ticket(10, 10), 1.0, recent_interactive=False) == "engine_waiting"
+    assert sizing.hold(ticket(10, 10, "batch"), 1.0, recent_interactive=False) == "engine_waiting"
     sizing.observe(reading(1.1, running=4, waiting=0, usage=0.05))
     assert fill(sizing, lambda: ticket(10, 10), 1.1) == 4
     assert sizing.hold(ticket(10, 10), 1.1, recent_interactive=False) == "seqs"

@@ -55,8 +55,13 @@ ALIASES = {"herdless.testing.servers", "herdless.testing.vllm", "herdless.testin
 # Imports across one rank that are known and scheduled to go, each with its reason.
 PENDING: set[tuple[str, str]] = set()
 
-# The most lines one module may have (the house style splits past about 400).
+# The most lines one module may have (the house style splits past about 400)...
 MAX_LINES = 400
+# ...unless it says why it is one concept, which a split would cut in two.
+ONE_CONCEPT = {
+    "herdless.gateway.core.admission": "the admission state machine: every rule that moves a "
+    "ticket between offered, queued, running and done reads and writes the same counters",
+}
 # The gateway's pure admission core lives in gateway/core/ (admission, fair queue, sizing ...).
 
 
@@ -184,9 +189,10 @@ def test_no_module_is_over_the_size_limit() -> None:
     over = {
         module: n
         for module, path in MODULES.items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        if (n := len(path.read_text().splitlines())) > MAX_LINES and module not in ONE_CONCEPT
     }
     assert over == {}
+    assert all(len(MODULES[m].read_text().splitlines()) > MAX_LINES for m in ONE_CONCEPT)
 
 
 def _loaded_after(statement: str) -> set[str]:

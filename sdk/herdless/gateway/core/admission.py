@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 
 from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -37,13 +36,10 @@ from herdless.gateway.core.fairqueue import FairQueue, Flow
 from herdless.gateway.core.keys import KeyBudgets
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.reservations import Reservations, unattainable
+from herdless.gateway.core.service import DrainRate
 from herdless.gateway.core.sizing import Hold, Reading, Sizing
 
-__all__ = ["DRAIN_WINDOW", "Admission"]
-
-DRAIN_WINDOW = 10.0
-"""Seconds over which the answers finished per second are measured."""
-_DRAIN_SAMPLES = 4  # answers finished before the measured rate is believed
+__all__ = ["Admission"]
 
 
 class Admission:
@@ -68,8 +64,7 @@ class Admission:
         self._sizing = Sizing(config)
         self._reservations.capacity = config.key_capacity(self._sizing.limit)
         self._queued = 0
-        self._finished: deque[float] = deque()  # end times within DRAIN_WINDOW
-        self._first_finish = math.inf
+        self._drained = DrainRate()
         self.held: Hold | None = None
         """What held the next waiter back at the last dispatch (``None``: nothing)."""
         self._mean_service = config.initial_service_time
@@ -125,16 +120,12 @@ class Admission:
         return self._reservations.capacity
 
     def drain_rate(self) -> float:
-        """Answers finished per second over the last ``DRAIN_WINDOW`` seconds; before
-        there are enough, the dispatch limit over the mean run time."""
-        now = self._clock.monotonic()
-        finished = self._finished
-        while finished and finished[0] < now - DRAIN_WINDOW:
-            finished.popleft()
-        span = min(DRAIN_WINDOW, now - self._first_finish)
-        if len(finished) < _DRAIN_SAMPLES or span < 1.0:
+        """Answers finished per second, measured; before there are enough, the running
+        requests (or the limit) over the mean run time."""
+        measured = self._drained.rate(self._clock.monotonic())
+        if measured is None:
             return max(1, self.inflight or self.limit) / self._mean_service
-        return len(finished) / span
+        return measured
 
     @property
     def mean_service_time(self) -> float:
@@ -349,8 +340,7 @@ class Admission:
             self._sizing.finish(
                 ticket, now, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
             )
-            self._finished.append(now)
-            self._first_finish = min(self._first_finish, now)
+            self._drained.add(now)
         ticket.state = "done"
 
     def expire(self, ticket: Ticket, *, deadline_passed: bool = False) -> Refuse:

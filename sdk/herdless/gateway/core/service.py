@@ -9,8 +9,38 @@ the same index from its clients' records.
 from __future__ import annotations
 
 import math
+from collections import deque
 
-__all__ = ["ServiceWindow", "jain_index"]
+__all__ = ["DRAIN_WINDOW", "DrainRate", "ServiceWindow", "jain_index"]
+
+DRAIN_WINDOW = 10.0
+"""Seconds over which the answers finished per second are measured."""
+_DRAIN_SAMPLES = 4  # answers finished before the measured rate is believed
+
+
+class DrainRate:
+    """Answers finished per second over the last ``DRAIN_WINDOW`` seconds."""
+
+    __slots__ = ("_first", "_times")
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque()
+        self._first = math.inf
+
+    def add(self, now: float) -> None:
+        """An answer finished at ``now``."""
+        self._times.append(now)
+        self._first = min(self._first, now)
+
+    def rate(self, now: float) -> float | None:
+        """Answers per second, or ``None`` before four finished over a second at least."""
+        times = self._times
+        while times and times[0] < now - DRAIN_WINDOW:
+            times.popleft()
+        span = min(DRAIN_WINDOW, now - self._first)
+        if len(times) < _DRAIN_SAMPLES or span < 1.0:
+            return None
+        return len(times) / span
 
 
 class ServiceWindow:

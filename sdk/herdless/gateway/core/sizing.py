@@ -1,66 +1,34 @@
 """Self-sizing: what the engine behind the gateway can hold now (pure, no I/O).
 
-The gateway reads the engine's Prometheus metrics (vLLM's ``/metrics``, read by
-:mod:`herdless.gateway.watcher`) every few hundred milliseconds and hands each reading
-to :meth:`Sizing.observe`; between two readings it counts what it started and ended
-itself. Before a waiter starts, :meth:`Sizing.hold` says what holds it back, or
-``None``. The rules, numbered as docs/gateway.md ("Self-sizing") explains them:
+The watcher (:mod:`herdless.gateway.watcher`) hands each reading of the engine's
+metrics to :meth:`Sizing.observe`; between readings the gateway counts what it started
+and ended itself. Before a waiter starts, :meth:`Sizing.hold` names what holds it back,
+or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
 
-1. **Static until the engine says its size.** Until a reading names the KV capacity
-   (vLLM's ``vllm:cache_config_info``: ``num_gpu_blocks x block_size`` tokens), or with
-   ``sizing="static"``, the gateway runs ``max_concurrency`` requests (64 when not
-   given) within ``max_inflight_tokens`` (none when not given): the gateway as it was.
-2. **KV headroom, with predicted answers.** A request starts only while the peak of
-   the KV the running requests will hold, each decoding one token per step until its
-   *predicted* answer ends, stays within ``fill x capacity`` with it::
+1. static (``max_concurrency`` or 64, ``max_inflight_tokens``) until a reading names
+   the KV capacity (``num_gpu_blocks x block_size``), or with ``sizing="static"``;
+2. KV headroom: the peak KV of the running requests and this one, each decoding one
+   token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
+   ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
+   gateway's own account (another client) added;
+3. no batch start while the engine's own queue lasts (two readings over
+   ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
+4. batch leaves the interactive demand of the last ``reserve_window`` (plus one
+   request) free, and while chats run its starts are spaced at the batch job's pace;
+5. a reading with new preemptions lowers ``fill`` by 5 %, quiet ones give it back;
+6. stale readings: starts bounded by the last good limit, never zero or unbounded;
+7. ``max_concurrency`` and ``max_inflight_tokens`` cap everything.
 
-       peak = max over j of  sum(size_i for r_i >= r_j) + r_j x count(r_i >= r_j)
-
-   ``size_i`` = prompt + tokens generated so far (elapsed x the decode rate per
-   sequence the readings measure), ``r_i`` = predicted answer - generated. The
-   predicted answer is the user's average answer (the fair queue's, from the usage it
-   settles), else its class's, never more than ``max_tokens``; prompts are the
-   gateway's estimates scaled by the ratio the engine's reported ``prompt_tokens``
-   measured. KV the engine holds beyond this account (another client) is added.
-3. **The engine's own queue stays near empty.** No batch start while the engine's waiting
-   count, as last read plus what the gateway started since less what ended, is above
-   ``ENGINE_WAITING`` and was in the reading before too (a queue that lasts, not the
-   prompts waiting one step for the engine's per-step token budget). vLLM does not
-   publish ``max_num_seqs``: it is learned as the running count when the engine queued
-   with KV to spare and the same count running for ``SEQ_READINGS`` readings in a row.
-4. **Interactive headroom.** Batch work leaves free, in KV tokens and in sequences,
-   the most that interactive work held at once over the last ``reserve_window``
-   seconds plus one typical interactive request (one request, before any was seen): a
-   chat joins the running batch at once instead of waiting for a batch answer to end.
-   An interactive request is not held by the engine's queue (rule 3): it is short,
-   and behind a queue that drains it waits less than behind a batch answer.
-   While interactive work is recent, batch starts are **spaced** at least
-   ``batch run time / most batch requests running lately`` apart (the pace a steady
-   batch job needs, so spacing never starves it): a
-   cohort of long prompts started at once is prefilled in one queue that every chat
-   sent meanwhile waits behind, and spaced starts break such cohorts up for good.
-5. **Preemptions are the brake.** A reading whose ``num_preemptions_total`` rose
-   lowers ``fill`` by 5 % (not below half); each reading without one gives back a
-   little, up to ``FILL``.
-6. **Stale readings never halt the GPU.** When no reading arrived for
-   ``stale_after`` seconds, starts are bounded by the last limit the engine ran well
-   at (never zero, never unbounded) until readings come back.
-7. **Caps.** ``max_concurrency`` and ``max_inflight_tokens``, when given, bound
-   everything above.
-
-The live limit (:attr:`Sizing.limit`, requests) is what ``/metrics`` shows and what
-``X-Herdless-Capacity`` is computed from: the running requests plus how many more of the
-typical size fit, recomputed at each reading.
-"""
+The live limit (:attr:`Sizing.limit`, requests) is what ``/metrics`` shows."""
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from herdless.gateway.core.decisions import Ticket
+from herdless.gateway.core.engine import InteractiveDemand, Reading, kv_peak
 from herdless.gateway.core.limits import AdmissionConfig
 
 __all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Reading", "Sizing"]
@@ -86,36 +54,6 @@ _EWMA = 0.2
 _SEQ_KV = 0.9  # the engine queues with KV below this share: its max_num_seqs is the cause
 _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
 _HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reading:
-    """One read of the engine's metrics; ``None`` where it does not publish the signal.
-
-    Attributes:
-        at: clock time of the read.
-        kv_capacity: KV capacity in tokens (``num_gpu_blocks x block_size``).
-        block_size: tokens per KV block.
-        kv_usage: share of the KV cache in use, 0 to 1.
-        running: requests the engine runs.
-        waiting: requests waiting in the engine's own queue.
-        preemptions: preemptions so far (a counter).
-        generation_tokens: tokens generated so far (a counter).
-    """
-
-    at: float
-    kv_capacity: int | None = None
-    block_size: int | None = None
-    kv_usage: float | None = None
-    running: int | None = None
-    waiting: int | None = None
-    preemptions: int | None = None
-    generation_tokens: int | None = None
-
-    @property
-    def sizable(self) -> bool:
-        """Whether it holds what self-sizing needs: the capacity and the KV use."""
-        return self.kv_capacity is not None and self.kv_usage is not None
 
 
 @dataclass(slots=True)
@@ -173,7 +111,7 @@ class Sizing:
         self._batch_run: float | None = None  # EWMA of batch run times, seconds
         self._batch_started = -math.inf  # when the last batch request started
         self._batch_high = 0.0  # most batch requests running lately (decays per reading)
-        self._interactive_peak: deque[tuple[float, float, int]] = deque()
+        self._demand = InteractiveDemand(self.config.reserve_window)
         self.limit = self.static_limit
         self.stale = False
 
@@ -408,8 +346,7 @@ class Sizing:
         )
 
     @property
-    def _block(self) -> int:
-        """Tokens a sequence may waste in its last, partly filled KV block."""
+    def _block(self) -> int:  # tokens a sequence may waste in its last, partial KV block
         return 0 if self.last is None or self.last.block_size is None else self.last.block_size
 
     def _sizes(self, now: float) -> list[tuple[float, float]]:
@@ -435,34 +372,16 @@ class Sizing:
         sizes = self._sizes(now)
         if new is not None:
             sizes.append((new.prompt + self._block, new.predicted))
-        sizes.sort(key=lambda item: -item[1])
-        peak = held = 0.0
-        for count, (size, left) in enumerate(sizes, 1):
-            held += size
-            peak = max(peak, held + count * left)
-        return peak + self._external
+        return kv_peak(sizes) + self._external
 
     def _note_interactive(self, now: float) -> None:
         """Record what interactive work holds now, for the window's peak (rule 4)."""
-        tokens = 0.0
-        seqs = 0
-        for run in self._runs.values():
-            if run.interactive:
-                tokens += run.prompt + run.predicted
-                seqs += 1
-        window = self._interactive_peak
-        while window and window[-1][1] <= tokens and window[-1][2] <= seqs:
-            window.pop()
-        window.append((now, tokens, seqs))
+        runs = [run for run in self._runs.values() if run.interactive]
+        self._demand.note(now, sum(run.prompt + run.predicted for run in runs), len(runs))
 
     def _interactive_reserve(self, now: float, recent: bool) -> tuple[int, float]:
         """(sequences, KV tokens) batch leaves free for interactive work (rule 4)."""
-        window = self._interactive_peak
-        horizon = now - self.config.reserve_window
-        while window and window[0][0] < horizon:
-            window.popleft()
-        tokens = max((item[1] for item in window), default=0.0) if recent else 0.0
-        seqs = max((item[2] for item in window), default=0) if recent else 0
+        seqs, tokens = self._demand.peak(now) if recent else (0, 0.0)
         typical = tokens / seqs if seqs else self._typical_interactive
         return seqs + 1, tokens + typical
 

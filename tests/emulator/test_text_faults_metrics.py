@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from herdless._exposition import Histogram
 from herdless.emulator import text
 from herdless.emulator.engine import Engine, EngineConfig, Sequence
-from herdless.emulator.faults import FaultActions, Faults, parse_faults
+from herdless.emulator.faults import FaultActions, Faults, MetricsOutage, parse_faults
 from herdless.emulator.metrics import cache_config_labels, render
 
 
@@ -72,11 +72,27 @@ def test_parse_faults_splits_steady_faults_and_actions() -> None:
         ({"slow_rate": 1.5}, "slow_rate must be within"),
         ({"slow_latency": -1}, "slow_latency must be"),
         ({"slow_rate": "often"}, "slow_rate: wrong type"),
+        ({"metrics_error_for": -1}, "metrics_error_for must be"),
+        ({"metrics_stall_for": "long"}, "metrics_stall_for: wrong type"),
+        ({"metrics_error_for": 1, "metrics_stall_for": 1}, "give one, not both"),
     ],
 )
 def test_parse_faults_rejects_bad_input_clearly(body: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_faults(body)
+
+
+def test_the_metrics_faults_are_one_shot_actions_naming_their_window() -> None:
+    faults, actions = parse_faults({"metrics_stall_for": 10})
+    assert faults == Faults()  # not a steady fault: GET /_emulator/faults is unchanged
+    assert actions.metrics_outage() == MetricsOutage(mode="stall", seconds=10)
+    _, actions = parse_faults({"metrics_error_for": 2.5, "metrics_stall_for": None})
+    assert actions.metrics_outage() == MetricsOutage(mode="error", seconds=2.5)
+    assert FaultActions().metrics_outage() is None
+    with pytest.raises(ValueError, match="mode"):
+        MetricsOutage(mode="explode", seconds=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seconds"):
+        MetricsOutage(mode="error", seconds=-1)
 
 
 def test_error_rate_draws_from_the_injected_rng() -> None:

@@ -295,6 +295,11 @@ async def test_tokenize_counts_like_the_completion_usage() -> None:
     assert neither.status_code == 400
 
 
+def outage(state: EmulatorState) -> str | None:
+    """The /metrics fault on now (read through a call: each read is a fresh value)."""
+    return state.metrics_outage
+
+
 async def test_metrics_tell_the_kv_geometry_and_the_settings_budget() -> None:
     async with emulator(max_model_len=2048, kv_cache_tokens=46_600) as (client, state):
         text = (await client.get("/metrics")).text
@@ -310,14 +315,14 @@ async def test_the_metrics_error_fault_fails_metrics_only_until_cleared() -> Non
     async with emulator() as (client, state):
         r = await client.post("/_emulator/faults", json={"metrics_error_for": 60})
         assert r.status_code == 200
-        assert state.metrics_outage == "error"
+        assert outage(state) == "error"
         failed = await client.get("/metrics")
         assert (failed.status_code, failed.text) == (500, "Internal Server Error")
         assert (await client.get("/health")).status_code == 200
         chat = await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
         assert chat.status_code == 200
         await client.delete("/_emulator/faults")
-        assert state.metrics_outage is None
+        assert outage(state) is None
         back = await client.get("/metrics")
     assert back.status_code == 200
     assert "vllm:cache_config_info{" in back.text
@@ -326,7 +331,7 @@ async def test_the_metrics_error_fault_fails_metrics_only_until_cleared() -> Non
 async def test_the_metrics_stall_fault_holds_scrapes_until_it_ends() -> None:
     async with emulator() as (client, state):
         await client.post("/_emulator/faults", json={"metrics_stall_for": 60})
-        assert state.metrics_outage == "stall"
+        assert outage(state) == "stall"
         scrape = asyncio.ensure_future(client.get("/metrics"))
         for _ in range(50):  # give the scrape every chance to be answered: it is not
             await asyncio.sleep(0)
@@ -350,7 +355,7 @@ async def test_a_new_metrics_window_replaces_the_one_in_progress() -> None:
         await client.post("/_emulator/faults", json={"metrics_error_for": 0})
         for _ in range(50):  # a window of 0 s ends on the next turn of the loop
             await asyncio.sleep(0)
-        assert state.metrics_outage is None
+        assert outage(state) is None
         assert (await client.get("/metrics")).status_code == 200
 
 
@@ -361,4 +366,4 @@ async def test_both_metrics_faults_at_once_are_refused() -> None:
         )
     assert r.status_code == 400
     assert "metrics_error_for and metrics_stall_for" in r.json()["error"]["message"]
-    assert state.metrics_outage is None
+    assert outage(state) is None

@@ -154,7 +154,7 @@ class Scheduler:
                 break  # preempted to make room for one ahead of it; so are all after it
             computed = seq.computed
             left = seq.prompt_tokens + seq.generated - computed
-            decode = left == 1 and seq.generated > 0  # (Sequence.decoding, inline)
+            decode = left == 1 and seq.generated > 0  # feeds back its last sampled token
             new = min(left, budget)
             # A new block only when the tokens outgrow the blocks held (1 step in 16).
             if computed + new > seq.blocks * block_size:
@@ -181,7 +181,9 @@ class Scheduler:
                 self._running[head] = None
                 new = min(head.num_tokens, budget)
                 self.kv.grow(head, new)  # fits: new <= num_tokens, which fits
-                prefill += _take(head, new, seqs)
+                head.computed = new  # all prefill: its prompt (and tokens, if resumed)
+                seqs.append(head)
+                prefill += new
                 budget -= new
 
         if not seqs:
@@ -221,11 +223,3 @@ class Scheduler:
         self._waiting.appendleft(seq)
         self.num_waiting += 1
         self.metrics.preemptions += 1
-
-
-def _take(seq: Sequence, new: int, seqs: list[Sequence]) -> int:
-    """Schedule ``new`` tokens of ``seq``; return how many of them are prefill."""
-    decode = seq.decoding
-    seq.computed += new
-    seqs.append(seq)
-    return 0 if decode else new

@@ -293,3 +293,77 @@ async def test_tokenize_counts_like_the_completion_usage() -> None:
     assert plain["count"] == 6
     assert plain["token_strs"] is None
     assert neither.status_code == 400
+
+
+def outage(state: EmulatorState) -> str | None:
+    """The /metrics fault on now (read through a call: each read is a fresh value)."""
+    return state.metrics_outage
+
+
+async def test_metrics_tell_the_kv_geometry_and_the_settings_budget() -> None:
+    async with emulator(max_model_len=2048, kv_cache_tokens=46_600) as (client, state):
+        text = (await client.get("/metrics")).text
+    [line] = [x for x in text.splitlines() if x.startswith("vllm:cache_config_info{")]
+    assert 'num_gpu_blocks="2912",' in line
+    assert 'block_size="16",' in line
+    assert 'kv_cache_max_concurrency="22.75"' in line
+    assert line.endswith('engine="0"} 1.0')
+    assert state.engine.config.max_num_batched_tokens == 8192
+
+
+async def test_the_metrics_error_fault_fails_metrics_only_until_cleared() -> None:
+    async with emulator() as (client, state):
+        r = await client.post("/_emulator/faults", json={"metrics_error_for": 60})
+        assert r.status_code == 200
+        assert outage(state) == "error"
+        failed = await client.get("/metrics")
+        assert (failed.status_code, failed.text) == (500, "Internal Server Error")
+        assert (await client.get("/health")).status_code == 200
+        chat = await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
+        assert chat.status_code == 200
+        await client.delete("/_emulator/faults")
+        assert outage(state) is None
+        back = await client.get("/metrics")
+    assert back.status_code == 200
+    assert "vllm:cache_config_info{" in back.text
+
+
+async def test_the_metrics_stall_fault_holds_scrapes_until_it_ends() -> None:
+    async with emulator() as (client, state):
+        await client.post("/_emulator/faults", json={"metrics_stall_for": 60})
+        assert outage(state) == "stall"
+        scrape = asyncio.ensure_future(client.get("/metrics"))
+        for _ in range(50):  # give the scrape every chance to be answered: it is not
+            await asyncio.sleep(0)
+        assert not scrape.done()
+        assert (await client.get("/health")).status_code == 200  # the rest is served
+        state.end_metrics_outage()  # what the window's timer does when it ends
+        answer = await scrape
+    assert answer.status_code == 200
+    assert "vllm:kv_cache_usage_perc{" in answer.text
+
+
+async def test_a_new_metrics_window_replaces_the_one_in_progress() -> None:
+    async with emulator() as (client, state):
+        await client.post("/_emulator/faults", json={"metrics_stall_for": 60})
+        scrape = asyncio.ensure_future(client.get("/metrics"))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        await client.post("/_emulator/faults", json={"metrics_error_for": 60})
+        assert (await scrape).status_code == 200  # the stall ended: answered
+        assert (await client.get("/metrics")).status_code == 500
+        await client.post("/_emulator/faults", json={"metrics_error_for": 0})
+        for _ in range(50):  # a window of 0 s ends on the next turn of the loop
+            await asyncio.sleep(0)
+        assert outage(state) is None
+        assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_both_metrics_faults_at_once_are_refused() -> None:
+    async with emulator() as (client, state):
+        r = await client.post(
+            "/_emulator/faults", json={"metrics_error_for": 5, "metrics_stall_for": 5}
+        )
+    assert r.status_code == 400
+    assert "metrics_error_for and metrics_stall_for" in r.json()["error"]["message"]
+    assert outage(state) is None

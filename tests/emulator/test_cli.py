@@ -7,6 +7,7 @@ import os
 import pytest
 
 from herdless.emulator.cli import build_parser, load_settings, main
+from herdless.emulator.faults import MetricsOutage
 from herdless.emulator.settings import EmulatorSettings
 from herdless.launch.servers import ServerProcess, flags
 
@@ -33,14 +34,39 @@ def test_the_slow_fault_flags_reach_the_faults() -> None:
     assert (faults.slow_rate, faults.slow_latency) == (0.1, 5.0)
 
 
+def test_the_scheduler_flags_reach_the_engine_with_vllms_defaults() -> None:
+    default = load_settings([]).engine_config()
+    assert (default.max_num_batched_tokens, default.block_size) == (8192, 16)
+    assert default.num_gpu_blocks == 400_000 // 16
+    flagged = load_settings(["--max-num-batched-tokens", "2048", "--block-size", "32"])
+    config = flagged.engine_config()
+    assert (config.max_num_batched_tokens, config.block_size) == (2048, 32)
+    os.environ["HERDLESS_EMULATOR_MAX_NUM_BATCHED_TOKENS"] = "512"
+    assert load_settings([]).engine_config().max_num_batched_tokens == 512
+
+
+def test_the_metrics_fault_flags_begin_a_window_at_start() -> None:
+    assert load_settings([]).metrics_outage() is None
+    outage = load_settings(["--metrics-stall-for", "10"]).metrics_outage()
+    assert outage == MetricsOutage(mode="stall", seconds=10.0)
+    outage = load_settings(["--metrics-error-for", "2.5"]).metrics_outage()
+    assert outage == MetricsOutage(mode="error", seconds=2.5)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--max-num-seqs", "0"], "argument --max-num-seqs: Input should be greater than"),
         (["--kv-cache-tokens", "100"], "--kv-cache-tokens (100) must be >= max_model_len"),
         (["--error-rate", "2"], "argument --error-rate:"),
+        (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
+         "--max-num-batched-tokens (256) must be >= --max-num-seqs (512)"),
+        (["--max-model-len", "100", "--kv-cache-tokens", "100"],
+         "fewer than --max-model-len (100)"),
+        (["--metrics-error-for", "1", "--metrics-stall-for", "1"], "not both"),
+        (["--metrics-stall-for", "-1"], "argument --metrics-stall-for:"),
     ],
-)
+)  # fmt: skip
 def test_bad_settings_exit_2_with_a_clear_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

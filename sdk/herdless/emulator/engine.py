@@ -276,22 +276,28 @@ class Engine:
 
     def _end_step(self, step: _Step, progressed: dict[Sequence, None]) -> None:
         self._free_at = end = step.end
+        metrics = self.metrics
         made = 0
+        # Inter-token latency: the time since each sequence's previous token. Most had
+        # theirs when the previous step ended (this step's start): counted in one go.
+        in_step = 0
         for seq in step.batch:
             if seq.state is not SeqState.RUNNING:  # aborted during the step
                 continue
-            if seq.computed < seq.num_tokens:  # a prefill chunk: no token yet
+            if seq.computed < seq.prompt_tokens + seq.generated:  # a prefill chunk: no token
                 continue
             seq.generated += 1
             made += 1
-            if seq.first_token_at is None:
+            last = seq.last_token_at
+            if last is None:
                 seq.first_token_at = end
-                self.metrics.ttft.observe(end - seq.arrival)
+                metrics.ttft.observe(end - seq.arrival)
                 # vLLM counts a prompt when its first token comes, once (not on recompute).
-                self.metrics.prompt_tokens += seq.prompt_tokens
-            elif seq.last_token_at is not None:
-                # Time since this sequence's previous token (a preemption's wait included).
-                self.metrics.itl.observe(end - seq.last_token_at)
+                metrics.prompt_tokens += seq.prompt_tokens
+            elif last == step.start:
+                in_step += 1
+            else:  # it waited meanwhile: a preemption, a step without it
+                metrics.itl.observe(end - last)
             seq.last_token_at = end
             if seq.content_tokens is not None and seq.generated > seq.content_tokens:
                 self.scheduler.remove(seq)
@@ -300,7 +306,8 @@ class Engine:
                 self.scheduler.remove(seq)
                 self._finish(seq, "length", end)
             progressed[seq] = None
-        self.metrics.generation_tokens += made
+        metrics.itl.observe(end - step.start, in_step)
+        metrics.generation_tokens += made
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.state = SeqState.FINISHED

@@ -144,29 +144,28 @@ class Scheduler:
         prefill = 0
         preempted = False
 
-        # 1. The running sequences, oldest first.
+        # 1. The running sequences, oldest first. (The hot loop: one pass per step over
+        # every running sequence, so the decode case is written out inline.)
+        block_size = self.kv.block_size
         for seq in list(self._running):
             if budget == 0:
                 break
             if seq.state is not SeqState.RUNNING:
                 break  # preempted to make room for one ahead of it; so are all after it
-            new = min(seq.num_tokens - seq.computed, budget)
-            fits = True
-            while not self.kv.grow(seq, seq.computed + new):
-                if self.on_kv_exhausted == "crash":
-                    raise KVCacheExhausted(
-                        f"KV cache exhausted: {self.kv.used} of {self.kv.num_blocks} blocks "
-                        f"held by {len(self._running)} sequences"
-                    )
-                victim = next(reversed(self._running))
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    fits = False
-                    break
-            if not fits:
-                break  # it preempted itself: nothing more runs this step (vLLM's `break`)
-            prefill += _take(seq, new, seqs)
+            computed = seq.computed
+            left = seq.prompt_tokens + seq.generated - computed
+            decode = left == 1 and seq.generated > 0  # feeds back its last sampled token
+            new = min(left, budget)
+            # A new block only when the tokens outgrow the blocks held (1 step in 16).
+            if computed + new > seq.blocks * block_size:
+                room = self._make_room(seq, computed + new)
+                preempted = preempted or room != "free"
+                if room == "self":
+                    break  # it preempted itself: nothing more runs this step (vLLM's `break`)
+            seq.computed = computed + new
+            seqs.append(seq)
+            if not decode:
+                prefill += new
             budget -= new
 
         # 2. The waiting queue, first come first served (not after a preemption: that
@@ -182,12 +181,39 @@ class Scheduler:
                 self._running[head] = None
                 new = min(head.num_tokens, budget)
                 self.kv.grow(head, new)  # fits: new <= num_tokens, which fits
-                prefill += _take(head, new, seqs)
+                head.computed = new  # all prefill: its prompt (and tokens, if resumed)
+                seqs.append(head)
+                prefill += new
                 budget -= new
 
         if not seqs:
             return None
         return Batch(tuple(seqs), prefill, self.max_num_batched_tokens - budget)
+
+    def _make_room(self, seq: Sequence, tokens: int) -> Literal["free", "preempted", "self"]:
+        """Grow ``seq``'s blocks to ``tokens`` tokens, preempting the newest running
+        sequences while the free blocks do not cover them.
+
+        Returns:
+            ``"free"`` when they did at once; ``"preempted"`` when they did once newer
+            sequences were preempted; ``"self"`` when ``seq``, the newest, was preempted.
+
+        Raises:
+            KVCacheExhausted: in ``crash`` mode, instead of preempting.
+        """
+        room: Literal["free", "preempted", "self"] = "free"
+        while not self.kv.grow(seq, tokens):
+            if self.on_kv_exhausted == "crash":
+                raise KVCacheExhausted(
+                    f"KV cache exhausted: {self.kv.used} of {self.kv.num_blocks} blocks "
+                    f"held by {len(self._running)} sequences"
+                )
+            victim = next(reversed(self._running))
+            self._preempt(victim)
+            if victim is seq:
+                return "self"
+            room = "preempted"
+        return room
 
     def _preempt(self, seq: Sequence) -> None:
         del self._running[seq]
@@ -197,11 +223,3 @@ class Scheduler:
         self._waiting.appendleft(seq)
         self.num_waiting += 1
         self.metrics.preemptions += 1
-
-
-def _take(seq: Sequence, new: int, seqs: list[Sequence]) -> int:
-    """Schedule ``new`` tokens of ``seq``; return how many of them are prefill."""
-    decode = seq.decoding
-    seq.computed += new
-    seqs.append(seq)
-    return 0 if decode else new

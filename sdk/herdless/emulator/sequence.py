@@ -81,11 +81,6 @@ class Sequence:
         return self.prompt_tokens + self.generated
 
     @property
-    def decoding(self) -> bool:
-        """Whether the next step feeds one sampled token (a decode, not a prefill chunk)."""
-        return self.generated > 0 and self.computed == self.num_tokens - 1
-
-    @property
     def text_tokens(self) -> int:
         """Generated tokens that carry text (the EOS token carries none)."""
         if self.content_tokens is None:

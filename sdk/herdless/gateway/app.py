@@ -27,10 +27,9 @@ from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.core.admission import Admission
-from herdless.gateway.core.limits import CLASSES
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, effective_config, event
-from herdless.gateway.metrics import CONTENT_TYPE, Fairness, GatewayMetrics, SizingFigures
+from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import AdmittedProxy
 from herdless.gateway.routes import ROUTES
@@ -54,7 +53,8 @@ def create_app(
     clock: Clock = SYSTEM_CLOCK,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Starlette:
-    """Build a gateway app; its parts live on ``app.state.runtime``.
+    """Build a gateway app; its parts live on ``app.state.runtime`` (and the engine
+    watcher, when the gateway sizes itself, on ``app.state.watcher``).
 
     Args:
         settings: the gateway's settings (default: from the environment).
@@ -63,36 +63,37 @@ def create_app(
     """
     settings = settings or GatewaySettings()
     shown = effective_config(settings)  # while the secrets are here to say "set"
-    admission = Admission(settings.admission_config(), clock=clock)
-
-    def fairness() -> Fairness:
-        return Fairness(
-            depth={name: admission.queue.depth(name) for name in CLASSES},
-            served={name: admission.queue.served_tokens[name] for name in CLASSES},
-            displacements=admission.displacements,
-            users=admission.user_service(),
-            jain={name: admission.fairness(name) for name in CLASSES},
+    runtime = _runtime(settings, clock, transport)
+    watcher = None
+    if settings.sizing == "engine":
+        watcher = Watcher(
+            runtime.upstream, runtime.gate, interval=settings.metrics_interval, now=clock.monotonic
         )
+    routes = _Routes(
+        runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)
+    )
+    app = Starlette(
+        routes=routes.table(),
+        exception_handlers={404: routes.not_found, 405: routes.not_allowed},
+        lifespan=_lifespan(runtime, watcher, shown),
+    )
+    # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
+    # redirect that a client following it would send its body (and key) through.
+    app.router.redirect_slashes = False
+    app.state.runtime = runtime
+    app.state.watcher = watcher
+    return app
 
-    def sizing() -> SizingFigures:
-        size, last = admission.sizing, admission.sizing.last
-        return SizingFigures(
-            limit=size.limit,
-            mode="engine" if size.sized else "static",
-            held=admission.held if admission.queue_depth else None,
-            kv_capacity=size.kv_capacity,
-            kv_usage=None if last is None else last.kv_usage,
-            running=None if last is None else last.running,
-            waiting=None if last is None else last.waiting,
-            fill=size.fill,
-            preemptions=size.preemptions_seen,
-            stale=size.stale,
-        )
 
-    cap = settings.max_concurrency
-    runtime = Runtime(
+def _runtime(
+    settings: GatewaySettings, clock: Clock, transport: httpx.AsyncBaseTransport | None
+) -> Runtime:
+    """The gateway's parts: the gate over its admission core, the upstream pool, metrics."""
+    gate = Gate(Admission(settings.admission_config(), clock=clock))
+    cap = settings.max_concurrency  # no cap: the admission bounds the pool
+    return Runtime(
         settings=settings.without_secrets(),
-        gate=Gate(admission),
+        gate=gate,
         upstream=Upstream(
             str(settings.upstream),
             api_key=settings.upstream_api_key,
@@ -102,25 +103,22 @@ def create_app(
             transport=transport,
         ),
         metrics=GatewayMetrics(
-            lambda: {
-                "queue_depth": admission.queue_depth,
-                "inflight": admission.inflight,
-                "inflight_tokens": admission.inflight_tokens,
-            },
-            fairness=fairness,
-            sizing=sizing,
+            gate.gauges,
+            fairness=gate.fairness,
+            sizing=gate.sizing_figures,
             top=settings.metrics_top_users,
         ),
         keys=settings.api_key_table(),
         users=settings.user_ids(),
         admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
     )
-    watcher = None
-    if settings.sizing == "engine":
-        watcher = Watcher(
-            runtime.upstream, runtime.gate, interval=settings.metrics_interval, now=clock.monotonic
-        )
-    model_list = ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)
+
+
+def _lifespan(
+    runtime: Runtime, watcher: Watcher | None, shown: dict[str, object]
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Start: log the config, poll the upstream's health (and read its metrics) once,
+    then keep polling; stop: the tasks, the pool, and a line saying how it ended."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -137,31 +135,46 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await runtime.upstream.aclose()
-            adm = runtime.gate.admission
-            event(
-                LOG,
-                logging.INFO,
-                "stopped",
-                draining=adm.draining,
-                inflight=adm.inflight,
-                queue_depth=adm.queue_depth,
-            )
+            status = runtime.gate.status()
+            del status["ready"], status["upstream_ready"]
+            event(LOG, logging.INFO, "stopped", **status)
 
-    async def healthz(request: Request) -> Response:
+    return lifespan
+
+
+class _Routes:
+    """The routes that are not admitted: health, metrics, models, admin, and the 404s."""
+
+    def __init__(self, runtime: Runtime, model_list: ModelList) -> None:
+        self._rt = runtime
+        self._models = model_list
+
+    def table(self) -> list[Route]:
+        return [
+            *(Route(r.path, AdmittedProxy(self._rt, r), methods=["POST"]) for r in ROUTES),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/admin/drain", self.drain, methods=["POST"]),
+            Route("/admin/resume", self.resume, methods=["POST"]),
+        ]
+
+    async def healthz(self, request: Request) -> Response:
         return _json(200, {"status": "ok"})
 
-    async def readyz(request: Request) -> Response:
-        body = _status(runtime)
-        return _json(200 if admission.ready else 503, body)
+    async def readyz(self, request: Request) -> Response:
+        gate = self._rt.gate
+        return _json(200 if gate.ready else 503, gate.status())
 
-    async def metrics(request: Request) -> Response:
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics(self, request: Request) -> Response:
+        return Response(self._rt.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         headers = dict(request.headers)
         rid = request_id(headers)
         echo = {"x-request-id": rid}
-        if runtime.identify(headers) is None:
+        if self._rt.identify(headers) is None:
             body = error_body(
                 "a valid API key is required (Authorization: Bearer <key>)",
                 code="invalid_api_key",
@@ -170,64 +183,46 @@ def create_app(
             echo["www-authenticate"] = "Bearer"
             return Response(body, 401, echo, media_type="application/json")
         try:
-            answer = await model_list.get(rid)
+            answer = await self._models.get(rid)
         except UpstreamUnavailable as exc:
-            refused = admission.unavailable(exc.code, str(exc))
+            refused = self._rt.gate.unavailable(exc.code, str(exc))
             body = error_body(refused.message, code=refused.code, type="service_unavailable")
             for name, value in refusal_headers(refused):
                 echo[name.decode()] = value.decode()
             return Response(body, 503, echo, media_type="application/json")
         return Response(answer.body, answer.status, echo, media_type=answer.content_type)
 
-    async def drain(request: Request) -> Response:
-        return _admin(request, "drain", lambda: {"refused_waiting": runtime.gate.drain()})
+    async def drain(self, request: Request) -> Response:
+        return self._admin(request, "drain", lambda: {"refused_waiting": self._rt.gate.drain()})
 
-    def _resume() -> dict[str, object]:
-        runtime.gate.resume()
-        return {}
+    async def resume(self, request: Request) -> Response:
+        def act() -> dict[str, object]:
+            self._rt.gate.resume()
+            return {}
 
-    async def resume(request: Request) -> Response:
-        return _admin(request, "resume", _resume)
+        return self._admin(request, "resume", act)
 
-    def _admin(request: Request, action: str, act: Callable[[], dict[str, object]]) -> Response:
+    def _admin(
+        self, request: Request, action: str, act: Callable[[], dict[str, object]]
+    ) -> Response:
         rid = request_id(dict(request.headers))
-        denied = _deny_admin(request, runtime.admin_digest)
+        denied = _deny_admin(request, self._rt.admin_digest)
         if denied is not None:
             audit(action, f"denied {denied.status_code}", request.scope, rid)
             return denied
         did = act()
-        audit(action, "done", request.scope, rid, inflight=admission.inflight, **did)
-        return _json(200, _status(runtime))
+        audit(action, "done", request.scope, rid, inflight=self._rt.gate.inflight, **did)
+        return _json(200, self._rt.gate.status())
 
-    async def not_found(request: Request, exc: Exception) -> Response:
+    async def not_found(self, request: Request, exc: Exception) -> Response:
         path = request.url.path[:_PATH_SHOWN]
         message = f"no route {request.method} {path}"
         if path.startswith("/v1/"):
             message += f"; this gateway serves {_SERVED}"
         return _json_error(404, "not_found", message)
 
-    async def not_allowed(request: Request, exc: Exception) -> Response:
+    async def not_allowed(self, request: Request, exc: Exception) -> Response:
         return _json_error(405, "method_not_allowed", f"{request.method} is not allowed here")
-
-    app = Starlette(
-        routes=[
-            *(Route(r.path, AdmittedProxy(runtime, r), methods=["POST"]) for r in ROUTES),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/admin/drain", drain, methods=["POST"]),
-            Route("/admin/resume", resume, methods=["POST"]),
-        ],
-        exception_handlers={404: not_found, 405: not_allowed},
-        lifespan=lifespan,
-    )
-    # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
-    # redirect that a client following it would send its body (and key) through.
-    app.router.redirect_slashes = False
-    app.state.runtime = runtime
-    app.state.watcher = watcher
-    return app
 
 
 async def _poll_once(runtime: Runtime, slow_in_a_row: int = 0) -> int:
@@ -253,17 +248,6 @@ async def _poll_forever(runtime: Runtime) -> None:
     while True:
         await asyncio.sleep(runtime.settings.health_interval)
         slow = await _poll_once(runtime, slow)
-
-
-def _status(runtime: Runtime) -> dict[str, object]:
-    adm = runtime.gate.admission
-    return {
-        "ready": adm.ready,
-        "draining": adm.draining,
-        "upstream_ready": adm.upstream_ready,
-        "inflight": adm.inflight,
-        "queue_depth": adm.queue_depth,
-    }
 
 
 def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None:

@@ -113,13 +113,12 @@ def drain_on_signal(runtime: Runtime, sig: int) -> None:
     The ``stopped`` line at the app's shutdown tells how the drain ended.
     """
     refused = runtime.gate.drain()  # 0 when already drained (an admin drain, a 2nd signal)
-    adm = runtime.gate.admission
     event(
         LOG,
         logging.WARNING,
         f"{signal.Signals(sig).name} received: draining",
         signal=signal.Signals(sig).name,
         refused_waiting=refused,
-        inflight=adm.inflight,
+        inflight=runtime.gate.inflight,
         shutdown_grace=runtime.settings.shutdown_grace,
     )

@@ -3,7 +3,8 @@
 Admission decides; this module only parks the queued requests on futures and
 wakes them when the core starts them, times them out, or drains them. Offers
 that are admitted or refused at once never touch the event loop (the refusal
-path stays cheap).
+path stays cheap). :class:`Gate` is the only face of the admission core the HTTP
+edge touches: the routes, the watcher and ``/metrics`` go through it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import logging
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.core.limits import Priority
-from herdless.gateway.core.sizing import Reading
+from herdless.gateway.core.limits import CLASSES, Priority
+from herdless.gateway.core.sizing import Reading, Sizing
 from herdless.gateway.logs import LOG, event
+from herdless.gateway.metrics import Fairness, SizingFigures
 
 __all__ = ["Gate"]
 
@@ -142,6 +144,85 @@ class Gate:
             self._upstream_state = state
         if ready:
             self._dispatch()
+
+    # -- what the edge reads ---------------------------------------------------------------
+
+    def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
+        """The refusals that need no body (see :meth:`Admission.precheck`)."""
+        return self.admission.precheck(key_id, deadline=deadline)
+
+    def unavailable(self, code: str, message: str | None = None) -> Refuse:
+        """A 503 with a reservation (see :meth:`Admission.unavailable`)."""
+        return self.admission.unavailable(code, message)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the upstream is ready and the gateway admits (``/readyz``)."""
+        return self.admission.ready
+
+    @property
+    def inflight(self) -> int:
+        """Requests running upstream."""
+        return self.admission.inflight
+
+    @property
+    def sizing(self) -> Sizing:
+        """The sizing rule and what it learned of the engine (read only)."""
+        return self.admission.sizing
+
+    def status(self) -> dict[str, object]:
+        """What ``/readyz`` and the admin routes answer."""
+        adm = self.admission
+        return {
+            "ready": adm.ready,
+            "draining": adm.draining,
+            "upstream_ready": adm.upstream_ready,
+            "inflight": adm.inflight,
+            "queue_depth": adm.queue_depth,
+        }
+
+    def gauges(self) -> dict[str, float]:
+        """The queue and in-flight gauges of ``/metrics``."""
+        adm = self.admission
+        return {
+            "queue_depth": adm.queue_depth,
+            "inflight": adm.inflight,
+            "inflight_tokens": adm.inflight_tokens,
+        }
+
+    def fairness(self) -> Fairness:
+        """The fair-share figures of ``/metrics``."""
+        adm = self.admission
+        return Fairness(
+            depth={name: adm.queue.depth(name) for name in CLASSES},
+            served={name: adm.queue.served_tokens[name] for name in CLASSES},
+            displacements=adm.displacements,
+            users=adm.user_service(),
+            jain={name: adm.fairness(name) for name in CLASSES},
+        )
+
+    def sizing_figures(self) -> SizingFigures:
+        """The self-sizing figures of ``/metrics``."""
+        adm = self.admission
+        size, last = adm.sizing, adm.sizing.last
+        return SizingFigures(
+            limit=size.limit,
+            mode="engine" if size.sized else "static",
+            held=adm.held if adm.queue_depth else None,
+            kv_capacity=size.kv_capacity,
+            kv_usage=None if last is None else last.kv_usage,
+            running=None if last is None else last.running,
+            waiting=None if last is None else last.waiting,
+            fill=size.fill,
+            preemptions=size.preemptions_seen,
+            stale=size.stale,
+        )
+
+    # -- the engine's readings -------------------------------------------------------------
+
+    def readings_failed(self) -> bool:
+        """A read of the engine failed or came late; returns whether they are stale now."""
+        return self.admission.sizing.failed(self.admission.clock.monotonic())
 
     def observe(self, reading: Reading) -> None:
         """Take a reading of the engine (see :mod:`herdless.gateway.core.sizing`) and start

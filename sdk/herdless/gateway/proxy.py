@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import NoReturn
 
 import anyio
 import httpx
 from starlette.types import Receive, Scope, Send
 
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.routes import CHAT, AdmittedRoute
+from herdless.gateway.core.limits import Priority
+from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
 from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (
@@ -59,9 +62,8 @@ class AdmittedProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
         headers = header_map(scope)
-        # The request id is made only when used (admitted, or logged): not per refusal.
-        log: dict[str, object] = {"request_id": None, "key_id": None, "user": None, "class": None}
-        status, reason, ticket = await self._handle(scope, receive, send, headers, log)
+        access = _Access()
+        status, reason, ticket = await self._handle(scope, receive, send, headers, access)
         rt = self._rt
         rt.metrics.requests[status] += 1
         if reason is not None and status in (429, 503):
@@ -71,10 +73,11 @@ class AdmittedProxy:
         if rt.access_log:
             wait = ticket.queue_wait if ticket is not None else 0.0
             rt.log_access(
-                request_id=log["request_id"] or request_id(headers),
-                key_id=log["key_id"],
-                user=log["user"],
-                **{"class": ticket.priority if ticket is not None else log["class"]},
+                # The request id is made only when used (admitted, or logged): not per refusal.
+                request_id=access.request_id or request_id(headers),
+                key_id=access.key_id,
+                user=access.user,
+                **{"class": ticket.priority if ticket is not None else access.klass},
                 method="POST",
                 path=scope["path"],
                 status=status,
@@ -89,85 +92,32 @@ class AdmittedProxy:
         receive: Receive,
         send: Send,
         headers: dict[str, str],
-        log: dict[str, object],
+        access: _Access,
     ) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
+        try:
+            raw, request, deadline = await self._read(scope, receive, send, headers, access)
+        except _Answered as answered:
+            return answered.status, answered.reason, None
         rt = self._rt
-        key_id = rt.identify(headers)
-        if key_id is None:
-            body = error_body(
-                "a valid API key is required (Authorization: Bearer <key>)",
-                code="invalid_api_key",
-                type="authentication_error",
-            )
-            await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
-            return 401, "invalid_api_key", None
-        log["key_id"] = key_id
-        deadline = deadline_header(headers)
-        early = rt.gate.admission.precheck(key_id, deadline=deadline)
-        if early is not None:
-            # Refuse a flood before reading or parsing its bodies (the server discards them).
-            await _send_refusal(send, early)
-            return early.status, early.code, None
-        try:
-            priority = log["class"] = priority_header(headers)
-        except BadRequest as exc:
-            body = error_body(
-                str(exc), code=exc.code, type="invalid_request_error", param=exc.param
-            )
-            await send_json(send, 400, body)
-            return 400, exc.code, None
-        settings = rt.settings
-        try:
-            async with asyncio.timeout(settings.body_timeout):
-                raw = await _read_body(scope, receive, headers, settings.max_body_bytes)
-            request = self._route.parse(
-                raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
-            )
-        except TimeoutError:
-            # A stalled body would hold its connection and task forever; close it too.
-            body = error_body(
-                f"the body did not arrive within {settings.body_timeout:g}s",
-                code="body_timeout",
-                type="invalid_request_error",
-            )
-            await send_json(send, 408, body, [(b"connection", b"close")])
-            return 408, "body_timeout", None
-        except _ClientGone:
-            return _CLIENT_CLOSED, "client_closed", None
-        except _BodyTooLarge:
-            limit = rt.settings.max_body_bytes
-            body = error_body(
-                f"the body exceeds {limit} bytes",
-                code="body_too_large",
-                type="invalid_request_error",
-            )
-            await send_json(send, 413, body)
-            return 413, "body_too_large", None
-        except BadRequest as exc:
-            body = error_body(
-                str(exc), code=exc.code, type="invalid_request_error", param=exc.param
-            )
-            await send_json(send, 400, body)
-            return 400, exc.code, None
-        price = request.price(rt.settings.default_max_tokens)
+        assert access.key_id is not None
         # The fairness unit: the key, refined by the user the request names (the header
         # first: it is what a proxy in front of an app that cannot change bodies sets).
         named = user_header(headers) or request.user
-        user = log["user"] = None if named is None else rt.users(named)
+        user = access.user = None if named is None else rt.users(named)
         decision = rt.gate.offer(
-            key_id,
-            price,
+            access.key_id,
+            request.price(rt.settings.default_max_tokens),
             deadline=deadline,
             user=user,
-            priority=priority,
+            priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
         )
         if isinstance(decision, Refuse):
             await _send_refusal(send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
-        rid = log["request_id"] = request_id(headers)
+        rid = access.request_id = request_id(headers)
         outcome: list[tuple[int, str | None]] = []
         try:
             async with anyio.create_task_group() as tg:
@@ -192,6 +142,56 @@ class AdmittedProxy:
         status, reason = outcome[0]
         return status, reason, ticket
 
+    async def _read(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        access: _Access,
+    ) -> tuple[bytes, Priced, float | None]:
+        """Everything before admission: the key, the refusals that need no body (a flood
+        is refused before its bodies are read), the class, the body and its parse.
+
+        Returns:
+            The body, the parsed request and the caller's deadline.
+
+        Raises:
+            _Answered: the request was answered here (an error or a refusal).
+        """
+        rt = self._rt
+        key_id = access.key_id = rt.identify(headers)
+        if key_id is None:
+            message = "a valid API key is required (Authorization: Bearer <key>)"
+            await _error(send, 401, "invalid_api_key", message, kind="authentication_error",
+                         headers=[(b"www-authenticate", b"Bearer")])  # fmt: skip
+        assert key_id is not None
+        deadline = deadline_header(headers)
+        early = rt.gate.precheck(key_id, deadline=deadline)
+        if early is not None:
+            await _send_refusal(send, early)
+            raise _Answered(early.status, early.code)
+        settings = rt.settings
+        try:
+            access.klass = priority_header(headers)
+            async with asyncio.timeout(settings.body_timeout):
+                raw = await _read_body(scope, receive, headers, settings.max_body_bytes)
+            request = self._route.parse(
+                raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
+            )
+        except TimeoutError:
+            # A stalled body would hold its connection and task forever; close it too.
+            message = f"the body did not arrive within {settings.body_timeout:g}s"
+            await _error(send, 408, "body_timeout", message, headers=[(b"connection", b"close")])
+        except _ClientGone:
+            raise _Answered(_CLIENT_CLOSED, "client_closed") from None
+        except _BodyTooLarge:
+            message = f"the body exceeds {settings.max_body_bytes} bytes"
+            await _error(send, 413, "body_too_large", message)
+        except BadRequest as exc:
+            await _error(send, 400, exc.code, str(exc), param=exc.param)
+        return raw, request, deadline
+
     async def _admitted(
         self,
         send: Send,
@@ -215,7 +215,7 @@ class AdmittedProxy:
             rt.gate.release(ticket)
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
-            refused = rt.gate.admission.unavailable(exc.code, str(exc))
+            refused = rt.gate.unavailable(exc.code, str(exc))
             await _send_refusal(send, refused)
             return 503, exc.code
         try:
@@ -241,7 +241,7 @@ async def _relay(
     """Pass the upstream response through, byte for byte; returns what it saw of usage."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
-    out.append(capacity_header(rt.gate.admission.key_capacity))
+    out.append(capacity_header(rt.gate.key_capacity))
     if response.status_code in (429, 503) and "retry-after" not in response.headers:
         retry_after = rt.settings.upstream_retry_after
         out += refusal_headers(
@@ -262,6 +262,40 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
+
+
+@dataclass(slots=True)
+class _Access:
+    """What the access line says of one request, filled in as it becomes known."""
+
+    request_id: str | None = None
+    key_id: str | None = None
+    user: str | None = None
+    klass: Priority | None = None
+
+
+class _Answered(Exception):
+    """The request was answered before admission, with ``status`` (and ``reason``)."""
+
+    def __init__(self, status: int, reason: str | None) -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+
+
+async def _error(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> NoReturn:
+    """Answer an OpenAI-style error, then raise :class:`_Answered`."""
+    await send_json(send, status, error_body(message, code=code, type=kind, param=param), headers)
+    raise _Answered(status, code)
 
 
 async def _send_refusal(send: Send, refuse: Refuse) -> None:

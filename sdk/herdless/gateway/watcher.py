@@ -129,7 +129,7 @@ class Watcher:
         gate = self._gate
         if text is None:
             self.failures += 1
-            if gate.admission.sizing.failed(self._now()):
+            if gate.readings_failed():
                 self._say("stale")
             return None
         reading = parse_metrics(text, self._now())
@@ -143,7 +143,7 @@ class Watcher:
         if state == self._told:
             return
         previous, self._told = self._told, state
-        sizing = self._gate.admission.sizing
+        sizing = self._gate.sizing
         if state == "stale":
             event(
                 LOG,

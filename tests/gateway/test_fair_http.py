@@ -22,6 +22,22 @@ pytestmark = [pytest.mark.server]
 
 CHAT = "/v1/chat/completions"
 BATCH = {"x-herdless-priority": "batch"}
+# vLLM's series with room to spare: the self-sized gateway's caps bind, as the static one's.
+ROOMY = (
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000000"} 1.0\n'
+    'vllm:kv_cache_usage_perc{engine="0"} 0.0\nvllm:num_requests_running{engine="0"} 0.0\n'
+    'vllm:num_requests_waiting{engine="0"} 0.0\nvllm:num_preemptions_total{engine="0"} 0.0\n'
+)
+
+
+@pytest.fixture(autouse=True, params=["capped", "self-sized"])
+def sizing(request: pytest.FixtureRequest, fake_vllm: FakeVllm) -> None:
+    """Every test twice: against an engine without metrics (static limits) and against one
+    that publishes its size (the gateway sizes itself; the test's flags are caps)."""
+    if request.param == "self-sized":
+        if request.node.get_closest_marker("static_only"):
+            pytest.skip("a rule of the static limits")
+        fake_vllm.metrics = ROOMY
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:

@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.service import jain_index
+from herdless.gateway.core.sizing import Reading
 from herdless.testing import FakeClock
 
 
+SIZED = False
+"""Whether ``make`` builds a self-sized admission (set per test by the ``sizing`` fixture)."""
+
+
+@pytest.fixture(autouse=True, params=["capped", "self-sized"])
+def sizing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: static limits, and sized from an engine's reading under the same
+    ``max_concurrency`` as a cap (an engine with room to spare: the cap binds)."""
+    if request.param == "self-sized" and request.node.get_closest_marker("static_only"):
+        pytest.skip("a rule of the static limits")
+    monkeypatch.setattr(sys.modules[__name__], "SIZED", request.param == "self-sized")
+
+
 def make(clock: FakeClock, **limits: object) -> Admission:
-    return Admission(AdmissionConfig(**limits), clock=clock)  # type: ignore[arg-type]
+    adm = Admission(AdmissionConfig(**limits), clock=clock)  # type: ignore[arg-type]
+    if SIZED:
+        adm.observe(Reading(at=clock.monotonic(), kv_capacity=10**9, kv_usage=0.0, running=0,
+                            waiting=0, preemptions=0, generation_tokens=0, block_size=16))  # fmt: skip
+        assert adm.sizing.sized
+    return adm
 
 
 def offer(
@@ -65,7 +86,9 @@ def clock() -> FakeClock:
 PROMPTS = st.lists(st.integers(1, 400), min_size=1, max_size=6)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     slots=st.integers(1, 4),
     completions=st.tuples(st.integers(1, 600), st.integers(1, 600)),
@@ -265,6 +288,7 @@ def test_interactive_waiters_start_before_batch_ones(clock: FakeClock) -> None:
     assert finish(adm, first) == [batch[0]]
 
 
+@pytest.mark.static_only  # sized, the headroom is measured (tests/gateway/test_sizing.py)
 def test_batch_leaves_the_reserve_free_while_interactive_work_is_recent(
     clock: FakeClock,
 ) -> None:

@@ -15,7 +15,6 @@ from herdless.gateway.core.service import jain_index
 from herdless.gateway.core.sizing import Reading
 from herdless.testing import FakeClock
 
-
 SIZED = False
 """Whether ``make`` builds a self-sized admission (set per test by the ``sizing`` fixture)."""
 
@@ -32,8 +31,8 @@ def sizing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> N
 def make(clock: FakeClock, **limits: object) -> Admission:
     adm = Admission(AdmissionConfig(**limits), clock=clock)  # type: ignore[arg-type]
     if SIZED:
-        adm.observe(Reading(at=clock.monotonic(), kv_capacity=10**9, kv_usage=0.0, running=0,
-                            waiting=0, preemptions=0, generation_tokens=0, block_size=16))  # fmt: skip
+        engine = {"running": 0, "waiting": 0, "preemptions": 0, "generation_tokens": 0}
+        adm.observe(Reading(at=clock.monotonic(), kv_capacity=10**9, kv_usage=0.0, **engine))
         assert adm.sizing.sized
     return adm
 

@@ -60,7 +60,7 @@ def test_it_grows_to_the_engines_room_not_a_count() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=10_000))
     assert sizing.sized
-    # 900 + 100 tokens each, none generated yet: int(0.97 * 10_000 / 1_000) fit.
+    # 900 + 100 tokens each, none generated yet: int(FILL * 10_000 / 1_000) fit.
     assert fill(sizing, lambda: ticket(900, 100)) == int(FILL * 10_000 / 1_000)
     assert sizing.hold(ticket(900, 100), 0.0, recent_interactive=False) == "kv"
     # Short requests of the same engine: many more.
@@ -123,7 +123,7 @@ def test_requests_half_done_leave_room_the_final_sizes_would_not() -> None:
 
 def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
     sizing = Sizing(AdmissionConfig())
-    sizing.observe(reading(0.0, capacity=10_000))
+    sizing.observe(reading(0.0, capacity=100_000))
     chats = [ticket(100, 100) for _ in range(3)]
     for chat in chats:
         sizing.start(chat, 0.0, predicted=None)
@@ -138,7 +138,7 @@ def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
         sizing.start(batch(), 1.0, predicted=None)
         started += 1
     # Three chats of 200 tokens ran at once: batch leaves 3 x 200 + one more free.
-    assert started == int((FILL * 10_000 - 800) / 1_000)
+    assert started == int((FILL * 100_000 - 800) / 1_000)
     assert sizing.hold(batch(), 1.0, recent_interactive=True) == "reserve"
     # A chat still starts at once; without recent interactive work, batch may fill it.
     assert sizing.hold(ticket(100, 100), 1.0, recent_interactive=True) is None

@@ -39,7 +39,7 @@ headroom, the interactive headroom or the spacing of batch starts (batch only), 
 engine's learned ``max_num_seqs``,
 the engine's own queue, or the last good limit while the readings are stale."""
 
-FILL: Final = 0.97
+FILL: Final = 0.99
 """Share of the KV capacity the peak may reach (block rounding and mispredicted answers
 take the rest)."""
 ENGINE_WAITING: Final = 1

@@ -29,9 +29,11 @@ first served; a call that leaves hands its slot to the next waiting call at once
               than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
-**How long a waiter will wait**: ``herdless._window_wait`` (``Turnover``), which also
-holds a call's place (``SlotTicket``). A waiter whose wait no longer fits is told to
-leave at once (``"spill"``), re-checked at every release.
+**How long a waiter will wait**: ``herdless._turnover`` (``Turnover``: the rule, from the
+answers' clumps). A waiter whose best case no longer fits is told to leave at once
+(``"spill"``): re-checked at every release, and once the latest clump of answers is
+over (``review``); a waiter whose turn comes too late to be answered in time leaves
+instead of taking the slot.
 
 Pure apart from one lock: no sleeping, no I/O, an injected clock. The drivers do the
 waiting: a waiter's ``listen(callback)`` is called once its state is decided.
@@ -115,6 +117,7 @@ class Window:
         "_patience",
         "_policy",
         "_resting",
+        "_reviewed",
         "_sends",
         "_size",
         "_threshold",
@@ -141,6 +144,7 @@ class Window:
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
         self._turnover = Turnover()  # how fast slots free, how long answers take
+        self._reviewed = -math.inf  # the clump the waiters were last reviewed after
 
     # -- observation ---------------------------------------------------------------------
 
@@ -170,21 +174,67 @@ class Window:
         with self._lock:
             return self._wait_for(position, self._clock.monotonic())
 
+    def position(self, ticket: SlotTicket) -> int:
+        """``ticket``'s place in the client's line (0 = next); 0 when it does not wait."""
+        with self._lock:
+            return self._waiting.index(ticket) if ticket.state == "waiting" else 0
+
+    def estimate(self, ticket: SlotTicket) -> tuple[float, float, float, int] | None:
+        """What the window expects of ``ticket``'s wait: ``(wait, answer, margin,
+        samples)``, the one it was told to leave on if it was; ``None`` before anything
+        is measured."""
+        with self._lock:
+            if ticket.told is not None:
+                return ticket.told
+            position = self._waiting.index(ticket) if ticket.state == "waiting" else 0
+            return self._estimate(ticket, position, self._clock.monotonic())
+
+    def best_answer(self, last: bool) -> float:
+        """Seconds: the best case of an answer after a slot is granted (0 before one is
+        measured): a waiter whose slot comes later than this before its end cannot use it."""
+        turnover = self._turnover
+        return (1 - turnover.margin(last)) * (turnover.answer or 0.0)
+
+    def review_at(self) -> float | None:
+        """When waiters should look at their place again: the latest clump of answers is
+        then over, and the estimate firmer; ``None`` when no review is due."""
+        settles = self._turnover.settles_at()
+        return settles if settles is not None and settles > self._reviewed else None
+
+    def review(self) -> None:
+        """Re-check the waiters once the latest clump of answers is over (no release may
+        come for a while after it): tell those whose best case no longer fits."""
+        with self._lock:
+            now = self._clock.monotonic()
+            settles = self._turnover.settles_at()
+            if settles is None or settles <= self._reviewed or now <= settles:
+                return
+            self._reviewed = settles
+            self._hand_over(now, grant=False)
+
+    def wait_error(self) -> dict[str, float]:
+        """The estimator's recent error over the waiters that got a slot (``p50``, ``p90``,
+        ``samples``): ``|predicted - actual wait| / max(actual wait, answer time)``."""
+        with self._lock:
+            return self._turnover.error()
+
     # -- a call's place --------------------------------------------------------------------
 
-    def acquire(self, *, end: float, max_wait: float = math.inf) -> SlotTicket:
+    def acquire(self, *, end: float, max_wait: float = math.inf, last: bool = False) -> SlotTicket:
         """A place for one call that must be answered by ``end``: granted at once when
-        a slot is free and nobody waits, else waiting (or ``"spill"`` when the expected
-        wait already does not fit)."""
-        ticket = SlotTicket(end, max_wait)
+        a slot is free and nobody waits, else waiting (or ``"spill"`` when even its best
+        case already does not fit). ``last``: no backend follows (it leaves later)."""
+        ticket = SlotTicket(end, max_wait, last)
         with self._lock:
             if not self._waiting and self._in_use < self._whole:
                 self._grant(ticket)
                 return ticket
-            if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
+            now = self._clock.monotonic()
+            wait = self._wait_for(len(self._waiting), now)
+            if self._fits(ticket, wait, now):
                 self._waiting.append(ticket)
             else:
-                ticket.state = "spill"
+                self._spill(ticket, wait)
             return ticket
 
     def listen(self, ticket: SlotTicket, notify: Callable[[], None]) -> None:
@@ -211,21 +261,26 @@ class Window:
                 if ticket.refused and ticket in self._listeners:
                     self._listeners.remove(ticket)
                 now = self._clock.monotonic()
-                self._turnover.freed(now)
-                if self._listeners:
-                    # A place at the backend freed: it goes to a call the backend refused
-                    # (oldest first), not to a new one, which would only be refused too.
-                    self._wake(self._listeners.popleft())
-                elif self._waiting:
-                    self._hand_over(now)
+                if ticket.served:  # an answer: the backend's pace (not a call moving on)
+                    self._turnover.completed(now, now - ticket.sent_at)
+                # A place at the backend freed: it goes to a call the backend refused
+                # (oldest first), not to a new one, which would only be refused too.
+                listener = self._listeners.popleft() if self._listeners else None
+                if self._waiting:
+                    self._hand_over(now, grant=listener is None)
+                self._turnover.settled(bool(self._waiting) or self._in_use >= self._whole)
+                if listener is not None:
+                    self._wake(listener)
 
     # -- what the backend said ---------------------------------------------------------------
 
-    def answered(self, elapsed: float) -> None:
-        """An attempt was answered with success after ``elapsed`` seconds: the window was
-        right, and may grow if it was full."""
+    def answered(self, elapsed: float, ticket: SlotTicket | None = None) -> None:
+        """An attempt (of ``ticket``'s call) was answered with success after ``elapsed``
+        seconds: the window was right, and may grow if it was full."""
         with self._lock:
             self._turnover.answered(elapsed)
+            if ticket is not None:
+                ticket.served = True
             # Grow only when the window is full and nobody it let through is refused now.
             full = self._in_use >= self._whole - 1 and not self._resting
             if full and self._size < self._ceiling:
@@ -314,6 +369,7 @@ class Window:
         with self._lock:
             self._sends += 1
             ticket.sent = self._sends
+            ticket.sent_at = self._clock.monotonic()
             if ticket.refused:
                 ticket.refused = False
                 self._resting -= 1
@@ -345,22 +401,43 @@ class Window:
         self._in_use += 1
         self._granted.add(ticket)
 
-    def _hand_over(self, now: float) -> None:
-        """Give free slots to the oldest waiters; tell those whose wait no longer fits."""
+    def _hand_over(self, now: float, *, grant: bool = True) -> None:
+        """Give free slots to the oldest waiters (``grant``) that can still use one; tell
+        those whose best case no longer fits."""
         waiting = self._waiting
         woken: list[SlotTicket] = []
-        while waiting and self._in_use < self._whole:
+        turnover = self._turnover
+        while grant and waiting and self._in_use < self._whole:
             ticket = waiting.popleft()
-            self._grant(ticket)
             woken.append(ticket)
-        if waiting and self._turnover.measured:
-            for position, ticket in enumerate(list(waiting)):
-                if not self._fits(ticket, position, now):
-                    waiting.remove(ticket)
-                    ticket.state = "spill"
+            if not turnover.fits(
+                wait=0.0, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
+            ):
+                self._spill(ticket, 0.0)  # its answer would come too late even now
+                continue
+            if ticket.predicted is not None:
+                made, predicted = ticket.predicted
+                turnover.waited(predicted, now - made)
+            self._grant(ticket)
+        if waiting and turnover.measured:
+            kept: deque[SlotTicket] = deque()
+            for position, ticket in enumerate(waiting):
+                expected = self._wait_for(position, now)
+                if self._fits(ticket, expected, now):
+                    kept.append(ticket)
+                else:
+                    self._spill(ticket, expected)
                     woken.append(ticket)
+            self._waiting = kept
         for ticket in woken:
             self._wake(ticket)
+
+    def _spill(self, ticket: SlotTicket, wait: float | None) -> None:
+        ticket.state = "spill"
+        turnover = self._turnover
+        if wait is not None and turnover.answer is not None:
+            margin = turnover.margin(ticket.last)
+            ticket.told = (wait, turnover.answer, margin, turnover.samples)
 
     @staticmethod
     def _wake(ticket: SlotTicket) -> None:
@@ -374,8 +451,21 @@ class Window:
         ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
         return self._turnover.wait(ahead, now)
 
-    def _fits(self, ticket: SlotTicket, position: int, now: float) -> bool:
-        return self._turnover.fits(ticket, self._wait_for(position, now), now)
+    def _fits(self, ticket: SlotTicket, wait: float | None, now: float) -> bool:
+        if wait is not None and ticket.predicted is None:
+            ticket.predicted = (now, wait)  # the first estimate: its error is measured
+        return self._turnover.fits(
+            wait=wait, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
+        )
+
+    def _estimate(
+        self, ticket: SlotTicket, position: int, now: float
+    ) -> tuple[float, float, float, int] | None:
+        turnover = self._turnover
+        wait = self._wait_for(position, now)
+        if wait is None or turnover.answer is None:
+            return None
+        return (wait, turnover.answer, turnover.margin(ticket.last), turnover.samples)
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"

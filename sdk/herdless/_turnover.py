@@ -8,8 +8,8 @@ and behind the decision to leave a busy backend (``FallbackUsed(reason="busy")``
 
 **What is measured.** Only slots freed by *answers* (a served call's release; a stream's
 at its end): a call that leaves without one frees a place too, but says nothing of the
-backend's pace. Answers within ``_CLUMP`` seconds of the first of a group are one
-*clump*: a batching engine (vLLM's continuous batching) finishes equal requests in the
+backend's pace. Answers less than ``_CLUMP`` seconds apart (and within ``_CLUMP_SPAN``
+of the first) are one *clump*: a batching engine (vLLM's continuous batching) finishes equal requests in the
 same step, four at once, then nothing for seconds. One sample per clump::
 
     seconds = time since the previous clump        if the window stayed full since then
@@ -21,7 +21,7 @@ over the last ``_SAMPLES`` clumps (only those of a full window, once there is on
 
     period = sum(seconds) / k          (k samples)
     clump  = sum(answers) / n          (every clump that is over, full window or not:
-                                        the latest one may still grow for _CLUMP
+                                        the latest one may still grow until _CLUMP
                                         seconds; until the first is over, the wait is
                                         not known)
 
@@ -31,7 +31,7 @@ rate taken between them reads up to twice too slow on a burst's first clumps.
 **The wait** of a waiter that needs ``ahead`` more slots (those of the calls ahead of it,
 its own, and any the window holds beyond its size), at ``now``::
 
-    rest  = clump - answers of the latest clump, while it is under _CLUMP old, else 0
+    rest  = clump - answers of the latest clump, until _CLUMP passes without one; else 0
     next  = max(now, latest clump + period)
     wait  = 0                                                  if ahead <= rest
           = next + (ceil((ahead - rest) / clump) - 1) * period - now      otherwise
@@ -66,9 +66,11 @@ __all__ = ["Turnover"]
 
 # Weight of the newest sample in the answer EWMA: about the last ten answers.
 _EWMA = 0.2
-# Seconds: answers this close to the first of a group are one engine step's (a few ms
-# apart through the gateway; tens of ms on a loaded machine).
-_CLUMP = 0.05
+# Seconds: an answer this close to the previous one joins its clump (one engine step's
+# answers reach the client a few ms apart through the gateway)...
+_CLUMP = 0.02
+# ...unless the clump began longer ago than this (a steady stream is no one clump).
+_CLUMP_SPAN = 0.1
 # Clumps the pace is measured over: several rounds of a batching GPU, few enough to
 # follow a change within a minute.
 _SAMPLES = 16
@@ -87,6 +89,7 @@ class Turnover:
         "_errors",
         "_fresh",
         "_in_clump",
+        "_last",
         "_latest",
         "_period",
         "_samples",
@@ -99,6 +102,7 @@ class Turnover:
         # One per clump: [seconds, answers, measured while the window was full].
         self._samples: deque[list[float]] = deque(maxlen=_SAMPLES)
         self._latest = -math.inf  # when the latest clump began
+        self._last = -math.inf  # when its latest answer came
         self._in_clump = 0  # answers in it so far
         self._steady = False  # the window stayed full since the latest clump began
         self._fresh = False  # the last completion began a clump
@@ -118,7 +122,7 @@ class Turnover:
 
     def completed(self, now: float, held: float) -> None:
         """A served call freed its slot at ``now``, after holding it ``held`` seconds."""
-        if now - self._latest <= _CLUMP and self._samples:
+        if now - self._last <= _CLUMP and now - self._latest <= _CLUMP_SPAN and self._samples:
             sample = self._samples[-1]
             sample[1] += 1
             if not sample[2]:  # the clump's fastest hold is the backend's own pace
@@ -130,6 +134,7 @@ class Turnover:
             since = now - self._latest
             self._samples.append([since if steady else held, 1.0, 1.0 if steady else 0.0])
             self._latest, self._in_clump, self._fresh = now, 1, True
+        self._last = now
         self._measure()
 
     def settled(self, full: bool) -> None:
@@ -165,7 +170,7 @@ class Turnover:
     def settles_at(self) -> float | None:
         """When the latest clump is complete (no answer of the same step can come after),
         while that is still ahead; ``None`` otherwise."""
-        return self._latest + _CLUMP if self._samples else None
+        return self._last + _CLUMP if self._samples else None
 
     def wait(self, ahead: float, now: float) -> float | None:
         """Seconds until ``ahead`` more slots are freed; ``None`` before a clump is
@@ -174,7 +179,7 @@ class Turnover:
         if period is None:
             return None
         answers, clumps = self._done
-        settled = now - self._latest > _CLUMP
+        settled = now - self._last > _CLUMP
         if settled:
             answers, clumps = answers + self._in_clump, clumps + 1
         if not clumps:

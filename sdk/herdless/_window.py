@@ -118,6 +118,7 @@ class Window:
         "_policy",
         "_resting",
         "_reviewed",
+        "_sentinel",
         "_sends",
         "_size",
         "_threshold",
@@ -145,6 +146,7 @@ class Window:
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
         self._turnover = Turnover()  # how fast slots free, how long answers take
         self._reviewed = -math.inf  # the clump the waiters were last reviewed after
+        self._sentinel: SlotTicket | None = None  # the waiter woken to review them
 
     # -- observation ---------------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class Window:
             if settles is None or settles <= self._reviewed or now <= settles:
                 return
             self._reviewed = settles
+            self._sentinel = None
             self._hand_over(now, grant=False)
 
     def wait_error(self) -> dict[str, float]:
@@ -271,6 +274,7 @@ class Window:
                 self._turnover.settled(bool(self._waiting) or self._in_use >= self._whole)
                 if listener is not None:
                     self._wake(listener)
+                self._arm_review()
 
     # -- what the backend said ---------------------------------------------------------------
 
@@ -431,6 +435,18 @@ class Window:
             self._waiting = kept
         for ticket in woken:
             self._wake(ticket)
+
+    def _arm_review(self) -> None:
+        """A clump of answers began: wake the first waiter, whose flow then waits until
+        the clump is over and reviews every waiter (``review``). No release may come for
+        a while after a clump; without this, a waiter queued before it would learn only
+        at its own time limit that its wait no longer fits."""
+        if not self._waiting or self.review_at() is None:
+            return
+        sentinel = self._sentinel
+        if sentinel is None or sentinel.state != "waiting":
+            self._sentinel = sentinel = self._waiting[0]
+            self._wake(sentinel)
 
     def _spill(self, ticket: SlotTicket, wait: float | None) -> None:
         ticket.state = "spill"

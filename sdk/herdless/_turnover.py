@@ -9,8 +9,10 @@ and behind the decision to leave a busy backend (``FallbackUsed(reason="busy")``
 **What is measured.** Only slots freed by *answers* (a served call's release; a stream's
 at its end): a call that leaves without one frees a place too, but says nothing of the
 backend's pace. Answers less than ``_CLUMP`` seconds apart (and within ``_CLUMP_SPAN``
-of the first) are one *clump*: a batching engine (vLLM's continuous batching) finishes equal requests in the
-same step, four at once, then nothing for seconds. One sample per clump::
+of the first) are one *clump*: a batching engine (vLLM's continuous batching) finishes
+equal requests in the same step, four at once, then nothing for seconds. A clump is
+over when ``_CLUMP`` passes without an answer, or at once when it has as many answers
+as the clumps before had on average. One sample per clump::
 
     seconds = time since the previous clump        if the window stayed full since then
                                                    (the backend always had our next call)
@@ -20,10 +22,8 @@ same step, four at once, then nothing for seconds. One sample per clump::
 over the last ``_SAMPLES`` clumps (only those of a full window, once there is one)::
 
     period = sum(seconds) / k          (k samples)
-    clump  = sum(answers) / n          (every clump that is over, full window or not:
-                                        the latest one may still grow until _CLUMP
-                                        seconds; until the first is over, the wait is
-                                        not known)
+    clump  = sum(answers) / n          (every clump that is over, full window or not;
+                                        until the first is over, the wait is not known)
 
 Nothing is measured "to now": the silence between two clumps is not a slowdown, and a
 rate taken between them reads up to twice too slow on a burst's first clumps.
@@ -31,7 +31,8 @@ rate taken between them reads up to twice too slow on a burst's first clumps.
 **The wait** of a waiter that needs ``ahead`` more slots (those of the calls ahead of it,
 its own, and any the window holds beyond its size), at ``now``::
 
-    rest  = clump - answers of the latest clump, until _CLUMP passes without one; else 0
+    rest  = clump - answers of the latest clump, until it is over (_CLUMP passes
+            without an answer, or it has ``clump`` answers); else 0
     next  = max(now, latest clump + period)
     wait  = 0                                                  if ahead <= rest
           = next + (ceil((ahead - rest) / clump) - 1) * period - now      otherwise
@@ -67,10 +68,10 @@ __all__ = ["Turnover"]
 # Weight of the newest sample in the answer EWMA: about the last ten answers.
 _EWMA = 0.2
 # Seconds: an answer this close to the previous one joins its clump (one engine step's
-# answers reach the client a few ms apart through the gateway)...
-_CLUMP = 0.02
-# ...unless the clump began longer ago than this (a steady stream is no one clump).
-_CLUMP_SPAN = 0.1
+# answers reach the client up to ~30 ms apart through the gateway on a busy machine)...
+_CLUMP = 0.04
+# ...unless the clump began longer ago than this (a dense stream is no one clump).
+_CLUMP_SPAN = 0.25
 # Clumps the pace is measured over: several rounds of a batching GPU, few enough to
 # follow a change within a minute.
 _SAMPLES = 16
@@ -168,9 +169,17 @@ class Turnover:
         return min(0.7, 2 * margin) if last else margin
 
     def settles_at(self) -> float | None:
-        """When the latest clump is complete (no answer of the same step can come after),
-        while that is still ahead; ``None`` otherwise."""
-        return self._last + _CLUMP if self._samples else None
+        """When the latest clump is over (no answer of the same step can come after);
+        ``None`` when it is over already by its size (as many answers as the clumps
+        before had) or when there is none."""
+        if not self._samples or self._full():
+            return None
+        return self._last + _CLUMP
+
+    def _full(self) -> bool:
+        """Whether the latest clump has as many answers as the finished ones had."""
+        answers, clumps = self._done
+        return clumps > 0 and self._in_clump >= round(answers / clumps)
 
     def wait(self, ahead: float, now: float) -> float | None:
         """Seconds until ``ahead`` more slots are freed; ``None`` before a clump is
@@ -179,7 +188,7 @@ class Turnover:
         if period is None:
             return None
         answers, clumps = self._done
-        settled = now - self._last > _CLUMP
+        settled = now - self._last > _CLUMP or self._full()
         if settled:
             answers, clumps = answers + self._in_clump, clumps + 1
         if not clumps:

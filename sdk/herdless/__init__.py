@@ -20,6 +20,7 @@ from herdless._types import (
     ToolCall,
     ToolCallDelta,
     Usage,
+    WaitEstimate,
 )
 from herdless._version import __version__
 from herdless._window import WindowPolicy
@@ -89,6 +90,7 @@ __all__ = [
     "ToolCallDelta",
     "UnprocessableEntityError",
     "Usage",
+    "WaitEstimate",
     "WindowPolicy",
     "__version__",
 ]

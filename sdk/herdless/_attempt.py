@@ -217,7 +217,7 @@ def _next_ceiling(call: Call, stay: Stay, verdict: Verdict) -> float:
 
 def _learn(call: Call, stay: Stay, response: Response) -> None:
     """A success: the window measures it (and may grow), and takes an advertised capacity."""
-    stay.window.answered(response.elapsed)
+    stay.window.answered(response.elapsed, stay.slot)
     capacity = parse_capacity(response.headers)
     if capacity is not None:
         _advertised(call, stay, capacity)

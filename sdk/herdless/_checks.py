@@ -27,7 +27,7 @@ from typing import TypeAlias
 
 from herdless._breaker import Permit
 from herdless._call import Call, Stay
-from herdless._types import AttemptRecord
+from herdless._types import AttemptRecord, WaitEstimate
 from herdless._window_wait import SlotTicket
 from herdless.errors import HerdlessError
 from herdless.events import (
@@ -48,6 +48,9 @@ __all__ = [
 
 # Seconds: the least a wait loop (budget, breaker) sleeps, so that it can never spin.
 _MIN_WAIT = 0.05
+# Seconds past the end of a clump of answers a waiter looks at its place again: the
+# clump is surely over then, and the review is not asked before its time.
+_REVIEW_SLACK = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,38 +119,53 @@ def hold(call: Call, stay: Stay, now: float) -> Decision:
 
 def window(call: Call, stay: Stay, now: float) -> Decision:
     """Wait in the client while the backend's window is full (flow control)."""
-    slot = stay.slot
+    slot, window = stay.slot, stay.window
+    policy = call.state.config.fallback_policy
     if slot is None:
-        policy = call.state.config.fallback_policy
         patience = policy.max_busy_wait
-        slot = stay.slot = stay.window.acquire(
+        slot = stay.slot = window.acquire(
             end=stay.end,
             max_wait=math.inf if stay.last or patience is None else patience,
+            last=stay.last,
         )
     if slot.state == "granted":
         if stay.queued_at is not None:
             call.state.counts.slot_waited(now - stay.queued_at)
             stay.queued_at = None
         return None
-    timeout = stay.end - call.state.config.fallback_policy.min_attempt - now
+    if slot.state == "waiting":
+        window.review()  # the latest clump of answers is over: does its place still fit?
+    # A slot granted later than this could not be answered in time, even at best.
+    timeout = stay.end - max(policy.min_attempt, window.best_answer(stay.last)) - now
     if slot.state == "waiting" and timeout > 0:
         if stay.queued_at is None:
             stay.queued_at = now
-            position = stay.window.waiting - 1
+            position = window.position(slot)
             call.emit(
                 SlotAwaited,
                 now,
                 backend=stay.backend.name,
                 position=position,
-                expected=stay.window.expected_wait(position),
+                expected=window.expected_wait(position),
             )
+        review = window.review_at()
+        if review is not None:  # look again once the latest clump of answers is over
+            timeout = min(timeout, review - now + _REVIEW_SLACK)
         return Queue(slot, timeout)
-    # Told to leave (the wait it faces no longer fits), or out of time while waiting.
+    # Told to leave (even its best case no longer fits), or out of time while waiting.
     if stay.queued_at is not None:
         call.state.counts.slot_waited(now - stay.queued_at)
         stay.queued_at = None
-    expected = stay.window.expected_wait(max(0, stay.window.waiting - 1))
-    return give_up(call, stay, "busy", call.errors.busy(stay.backend.name, expected))
+    told = window.estimate(slot)
+    estimate = None
+    if told is not None:
+        wait, answer, margin, samples = told
+        left = call.deadline_at - now
+        reserve = 0.0 if stay.last else max(0.0, call.deadline_at - stay.end)
+        estimate = WaitEstimate(
+            wait=wait, answer=answer, margin=margin, samples=samples, left=left, reserve=reserve
+        )
+    return give_up(call, stay, "busy", call.errors.busy(stay.backend.name, estimate=estimate))
 
 
 def budget(call: Call, stay: Stay, now: float) -> Decision:

@@ -93,6 +93,7 @@ class CallFlow(Call):
                         backend=backend.name,
                         from_backend=previous[0].name,
                         reason=previous[1],
+                        estimate=getattr(errors[previous[0].name], "estimate", None),
                     )
                 last = index == len(backends) - 1
                 end = self.deadline_at if last else self.deadline_at - reserve

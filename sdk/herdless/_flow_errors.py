@@ -14,7 +14,7 @@ from herdless._actions import Outcome, Response
 from herdless._attempt_errors import status_error, transport_error
 from herdless._backend import Backend
 from herdless._retry import Verdict
-from herdless._types import AttemptRecord
+from herdless._types import AttemptRecord, WaitEstimate
 from herdless.errors import (
     AllBackendsFailed,
     APIConnectionError,
@@ -80,14 +80,22 @@ class CallErrors:
             **self._context(name),
         )
 
-    def busy(self, name: str, expected: float | None) -> DeadlineExceeded:
-        """``name`` is busy and the call's wait for it no longer fits its deadline."""
-        wait = f"about {expected:.1f} s" if expected is not None else "longer than that"
+    def busy(
+        self, name: str, expected: float | None = None, *, estimate: WaitEstimate | None = None
+    ) -> DeadlineExceeded:
+        """``name`` is busy and the call's wait for it no longer fits its deadline:
+        ``estimate``, the client's numbers; ``expected``, the server's predicted wait."""
+        if estimate is not None:
+            why = estimate.describe()
+        elif expected is not None:
+            why = f"it would wait about {expected:.1f} s for its turn"
+        else:
+            why = "it ran out of time waiting for its turn"
         return DeadlineExceeded(
-            f"{name} is busy: this call would wait {wait} for its turn, more than its "
-            f"{self._deadline:g} s deadline allows, so it was not sent. Raise the deadline, "
-            "add a fallback, or add capacity.",
+            f"{name} is busy: {why}, against a {self._deadline:g} s deadline, so it was not "
+            "sent. Raise the deadline, add a fallback, or add capacity.",
             deadline=self._deadline,
+            estimate=estimate,
             **self._context(name),
         )
 

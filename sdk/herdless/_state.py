@@ -101,9 +101,11 @@ class ClientState:
     def stats(self) -> ClientStats:
         """Counts by backend and outcome, fallbacks by reason, retries, waits, breaker
         states, window sizes and latency percentiles."""
+        errors = {name: w.wait_error() for name, w in self._windows.items()}
         return self.counts.snapshot(
             {name: b.state for name, b in self._breakers.items()},
             {name: w.size for name, w in self._windows.items()},
+            {name: error for name, error in errors.items() if error},
         )
 
     def breaker(self, backend: Backend) -> CircuitBreaker:

@@ -71,6 +71,10 @@ class ClientStats:
         hedges: per backend, the hedges sent to it (``HedgePolicy``).
         hedge_wins: per backend, the hedge races it won (its answer came first): the
             hedge's backend, or the late attempt's when it answered first after all.
+        wait_error: per backend whose calls waited in the client, how far the client's
+            wait estimate was from the waits that followed, over its recent waiters:
+            ``p50``, ``p90`` (``|predicted - actual wait| / max(actual wait, answer
+            time)``; 0.2 is 20 %) and ``samples``.
     """
 
     calls: int = 0
@@ -90,6 +94,7 @@ class ClientStats:
     cost: Mapping[str, float] = field(default_factory=dict)
     hedges: Mapping[str, int] = field(default_factory=dict)
     hedge_wins: Mapping[str, int] = field(default_factory=dict)
+    wait_error: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts and numbers, for JSON or a log line."""
@@ -111,6 +116,7 @@ class ClientStats:
             "cost": dict(self.cost),
             "hedges": dict(self.hedges),
             "hedge_wins": dict(self.hedge_wins),
+            "wait_error": {name: dict(error) for name, error in self.wait_error.items()},
         }
 
 
@@ -217,9 +223,13 @@ class StatsRecorder:
             self._hedge_wins[event.winner] += 1
 
     def snapshot(
-        self, breakers: Mapping[str, BreakerState], windows: Mapping[str, float]
+        self,
+        breakers: Mapping[str, BreakerState],
+        windows: Mapping[str, float],
+        wait_error: Mapping[str, Mapping[str, float]] | None = None,
     ) -> ClientStats:
-        """The counters now, with the breakers' states and the windows' sizes."""
+        """The counters now, with the breakers' states, the windows' sizes and their wait
+        estimates' errors."""
         with self._lock:
             ordered = sorted(self._latencies)
             latency: dict[str, float] = {}
@@ -248,6 +258,7 @@ class StatsRecorder:
                 cost=dict(self._cost),
                 hedges=dict(self._hedges),
                 hedge_wins=dict(self._hedge_wins),
+                wait_error=dict(wait_error or {}),
             )
 
 

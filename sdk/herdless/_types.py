@@ -1,4 +1,5 @@
-"""The values ``chat()`` returns: results, stream chunks, usage and attempt records.
+"""The values ``chat()`` returns: results, stream chunks, usage and attempt records; and
+the wait estimate a call left a busy backend on.
 
 All are frozen and slotted: a result is a record of what happened, never a handle to
 change it. ``raw`` keeps the server's decoded JSON for anything herdless does not lift
@@ -20,6 +21,7 @@ __all__ = [
     "ToolCall",
     "ToolCallDelta",
     "Usage",
+    "WaitEstimate",
 ]
 
 
@@ -173,3 +175,45 @@ class Chunk:
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitEstimate:
+    """What the client expected of a call's wait at a busy backend when it told the call
+    to leave (``FallbackUsed.estimate``, ``DeadlineExceeded.estimate``). Seconds.
+
+    The call leaves when even its best case misses the time it may stay there::
+
+        best = (1 - margin) * (wait + answer)  >  left - reserve
+
+    Attributes:
+        wait: the expected wait in the client's line for a slot.
+        answer: the expected time from sending to the answer (an average of recent ones).
+        margin: the share a best case takes off (``0.35 / sqrt(samples)``, doubled when
+            no backend follows).
+        samples: clumps of answers the estimate rests on (``herdless._turnover``).
+        left: what was left of the call's deadline.
+        reserve: what of it is kept for the backends after this one (0 on the last).
+    """
+
+    wait: float
+    answer: float
+    margin: float
+    samples: int
+    left: float
+    reserve: float
+
+    @property
+    def best(self) -> float:
+        """The best case: seconds from the decision to the answer."""
+        return (1 - self.margin) * (self.wait + self.answer)
+
+    def describe(self) -> str:
+        """The numbers compared, in words (an error message's)."""
+        return (
+            f"it would wait about {self.wait:.1f} s for a slot and {self.answer:.1f} s for "
+            f"its answer (best case {self.best:.1f} s, with a {self.margin:.0%} margin, "
+            f"from {self.samples} measured round(s) of answers), but {self.left:.1f} s of "
+            f"its deadline were left"
+            + (f", {self.reserve:.1f} s of them kept for the fallback" if self.reserve else "")
+        )

@@ -29,9 +29,11 @@ first served; a call that leaves hands its slot to the next waiting call at once
               than its size: then it gives the slot back and waits first in line
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
-**How long a waiter will wait**: ``herdless._window_wait`` (``Turnover``), which also
-holds a call's place (``SlotTicket``). A waiter whose wait no longer fits is told to
-leave at once (``"spill"``), re-checked at every release.
+**How long a waiter will wait**: ``herdless._turnover`` (``Turnover``: the rule, from the
+answers' clumps). A waiter whose best case no longer fits is told to leave at once
+(``"spill"``): re-checked at every release, and once the latest clump of answers is
+over (``review``); a waiter whose turn comes too late to be answered in time leaves
+instead of taking the slot.
 
 Pure apart from one lock: no sleeping, no I/O, an injected clock. The drivers do the
 waiting: a waiter's ``listen(callback)`` is called once its state is decided.
@@ -46,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from herdless._clock import Clock
-from herdless._window_wait import SlotTicket, Turnover
+from herdless._window_wait import SlotTicket, Turnover, WaitingLine
 
 __all__ = ["Window", "WindowPolicy"]
 
@@ -90,7 +92,7 @@ class WindowPolicy:
             raise ValueError(f"WindowPolicy.decrease must be in (0, 1), got {self.decrease!r}")
 
 
-class Window:
+class Window(WaitingLine):
     """One backend's window for one client. Thread- and task-safe.
 
     >>> from herdless.testing import FakeClock
@@ -119,7 +121,6 @@ class Window:
         "_size",
         "_threshold",
         "_turnover",
-        "_waiting",
         "_whole",
     )
 
@@ -141,6 +142,8 @@ class Window:
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
         self._turnover = Turnover()  # how fast slots free, how long answers take
+        self._reviewed = -math.inf  # the clump the waiters were last reviewed after
+        self._sentinel: SlotTicket | None = None  # the waiter woken to review them
 
     # -- observation ---------------------------------------------------------------------
 
@@ -164,27 +167,23 @@ class Window:
         """Calls waiting in the client for a slot."""
         return len(self._waiting)
 
-    def expected_wait(self, position: int) -> float | None:
-        """Seconds until the waiter at ``position`` (0 = next) gets a slot; ``None``
-        before anything is measured."""
-        with self._lock:
-            return self._wait_for(position, self._clock.monotonic())
-
     # -- a call's place --------------------------------------------------------------------
 
-    def acquire(self, *, end: float, max_wait: float = math.inf) -> SlotTicket:
+    def acquire(self, *, end: float, max_wait: float = math.inf, last: bool = False) -> SlotTicket:
         """A place for one call that must be answered by ``end``: granted at once when
-        a slot is free and nobody waits, else waiting (or ``"spill"`` when the expected
-        wait already does not fit)."""
-        ticket = SlotTicket(end, max_wait)
+        a slot is free and nobody waits, else waiting (or ``"spill"`` when even its best
+        case already does not fit). ``last``: no backend follows (it leaves later)."""
+        ticket = SlotTicket(end, max_wait, last)
         with self._lock:
             if not self._waiting and self._in_use < self._whole:
                 self._grant(ticket)
                 return ticket
-            if self._fits(ticket, len(self._waiting), self._clock.monotonic()):
+            now = self._clock.monotonic()
+            wait = self._wait_for(len(self._waiting), now)
+            if self._fits(ticket, wait, now):
                 self._waiting.append(ticket)
             else:
-                ticket.state = "spill"
+                self._spill(ticket, wait)
             return ticket
 
     def listen(self, ticket: SlotTicket, notify: Callable[[], None]) -> None:
@@ -211,21 +210,27 @@ class Window:
                 if ticket.refused and ticket in self._listeners:
                     self._listeners.remove(ticket)
                 now = self._clock.monotonic()
-                self._turnover.freed(now)
-                if self._listeners:
-                    # A place at the backend freed: it goes to a call the backend refused
-                    # (oldest first), not to a new one, which would only be refused too.
-                    self._wake(self._listeners.popleft())
-                elif self._waiting:
-                    self._hand_over(now)
+                if ticket.served:  # an answer: the backend's pace (not a call moving on)
+                    self._turnover.completed(now, now - ticket.sent_at)
+                # A place at the backend freed: it goes to a call the backend refused
+                # (oldest first), not to a new one, which would only be refused too.
+                listener = self._listeners.popleft() if self._listeners else None
+                if self._waiting:
+                    self._hand_over(now, grant=listener is None)
+                self._turnover.settled(bool(self._waiting) or self._in_use >= self._whole)
+                if listener is not None:
+                    self._wake(listener)
+                self._arm_review()
 
     # -- what the backend said ---------------------------------------------------------------
 
-    def answered(self, elapsed: float) -> None:
-        """An attempt was answered with success after ``elapsed`` seconds: the window was
-        right, and may grow if it was full."""
+    def answered(self, elapsed: float, ticket: SlotTicket | None = None) -> None:
+        """An attempt (of ``ticket``'s call) was answered with success after ``elapsed``
+        seconds: the window was right, and may grow if it was full."""
         with self._lock:
             self._turnover.answered(elapsed)
+            if ticket is not None:
+                ticket.served = True
             # Grow only when the window is full and nobody it let through is refused now.
             full = self._in_use >= self._whole - 1 and not self._resting
             if full and self._size < self._ceiling:
@@ -314,6 +319,7 @@ class Window:
         with self._lock:
             self._sends += 1
             ticket.sent = self._sends
+            ticket.sent_at = self._clock.monotonic()
             if ticket.refused:
                 ticket.refused = False
                 self._resting -= 1
@@ -345,37 +351,11 @@ class Window:
         self._in_use += 1
         self._granted.add(ticket)
 
-    def _hand_over(self, now: float) -> None:
-        """Give free slots to the oldest waiters; tell those whose wait no longer fits."""
-        waiting = self._waiting
-        woken: list[SlotTicket] = []
-        while waiting and self._in_use < self._whole:
-            ticket = waiting.popleft()
-            self._grant(ticket)
-            woken.append(ticket)
-        if waiting and self._turnover.measured:
-            for position, ticket in enumerate(list(waiting)):
-                if not self._fits(ticket, position, now):
-                    waiting.remove(ticket)
-                    ticket.state = "spill"
-                    woken.append(ticket)
-        for ticket in woken:
-            self._wake(ticket)
-
     @staticmethod
     def _wake(ticket: SlotTicket) -> None:
         notify, ticket._notify = ticket._notify, None
         if notify is not None:
             notify()
-
-    def _wait_for(self, position: int, now: float) -> float | None:
-        # The slots to free before this waiter's: those ahead of it, its own, and the
-        # calls the window holds beyond its size (it just shrank).
-        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
-        return self._turnover.wait(ahead, now)
-
-    def _fits(self, ticket: SlotTicket, position: int, now: float) -> bool:
-        return self._turnover.fits(ticket, self._wait_for(position, now), now)
 
     def __repr__(self) -> str:
         return f"Window(size={self._size:g}, in_use={self._in_use}, waiting={len(self._waiting)})"

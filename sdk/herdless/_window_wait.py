@@ -1,36 +1,24 @@
-"""A call's place in a backend's window (``SlotTicket``), and how long it will wait
-there (``Turnover``).
+"""A call's place in a backend's window (``SlotTicket``), and the line of the calls that
+wait for one (``WaitingLine``, a base of ``herdless._window.Window``).
 
-**How long a waiter will wait.** Slots free at the rate measured over the last
-``_RATE_SAMPLES`` releases, ``rate = (n - 1) / (now - the first of them)`` (measured to
-*now*, so that a backend that stops answering reads as slower and slower), so the
-waiter at position ``p`` (0 = next) expects::
-
-    wait = (p + 1 + max(0, in_use - size)) / rate
-
-and then its own answer (``answer``: an EWMA of the time from sending an attempt to its
-accepted answer; for a stream, its first chunk). A waiter whose ``now + wait + answer``
-passes the time it may stay (its deadline, less the reserve kept for a fallback), or
-whose ``wait`` passes its patience, does not fit (``herdless._window.Window`` tells it to
-leave). Until two releases and an answer are measured the estimate is unknown and
-everyone fits: a call that hoped wrongly leaves when its time runs out, never later.
-
-Pure, no lock of its own: the window calls it under its lock.
+How long a call will wait is ``herdless._turnover.Turnover``'s to say; the line hands
+free slots to the oldest waiters and tells those whose best case no longer fits to
+leave: at every release, and once each clump of answers is over (``review``: the first
+waiter is woken to run it, since no release may come for a while after a clump).
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-__all__ = ["SlotTicket", "TicketState", "Turnover"]
+from herdless._clock import Clock
+from herdless._turnover import Turnover
 
-# Weight of the newest sample in the answer EWMA: about the last ten answers.
-_EWMA = 0.2
-# Releases the rate is measured over: several rounds of a GPU that finishes a whole batch
-# at once, few enough to follow a change within seconds.
-_RATE_SAMPLES = 32
+__all__ = ["SlotTicket", "TicketState", "Turnover", "WaitingLine"]
 
 TicketState = Literal["waiting", "granted", "spill", "done"]
 
@@ -41,14 +29,34 @@ class SlotTicket:
     ``state`` is ``"granted"`` (it holds a slot), ``"waiting"`` (in the client's queue),
     ``"spill"`` (told to leave: its wait no longer fits) or ``"done"`` (its place was
     given back). ``end`` is the latest time its answer is still useful, ``max_wait`` the
-    longest wait it accepts, ``epoch`` the window's round when its slot was granted.
+    longest wait it accepts, ``last`` whether no backend follows (it leaves later),
+    ``epoch`` the window's round when its slot was granted.
     """
 
-    __slots__ = ("_notify", "end", "epoch", "max_wait", "refused", "sent", "state")
+    __slots__ = (
+        "_notify",
+        "end",
+        "epoch",
+        "last",
+        "max_wait",
+        "predicted",
+        "refused",
+        "sent",
+        "sent_at",
+        "served",
+        "state",
+        "told",
+    )
 
-    def __init__(self, end: float, max_wait: float) -> None:
+    def __init__(self, end: float, max_wait: float, last: bool = False) -> None:
         self.end = end
         self.max_wait = max_wait
+        self.last = last
+        self.sent_at = 0.0  # when its last attempt went (the window's clock)
+        self.served = False  # its call was answered: its release is a completion
+        self.predicted: tuple[float, float] | None = None  # (when, wait): the first estimate
+        self.told: tuple[float, float, float, int] | None = None
+        """The estimate it was told to leave on: wait, answer, margin, samples."""
         self.state: TicketState = "waiting"
         self.epoch = -1  # the window's round when the slot was granted
         self.refused = False  # refused, and waiting to retry in its slot
@@ -59,42 +67,152 @@ class SlotTicket:
         return f"SlotTicket(state={self.state!r})"
 
 
-class Turnover:
-    """How fast one backend's window turns over: when its slots were freed, and how long
-    its answers take (seconds, the window's clock)."""
+class WaitingLine:
+    """The client's line at one backend's window: who waits, who is told to leave, and
+    what the window expects of their waits (``herdless._turnover``). A base of
+    ``herdless._window.Window``, which owns the state named below and the lock every
+    method here holds or is called under (methods with a leading underscore)."""
 
-    __slots__ = ("_freed", "answer")
+    __slots__ = ("_reviewed", "_sentinel", "_waiting")
 
-    def __init__(self) -> None:
-        self._freed: deque[float] = deque(maxlen=_RATE_SAMPLES)  # when slots were freed
-        self.answer: float | None = None
-        """An EWMA of the time from sending an attempt to its accepted answer."""
+    _clock: Clock
+    _lock: threading.Lock
+    _in_use: int
+    _size: float
+    _whole: float
+    _turnover: Turnover
+    _reviewed: float  # the clump the waiters were last reviewed after
+    _sentinel: SlotTicket | None  # the waiter woken to review them
+    _waiting: deque[SlotTicket]  # first come, first served
 
-    def freed(self, now: float) -> None:
-        """A slot was freed at ``now``."""
-        self._freed.append(now)
+    def _grant(self, ticket: SlotTicket) -> None:
+        raise NotImplementedError  # the window's
 
-    def answered(self, elapsed: float) -> None:
-        """An attempt was answered with success after ``elapsed`` seconds."""
-        answer = self.answer
-        self.answer = elapsed if answer is None else answer + _EWMA * (elapsed - answer)
+    @staticmethod
+    def _wake(ticket: SlotTicket) -> None:
+        raise NotImplementedError  # the window's
 
-    @property
-    def measured(self) -> bool:
-        """Whether a wait can be estimated: two releases and an answer are known."""
-        return self.answer is not None and len(self._freed) > 1
+    def expected_wait(self, position: int) -> float | None:
+        """Seconds until the waiter at ``position`` (0 = next) gets a slot; ``None``
+        before anything is measured."""
+        with self._lock:
+            return self._wait_for(position, self._clock.monotonic())
 
-    def wait(self, slots: float, now: float) -> float | None:
-        """Seconds until ``slots`` more slots are freed, at the measured rate; ``None``
-        before two releases are known."""
-        freed = self._freed
-        if len(freed) < 2 or now <= freed[0]:
+    def position(self, ticket: SlotTicket) -> int:
+        """``ticket``'s place in the client's line (0 = next); 0 when it does not wait."""
+        with self._lock:
+            return self._waiting.index(ticket) if ticket.state == "waiting" else 0
+
+    def estimate(self, ticket: SlotTicket) -> tuple[float, float, float, int] | None:
+        """What the window expects of ``ticket``'s wait: ``(wait, answer, margin,
+        samples)``, the one it was told to leave on if it was; ``None`` before anything
+        is measured."""
+        with self._lock:
+            if ticket.told is not None:
+                return ticket.told
+            position = self._waiting.index(ticket) if ticket.state == "waiting" else 0
+            return self._estimate(ticket, position, self._clock.monotonic())
+
+    def best_answer(self, last: bool) -> float:
+        """Seconds: the best case of an answer after a slot is granted (0 before one is
+        measured): a waiter whose slot comes later than this before its end cannot use it."""
+        turnover = self._turnover
+        return (1 - turnover.margin(last)) * (turnover.answer or 0.0)
+
+    def review_at(self) -> float | None:
+        """When waiters should look at their place again: the latest clump of answers is
+        then over, and the estimate firmer; ``None`` when no review is due."""
+        settles = self._turnover.settles_at()
+        return settles if settles is not None and settles > self._reviewed else None
+
+    def review(self) -> None:
+        """Re-check the waiters once the latest clump of answers is over (no release may
+        come for a while after it): tell those whose best case no longer fits."""
+        with self._lock:
+            now = self._clock.monotonic()
+            settles = self._turnover.settles_at()
+            if settles is None or settles <= self._reviewed or now <= settles:
+                return
+            self._reviewed = settles
+            self._sentinel = None
+            self._hand_over(now, grant=False)
+
+    def wait_error(self) -> dict[str, float]:
+        """The estimator's recent error over the waiters that got a slot (``p50``, ``p90``,
+        ``samples``): ``|predicted - actual wait| / max(actual wait, answer time)``."""
+        with self._lock:
+            return self._turnover.error()
+
+    # -- under the lock -----------------------------------------------------------------------
+
+    def _hand_over(self, now: float, *, grant: bool = True) -> None:
+        """Give free slots to the oldest waiters (``grant``) that can still use one; tell
+        those whose best case no longer fits."""
+        waiting = self._waiting
+        woken: list[SlotTicket] = []
+        turnover = self._turnover
+        while grant and waiting and self._in_use < self._whole:
+            ticket = waiting.popleft()
+            woken.append(ticket)
+            if not turnover.fits(
+                wait=0.0, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
+            ):
+                self._spill(ticket, 0.0)  # its answer would come too late even now
+                continue
+            if ticket.predicted is not None:
+                made, predicted = ticket.predicted
+                turnover.waited(predicted, now - made)
+            self._grant(ticket)
+        if waiting and turnover.measured:
+            kept: deque[SlotTicket] = deque()
+            for position, ticket in enumerate(waiting):
+                expected = self._wait_for(position, now)
+                if self._fits(ticket, expected, now):
+                    kept.append(ticket)
+                else:
+                    self._spill(ticket, expected)
+                    woken.append(ticket)
+            self._waiting = kept
+        for ticket in woken:
+            self._wake(ticket)
+
+    def _arm_review(self) -> None:
+        """A clump of answers began: wake the first waiter, whose flow then waits until
+        the clump is over and reviews every waiter (``review``). No release may come for
+        a while after a clump; without this, a waiter queued before it would learn only
+        at its own time limit that its wait no longer fits."""
+        if not self._waiting or self.review_at() is None:
+            return
+        sentinel = self._sentinel
+        if sentinel is None or sentinel.state != "waiting":
+            self._sentinel = sentinel = self._waiting[0]
+            self._wake(sentinel)
+
+    def _spill(self, ticket: SlotTicket, wait: float | None) -> None:
+        ticket.state = "spill"
+        turnover = self._turnover
+        if wait is not None and turnover.answer is not None:
+            margin = turnover.margin(ticket.last)
+            ticket.told = (wait, turnover.answer, margin, turnover.samples)
+
+    def _wait_for(self, position: int, now: float) -> float | None:
+        # The slots to free before this waiter's: those ahead of it, its own, and the
+        # calls the window holds beyond its size (it just shrank).
+        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
+        return self._turnover.wait(ahead, now)
+
+    def _fits(self, ticket: SlotTicket, wait: float | None, now: float) -> bool:
+        if wait is not None and ticket.predicted is None:
+            ticket.predicted = (now, wait)  # the first estimate: its error is measured
+        return self._turnover.fits(
+            wait=wait, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
+        )
+
+    def _estimate(
+        self, ticket: SlotTicket, position: int, now: float
+    ) -> tuple[float, float, float, int] | None:
+        turnover = self._turnover
+        wait = self._wait_for(position, now)
+        if wait is None or turnover.answer is None:
             return None
-        return slots / ((len(freed) - 1) / (now - freed[0]))
-
-    def fits(self, ticket: SlotTicket, wait: float | None, now: float) -> bool:
-        """Whether ``ticket``'s call, ``wait`` seconds from a slot, still fits: its wait
-        within its patience, and its answer (``now + wait + answer``) before its end."""
-        if wait is None or self.answer is None:
-            return True  # nothing measured: no grounds to send anyone away
-        return wait <= ticket.max_wait and now + wait + self.answer <= ticket.end
+        return (wait, turnover.answer, turnover.margin(ticket.last), turnover.samples)

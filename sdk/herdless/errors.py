@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from herdless._types import AttemptRecord
+from herdless._types import AttemptRecord, WaitEstimate
 
 __all__ = [
     "APIConnectionError",
@@ -211,11 +211,22 @@ class DeadlineExceeded(HerdlessError):
 
     Attributes:
         deadline: the call's deadline, in seconds.
+        estimate: when the call was not sent because the client expected its wait for a
+            busy backend not to fit: the numbers it compared (``WaitEstimate``); else
+            ``None``.
     """
 
-    def __init__(self, message: str, *, deadline: float | None = None, **context: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        deadline: float | None = None,
+        estimate: WaitEstimate | None = None,
+        **context: Any,
+    ) -> None:
         super().__init__(message, **context)
         self.deadline = deadline
+        self.estimate = estimate
 
 
 class StreamInterrupted(HerdlessError):

@@ -33,6 +33,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
 
+from herdless._types import WaitEstimate
+
 __all__ = [
     "AttemptFailed",
     "AttemptStarted",
@@ -180,6 +182,9 @@ class FallbackUsed(Event):
     waited on twice), ``"failed"`` (an error retrying the same backend cannot fix),
     ``"hedge"`` (the call's hedge at this backend answered, or outlived the late attempt:
     ``HedgePolicy``)."""
+    estimate: WaitEstimate | None = None
+    """For ``"busy"`` when the client's own estimate sent the call away: the numbers it
+    compared (expected wait and answer, margin, time left, reserve); ``None`` otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -132,7 +132,8 @@ def sync_usage() -> None:
         spent: float = stats.cost.get("hosted", 0.0)
         hedges: int = stats.hedges.get("hosted", 0)
         wins: int = stats.hedge_wins.get("primary", 0)
-        del stats, tokens, spent, hedges, wins
+        error: float = stats.wait_error.get("primary", {}).get("p50", 0.0)
+        del stats, tokens, spent, hedges, wins, error
         strict: herdless.Client = client.with_options(
             deadline=5.0,
             stream_deadline=30.0,
@@ -235,3 +236,19 @@ received: events.ResponseReceived = events.ResponseReceived(
     output_tokens=2,
     cost=None,
 )
+
+
+def wait_estimates(moved: events.FallbackUsed, late: herdless.DeadlineExceeded) -> None:
+    estimate: herdless.WaitEstimate | None = moved.estimate or late.estimate
+    if estimate is not None:
+        best: float = estimate.best
+        words: str = estimate.describe()
+        numbers: tuple[float, float, float, int, float, float] = (
+            estimate.wait,
+            estimate.answer,
+            estimate.margin,
+            estimate.samples,
+            estimate.left,
+            estimate.reserve,
+        )
+        del best, words, numbers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import pickle
 import threading
 from typing import Any
 
@@ -20,6 +21,7 @@ from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
+from herdless._types import WaitEstimate
 from herdless._window import WindowPolicy
 from herdless.errors import (
     AllBackendsFailed,
@@ -742,3 +744,63 @@ def test_a_call_whose_deadline_passes_while_it_waits_for_a_slot_leaves_typed() -
     assert driver.sent_to() == []
     assert driver.clock.monotonic() - 1000 <= 3.0
     assert driver.policies.window(PRIMARY).waiting == 0
+
+
+def _paced_by_two_answers(driver: Any) -> Any:
+    """Two calls one after the other, 1 s each: the window knows the pace (1 s a call);
+    then a third holds the only slot (returned: it holds it while it lives), and the
+    clump of its predecessor is over."""
+    driver.run(request_id="a")
+    driver.run(request_id="b")
+    holder = driver.start(request_id="holder").run()
+    assert isinstance(next(holder), Send)
+    driver.clock.advance(0.05)
+    return holder
+
+
+def test_a_call_the_estimate_sends_to_the_fallback_carries_the_numbers() -> None:
+    driver = make([ok(1.0)], [ok(0.1)], window=WindowPolicy(initial=1, maximum=1))
+    holder = _paced_by_two_answers(driver)
+    # About 0.95 s for the slot, 1 s for the answer: at best (1 - 0.35) * 1.95 = 1.27 s,
+    # past the 1.2 s the primary may use of a 2 s deadline (0.8 s kept for the fallback).
+    result = driver.run(request_id="late", deadline=2.0)
+    assert (result.backend.name, result.fallback_reason) == ("hosted", "busy")
+    (moved,) = driver.of(FallbackUsed)
+    assert moved.estimate == WaitEstimate(
+        wait=pytest.approx(0.95),
+        answer=1.0,
+        margin=0.35,
+        samples=1,
+        left=pytest.approx(2.0),
+        reserve=pytest.approx(0.8),
+    )
+    assert moved.estimate.best == pytest.approx(0.65 * 1.95)
+    holder.close()
+
+
+def test_a_call_the_estimate_does_not_send_says_what_it_compared() -> None:
+    driver = make([ok(1.0)], window=WindowPolicy(initial=1, maximum=1))
+    holder = _paced_by_two_answers(driver)
+    # No fallback: the margin doubles (70 %); best case 0.3 * 1.95 = 0.59 s > 0.5 s.
+    with pytest.raises(DeadlineExceeded) as caught:
+        driver.run(request_id="late", deadline=0.5)
+    error = caught.value
+    assert error.estimate is not None
+    assert (error.estimate.margin, error.estimate.reserve) == (0.7, 0.0)
+    message = str(error)
+    assert "s for a slot and 1.0 s for its answer (best case 0.6 s, with a 70% margin" in message
+    assert "but 0.5 s of its deadline were left" in message
+    assert [send.headers["X-Request-ID"] for send in driver.sends] == ["a", "b"]  # not late
+    assert pickle.loads(pickle.dumps(error)).estimate == error.estimate
+    holder.close()
+
+
+def test_with_no_fallback_a_call_that_may_still_make_it_keeps_its_place() -> None:
+    driver = make([ok(1.0)], window=WindowPolicy(initial=1, maximum=1))
+    holder = _paced_by_two_answers(driver)
+    # The same 2 s deadline that sends a call to a fallback: alone, it waits its turn.
+    late = driver.start(request_id="late", deadline=2.0).run()
+    assert isinstance(next(late), SlotWait)
+    assert driver.policies.window(PRIMARY).waiting == 1
+    late.close()
+    holder.close()

@@ -80,6 +80,7 @@ def test_an_empty_snapshot() -> None:
         "cost": {},
         "hedges": {},
         "hedge_wins": {},
+        "wait_error": {},
     }
 
 

@@ -187,48 +187,79 @@ def test_off_lets_everything_through() -> None:
 
 def _one_a_second(win: Window, clock: FakeClock) -> None:
     """Two calls served one after the other, a second each: slots free at 1 a second."""
-    first = win.acquire(end=END)
-    clock.advance(1.0)
-    win.answered(1.0)
-    win.release(first)
-    second = win.acquire(end=END)
-    clock.advance(1.0)
-    win.answered(1.0)
-    win.release(second)
+    for _ in range(2):
+        ticket = win.acquire(end=END)
+        win.sent(ticket)
+        clock.advance(1.0)
+        win.answered(1.0, ticket)
+        win.release(ticket)
 
 
-def test_a_waiter_whose_wait_cannot_fit_is_told_to_leave_at_once() -> None:
+def test_a_waiter_whose_best_case_cannot_fit_is_told_to_leave_at_once() -> None:
     win, clock = window(initial=1, maximum=1)
     _one_a_second(win, clock)
     holder = win.acquire(end=END)
     assert holder.state == "granted"
     assert win.expected_wait(0) == pytest.approx(1.0)
     now = clock.monotonic()
-    # About 1 s for a slot, then about 1 s for the answer: 1.5 s is not enough.
-    assert win.acquire(end=now + 1.5).state == "spill"
-    assert win.acquire(end=now + 100).state == "waiting"
+    # About 1 s for a slot, then about 1 s for the answer; one sample: a 35 % margin,
+    # so the best case is 1.3 s: 1.2 s is not enough, 1.5 s is.
+    late = win.acquire(end=now + 1.2)
+    assert late.state == "spill"
+    assert win.estimate(late) == pytest.approx((1.0, 1.0, 0.35, 1))
+    assert win.acquire(end=now + 1.5).state == "waiting"
     # Second in line: about 2 s for a slot, over a patience of 0.5 s.
     assert win.acquire(end=END, max_wait=0.5).state == "spill"
+    # With no backend after it, the margin doubles: 0.6 s is its best case.
+    assert win.acquire(end=now + 3.0, last=True).state == "waiting"
 
 
 def test_waiters_are_re_checked_at_every_release() -> None:
     win, clock = window(initial=1, maximum=1)
     start = clock.monotonic()
     first = win.acquire(end=END)
-    clock.advance(1.0)
-    win.answered(1.0)
+    win.sent(first)
     second = win.acquire(end=start + 4.0)  # nothing measured yet: both wait
-    third = win.acquire(end=start + 4.0)
+    third = win.acquire(end=start + 4.5)
     woken: list[str] = []
     win.listen(third, lambda: woken.append("third"))
+    clock.advance(1.0)
+    win.answered(1.0, first)
     win.release(first)
     assert (second.state, third.state) == ("granted", "waiting")
+    win.sent(second)
     clock.advance(2.5)
-    win.release(second)  # now one release per 2.5 s: third would end past 4 s
-    assert third.state == "granted"  # ...but the freed slot is its own: no wait at all
+    win.answered(2.5, second)
+    win.release(second)  # now 2.5 s a call: third's slot comes now, its answer (an
+    assert third.state == "granted"  # average of 1.3 s) at best 0.85 s later: in time
+    win.sent(third)
     fourth = win.acquire(end=clock.monotonic() + 2.0)
-    assert fourth.state == "spill"  # 2.5 s for a slot: does not fit in 2 s
+    assert fourth.state == "spill"  # (1 - 0.35) * (2.5 s for a slot + 1.3 s) > 2 s
     assert woken == ["third"]
+
+
+def test_a_waiter_whose_turn_comes_too_late_to_be_answered_leaves_instead() -> None:
+    win, clock = window(initial=1, maximum=1)
+    _one_a_second(win, clock)
+    holder = win.acquire(end=END)
+    win.sent(holder)
+    doomed = win.acquire(end=clock.monotonic() + 100)
+    doomed.end = clock.monotonic() + 1.5  # its deadline came closer (a test's shortcut)
+    clock.advance(1.0)
+    win.answered(1.0, holder)
+    win.release(holder)
+    # Its slot is free now, but even at best its answer (0.65 s) ends past its end.
+    assert doomed.state == "spill"
+    assert win.in_use == 0
+
+
+def test_a_release_without_an_answer_says_nothing_of_the_pace() -> None:
+    win, clock = window(initial=1, maximum=1)
+    moved = win.acquire(end=END)
+    win.sent(moved)
+    clock.advance(3.0)
+    win.release(moved)  # it moved on (a fallback, an error): no answer
+    assert win.expected_wait(0) is None
 
 
 def test_expected_wait_is_unknown_before_anything_is_measured() -> None:

@@ -95,7 +95,7 @@ class SizingParams:
     gateway: Mapping[str, object] = field(default_factory=dict)
 
 
-_QUIET = {"access_log": False, "log_level": "warning"}
+_QUIET: dict[str, Any] = {"access_log": False, "log_level": "warning"}
 SELF = "herdless serve (self-sized)"
 STATIC_ARMS: dict[str, dict[str, object]] = {
     "herdless serve, static defaults": {"sizing": "static"},
@@ -114,13 +114,14 @@ STATIC_ARMS: dict[str, dict[str, object]] = {
 
 
 @contextlib.contextmanager
-def gateway(upstream: str, options: Mapping[str, object]) -> Iterator[ServerProcess | None]:
-    """A gateway with ``options`` in front of ``upstream``; ``None`` options: no gateway."""
-    with gateway_process(upstream=upstream, max_queue=1024, **_QUIET, **options) as gw:
+def gateway(upstream: str, options: Mapping[str, Any]) -> Iterator[ServerProcess]:
+    """A gateway with ``options`` (flags) in front of ``upstream``, quiet, a long queue."""
+    flags: dict[str, Any] = {"max_queue": 1024, **_QUIET, **options}
+    with gateway_process(upstream=upstream, **flags) as gw:
         yield gw
 
 
-def emulator(p: SizingParams, **more: object) -> contextlib.AbstractContextManager[ServerProcess]:
+def emulator(p: SizingParams, **more: Any) -> contextlib.AbstractContextManager[ServerProcess]:
     """The emulated GPU of the scenarios, with ``more`` flags."""
     return emulator_process(kv_cache_tokens=p.kv, max_num_seqs=p.seqs, speed=p.speed, **more)
 
@@ -192,12 +193,12 @@ async def closed_loop(
                     await asyncio.sleep(rng.expovariate(1 / load.think))
 
         tasks = [
-            asyncio.ensure_future(caller(load, i)) for load in loads for i in range(load.callers)
+            asyncio.create_task(caller(load, i)) for load in loads for i in range(load.callers)
         ]
         await _bounded(tasks, seconds + 1.0)
 
 
-async def _bounded(tasks: list[asyncio.Future[None]], seconds: float) -> None:
+async def _bounded(tasks: list[asyncio.Task[None]], seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=seconds)
     for task in tasks:

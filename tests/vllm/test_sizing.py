@@ -42,7 +42,8 @@ def roomy_vllm(vllm_server: VllmServer) -> Iterator[VllmServer]:
 @pytest.fixture(scope="module")
 def sized_gateway(roomy_vllm: VllmServer) -> Iterator[ServerProcess]:
     """``herdless serve`` with no sizing flag: it sizes itself from vLLM's /metrics."""
-    with gateway_process(upstream=roomy_vllm.url, access_log=False, max_queue=256) as server:
+    options = {"access_log": False, "max_queue": 256, "queue_timeout": 600.0}  # a slow CPU
+    with gateway_process(upstream=roomy_vllm.url, **options) as server:
         yield server
         print(f"----- log of {server} -----\n{server.logs()}")
 

@@ -42,8 +42,10 @@ def roomy_vllm(vllm_server: VllmServer) -> Iterator[VllmServer]:
 @pytest.fixture(scope="module")
 def sized_gateway(roomy_vllm: VllmServer) -> Iterator[ServerProcess]:
     """``herdless serve`` with no sizing flag: it sizes itself from vLLM's /metrics."""
-    options = {"access_log": False, "max_queue": 256, "queue_timeout": 600.0}  # a slow CPU
-    with gateway_process(upstream=roomy_vllm.url, **options) as server:
+    # No sizing flag; the queue holds the burst as long as this slow CPU takes to serve it.
+    with gateway_process(
+        upstream=roomy_vllm.url, access_log=False, max_queue=256, queue_timeout=600.0
+    ) as server:
         yield server
         print(f"----- log of {server} -----\n{server.logs()}")
 

@@ -87,8 +87,8 @@ def running_stack(
                 log_path=logs / "hosted.log",
             )
         )
+        # No sizing flag: the gateway sizes itself from the GPU's /metrics, as in production.
         options = {
-            "max_concurrency": gpu_seqs,
             "max_queue": gpu_seqs,
             "queue_timeout": 5,
             "drain_retry_after": drain_retry_after,

@@ -1,0 +1,83 @@
+"""The client's wait estimate in front of a real vLLM: a busy GPU is waited for, not left.
+
+Real vLLM finishes equal requests in clumps (four answers in one step, then nothing for
+seconds): the estimate must not read the silence between clumps as a slow GPU. Through
+``herdless serve --max-concurrency 4 --max-queue 4`` (vLLM runs four sequences), one
+shared ``AsyncClient`` sends a burst at once with a deadline of twice the time the same
+burst takes straight at vLLM in this run (so no timing on a noisy CPU decides the test):
+
+* 30 calls with a hosted fallback (an emulator, ``external=True``): none reaches it;
+* 100 calls with no fallback: all are served, none refused by the estimate.
+
+Each also reports the estimator's error as ``stats().wait_error`` measured it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+import herdless
+from herdless.launch.servers import emulator_process, gateway_process
+from herdless.launch.vllm import MODEL_NAME
+
+pytestmark = [pytest.mark.vllm]
+
+MESSAGES = [{"role": "user", "content": "Tell me about bread ovens."}]
+BODY = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 16, "ignore_eos": True}
+
+
+async def _straight(url: str, calls: int) -> float:
+    """Seconds the burst takes straight at vLLM (its own unbounded queue holds it)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        start = time.monotonic()
+        responses = await asyncio.gather(
+            *(client.post(f"{url}/v1/chat/completions", json=BODY) for _ in range(calls))
+        )
+        took = time.monotonic() - start
+    assert {r.status_code for r in responses} == {200}
+    return took
+
+
+async def _through(
+    gateway: str, calls: int, deadline: float, fallback: herdless.Backend | None
+) -> tuple[list[herdless.ChatResult | BaseException], herdless.ClientStats]:
+    async with herdless.AsyncClient(
+        primary=herdless.Backend(name="gpu", base_url=f"{gateway}/v1", model=MODEL_NAME),
+        fallback=fallback,
+        deadline=deadline,
+    ) as client:
+        results = await asyncio.gather(
+            *(client.chat(MESSAGES, max_tokens=16, ignore_eos=True) for _ in range(calls)),
+            return_exceptions=True,
+        )
+        return list(results), client.stats()
+
+
+@pytest.mark.parametrize(("calls", "hosted"), [(30, True), (100, False)], ids=["30-hosted", "100"])
+async def test_a_busy_gpu_is_waited_for_within_the_deadline(
+    vllm_url: str, calls: int, hosted: bool
+) -> None:
+    straight = await _straight(vllm_url, calls)
+    deadline = max(30.0, 2 * straight)
+    with (
+        gateway_process(
+            upstream=vllm_url, max_concurrency=4, max_queue=4, queue_timeout=deadline
+        ) as gateway,
+        emulator_process(model="hosted", speed=50) as other,
+    ):
+        fallback = None
+        if hosted:
+            fallback = herdless.Backend(
+                name="hosted", base_url=f"{other.url}/v1", model="hosted", external=True
+            )
+        results, stats = await _through(gateway.url, calls, deadline, fallback)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == [], errors[:3]
+    backends = [r.backend for r in results if isinstance(r, herdless.ChatResult)]
+    assert backends == ["gpu"] * calls, f"{backends.count('hosted')} went to the hosted model"
+    print(f"{calls} calls, straight {straight:.1f} s, wait error {stats.wait_error}")

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.service import jain_index
-from herdless.gateway.core.sizing import Reading
 from herdless.testing import FakeClock
 
 SIZED = False

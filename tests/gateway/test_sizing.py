@@ -8,8 +8,9 @@ import pytest
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Ticket
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
-from herdless.gateway.core.sizing import FILL, Reading, Sizing
+from herdless.gateway.core.sizing import FILL, Sizing
 from herdless.testing import FakeClock
 
 pytestmark = [pytest.mark.server]

@@ -14,8 +14,9 @@ import logging
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import CLASSES, Priority
-from herdless.gateway.core.sizing import Reading, Sizing
+from herdless.gateway.core.sizing import Sizing
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.metrics import Fairness, SizingFigures
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from herdless.gateway.core.sizing import Reading
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.upstream import Upstream

@@ -32,12 +32,13 @@ import math
 
 from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.fairqueue import FairQueue, Flow
 from herdless.gateway.core.keys import KeyBudgets
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.reservations import Reservations, unattainable
 from herdless.gateway.core.service import DrainRate
-from herdless.gateway.core.sizing import Hold, Reading, Sizing
+from herdless.gateway.core.sizing import Hold, Sizing
 
 __all__ = ["Admission"]
 

@@ -31,13 +31,12 @@ from herdless.gateway.core.decisions import Ticket
 from herdless.gateway.core.engine import InteractiveDemand, Reading, kv_peak
 from herdless.gateway.core.limits import AdmissionConfig
 
-__all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Reading", "Sizing"]
+__all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Sizing"]
 
 Hold = Literal["cap", "kv", "reserve", "spacing", "seqs", "engine_waiting", "stale"]
-"""What holds the next waiter back: a configured cap (or the static limit), the KV
-headroom, the interactive headroom or the spacing of batch starts (batch only), the
-engine's learned ``max_num_seqs``,
-the engine's own queue, or the last good limit while the readings are stale."""
+"""What holds the next waiter back: a cap (or the static limit), the KV headroom, the
+interactive headroom or the spacing of batch starts (batch only), the engine's learned
+``max_num_seqs``, its own queue, or the last good limit while the readings are stale."""
 
 FILL: Final = 0.99
 """Share of the KV capacity the peak may reach (block rounding and mispredicted answers

@@ -128,16 +128,19 @@ def window(call: Call, stay: Stay, now: float) -> Decision:
             max_wait=math.inf if stay.last or patience is None else patience,
             last=stay.last,
         )
-    if slot.state == "granted":
+    if slot.state == "waiting":
+        window.review()  # the latest clump of answers is over: does its place still fit?
+    # Read once: another thread may grant the slot at any moment, and a slot granted
+    # between two reads must not be taken for one told to leave.
+    state = slot.state
+    if state == "granted":
         if stay.queued_at is not None:
             call.state.counts.slot_waited(now - stay.queued_at)
             stay.queued_at = None
         return None
-    if slot.state == "waiting":
-        window.review()  # the latest clump of answers is over: does its place still fit?
     # A slot granted later than this could not be answered in time, even at best.
     timeout = stay.end - max(policy.min_attempt, window.best_answer(stay.last)) - now
-    if slot.state == "waiting" and timeout > 0:
+    if state == "waiting" and timeout > 0:
         if stay.queued_at is None:
             stay.queued_at = now
             position = window.position(slot)

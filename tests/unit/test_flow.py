@@ -22,7 +22,7 @@ from herdless._breaker import BreakerPolicy
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._types import WaitEstimate
-from herdless._window import WindowPolicy
+from herdless._window import Window, WindowPolicy
 from herdless.errors import (
     AllBackendsFailed,
     APIConnectionError,
@@ -804,3 +804,29 @@ def test_with_no_fallback_a_call_that_may_still_make_it_keeps_its_place() -> Non
     assert driver.policies.window(PRIMARY).waiting == 1
     late.close()
     holder.close()
+
+
+def test_a_slot_granted_by_another_thread_during_the_review_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The window's state is read once per check: a slot granted between the review of
+    the line and the check (another thread's answer freed it) is used, not mistaken for a
+    call told to leave (which raised DeadlineExceeded after a few ms of a 60 s deadline)."""
+    driver = make([ok(), ok()], window=WindowPolicy(initial=1, maximum=1), deadline=60)
+    first = driver.start().run()
+    assert isinstance(next(first), Send)  # holds the only slot
+    second = driver.start().run()
+    assert isinstance(next(second), SlotWait)
+    window = driver.policies.window(PRIMARY)
+    (held,) = list(window._granted)
+    review = Window.review
+
+    def review_while_the_first_call_ends(self: Window) -> None:
+        if self is window and held.state == "granted":
+            self.release(held)  # another thread: the first call's answer frees its slot
+        review(self)
+
+    monkeypatch.setattr(Window, "review", review_while_the_first_call_ends)
+    assert isinstance(second.send(None), Send)
+    first.close()
+    second.close()

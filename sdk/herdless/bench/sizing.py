@@ -65,8 +65,8 @@ def _flood_arm(engine: ServerProcess, p: SizingParams, name: str, opts: Any) -> 
             url = (gw or engine).url + "/v1"
             asyncio.run(idle(engine.url))
             before = asyncio.run(preemptions(engine.url))
-            chats = Load(kind="chat", callers=6, prompt=200, answer=40, think=0.5, start=3.0)
-            chats.priority = "interactive"
+            chats = Load(kind="chat", callers=6, prompt=200, answer=40, think=0.5, start=3.0,
+                         priority="interactive")  # fmt: skip
             loads = [chats]
             batch = Load(kind="batch", callers=40, prompt=3000, answer=600, priority="batch")
             if not chats_only:

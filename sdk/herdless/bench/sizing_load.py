@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from herdless.bench.stats import median
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.watcher import parse_metrics
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
@@ -126,19 +127,22 @@ def emulator(p: SizingParams, **more: Any) -> contextlib.AbstractContextManager[
     return emulator_process(kv_cache_tokens=p.kv, max_num_seqs=p.seqs, speed=p.speed, **more)
 
 
+async def _read(client: httpx.AsyncClient, engine: str) -> Reading:
+    return parse_metrics((await client.get(f"{engine}/metrics")).text, 0.0)
+
+
 async def preemptions(engine: str) -> float:
+    """The engine's preemptions so far."""
     async with httpx.AsyncClient(timeout=5) as client:
-        value = await metric(client, f"{engine}/metrics", "vllm:num_preemptions_total")
-    return value or 0.0
+        return float((await _read(client, engine)).preemptions or 0)
 
 
 async def idle(engine: str) -> None:
     """Wait (bounded) until the engine runs nothing: arms do not overlap."""
     async with httpx.AsyncClient(timeout=5) as client:
         for _ in range(600):
-            running = await metric(client, f"{engine}/metrics", "vllm:num_requests_running")
-            waiting = await metric(client, f"{engine}/metrics", "vllm:num_requests_waiting")
-            if not running and not waiting:
+            reading = await _read(client, engine)
+            if not reading.running and not reading.waiting:
                 return
             await asyncio.sleep(0.1)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -193,9 +192,7 @@ def stale(p: SizingParams, progress: Progress) -> ScenarioResult:
             await work
 
         before = asyncio.run(preemptions(engine.url))
-        t0 = time.monotonic()
         asyncio.run(run())
-        del t0
         after = asyncio.run(preemptions(engine.url))
     progress("stale")
     tokens = {

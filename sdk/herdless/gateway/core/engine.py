@@ -1,5 +1,5 @@
 """What the gateway knows of the engine behind it (pure, no I/O): a reading of its
-metrics, the KV peak of the requests it runs, and the interactive demand it saw.
+metrics, the requests it runs there and their KV peak, and the interactive demand it saw.
 
 The sizing rule (:mod:`herdless.gateway.core.sizing`) decides with these.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["InteractiveDemand", "Reading", "kv_peak"]
+__all__ = ["InteractiveDemand", "Reading", "Run", "Running", "kv_peak"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +40,62 @@ class Reading:
     def sizable(self) -> bool:
         """Whether it holds what self-sizing needs: the capacity and the KV use."""
         return self.kv_capacity is not None and self.kv_usage is not None
+
+
+@dataclass(slots=True)
+class Run:
+    """One request the gateway started, as the KV account sees it (tokens, seconds)."""
+
+    prompt: float  # calibrated prompt tokens
+    predicted: float  # predicted answer tokens
+    started: float
+    interactive: bool
+
+    def final(self, block: int) -> float:
+        """What it holds when it ends: prompt, answer and a partly filled block."""
+        return self.prompt + self.predicted + block
+
+
+class Running:
+    """The requests the gateway runs, with each class's count and final sizes kept as
+    they start and end: the hot path reads these totals, it never sums them."""
+
+    __slots__ = ("_runs", "seqs", "tokens")
+
+    def __init__(self) -> None:
+        self._runs: dict[int, Run] = {}
+        self.seqs = {True: 0, False: 0}
+        """Requests running, per class (interactive?)."""
+        self.tokens = {True: 0.0, False: 0.0}
+        """Their prompts and predicted answers, per class (interactive?)."""
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, key: int, run: Run) -> None:
+        self._runs[key] = run
+        self.seqs[run.interactive] += 1
+        self.tokens[run.interactive] += run.prompt + run.predicted
+
+    def pop(self, key: int) -> Run | None:
+        run = self._runs.pop(key, None)
+        if run is not None:
+            self.seqs[run.interactive] -= 1
+            self.tokens[run.interactive] -= run.prompt + run.predicted
+        return run
+
+    def final(self, block: int) -> float:
+        """What they all hold when they end: never less than their peak (each of its
+        terms is a ``size + left`` of a request still running)."""
+        return self.tokens[True] + self.tokens[False] + block * len(self._runs)
+
+    def sizes(self, now: float, rate: float, block: int) -> list[tuple[float, float]]:
+        """(size now, tokens still to come) of each, decoding ``rate`` tokens a second."""
+        out = []
+        for run in self._runs.values():
+            generated = min(max(0.0, run.predicted - 1), (now - run.started) * rate)
+            out.append((run.prompt + generated + block, run.predicted - generated))
+        return out
 
 
 def kv_peak(sizes: list[tuple[float, float]]) -> float:

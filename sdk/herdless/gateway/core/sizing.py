@@ -24,11 +24,10 @@ The live limit (:attr:`Sizing.limit`, requests) is what ``/metrics`` shows."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from herdless.gateway.core.decisions import Ticket
-from herdless.gateway.core.engine import InteractiveDemand, Reading, kv_peak
+from herdless.gateway.core.engine import InteractiveDemand, Reading, Run, Running, kv_peak
 from herdless.gateway.core.limits import AdmissionConfig
 
 __all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Sizing"]
@@ -55,14 +54,6 @@ _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
 _HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
 
 
-@dataclass(slots=True)
-class _Run:
-    prompt: float  # calibrated prompt tokens
-    predicted: float  # predicted answer tokens
-    started: float
-    interactive: bool
-
-
 class Sizing:
     """The dispatch rule of the gateway. Not thread-safe: one event loop drives it.
 
@@ -79,7 +70,7 @@ class Sizing:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
         self.engine = config.sizing == "engine"
-        self._runs: dict[int, _Run] = {}
+        self._runs = Running()
         self.inflight_tokens = 0
         """Sum of the prices of the running requests (the static KV budget in use)."""
         self.preemptions_seen = 0
@@ -259,7 +250,11 @@ class Sizing:
             return "seqs" if reserve_seqs == 0 or running >= self.seq_limit else "reserve"
         budget = self.kv_budget
         assert budget is not None
-        peak = self._peak(now, self._run_of(ticket, None, now))
+        new = self._run_of(ticket, None, now)
+        bound = self._runs.final(self._block) + new.final(self._block) + self._external
+        if bound + reserve_tokens <= budget:
+            return None  # even if all ended together it fits: no need for the peak
+        peak = self._peak(now, new)
         if peak + reserve_tokens > budget:
             return "kv" if peak > budget else "reserve"
         return None
@@ -290,18 +285,17 @@ class Sizing:
     def start(self, ticket: Ticket, now: float, *, predicted: float | None) -> None:
         """``ticket`` starts; ``predicted``: its user's average answer, if known."""
         run = self._run_of(ticket, predicted, now)
-        self._runs[ticket.id] = run
+        self._runs.add(ticket.id, run)
+        footprint = run.prompt + run.predicted
         self.inflight_tokens += ticket.price
         self._started_since += 1
-        self._typical += _EWMA * (run.prompt + run.predicted - self._typical)
-        if not run.interactive:
-            self._batch_started = now
-            batch = sum(1 for other in self._runs.values() if not other.interactive)
-            self._batch_high = max(self._batch_high, float(batch))
+        self._typical += _EWMA * (footprint - self._typical)
         if run.interactive:
-            footprint = run.prompt + run.predicted
             self._typical_interactive += _EWMA * (footprint - self._typical_interactive)
             self._note_interactive(now)
+        else:
+            self._batch_started = now
+            self._batch_high = max(self._batch_high, float(self._runs.seqs[False]))
 
     def finish(
         self,
@@ -312,7 +306,7 @@ class Sizing:
         completion_tokens: int | None,
     ) -> None:
         """``ticket`` ended; the engine's usage, when reported, calibrates the predictions."""
-        run = self._runs.pop(ticket.id, None)
+        run = self._runs.pop(ticket.id)
         if run is None:
             return
         self.inflight_tokens -= ticket.price
@@ -332,12 +326,12 @@ class Sizing:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _run_of(self, ticket: Ticket, predicted: float | None, now: float) -> _Run:
+    def _run_of(self, ticket: Ticket, predicted: float | None, now: float) -> Run:
         budget = max(0, ticket.price - ticket.prompt)  # its max_tokens
         interactive = ticket.priority == "interactive"
         if predicted is None:
             predicted = self._answers.get(interactive, budget)
-        return _Run(
+        return Run(
             prompt=ticket.prompt * self._prompt_ratio,
             predicted=min(budget, predicted),
             started=now,
@@ -348,35 +342,24 @@ class Sizing:
     def _block(self) -> int:  # tokens a sequence may waste in its last, partial KV block
         return 0 if self.last is None or self.last.block_size is None else self.last.block_size
 
-    def _sizes(self, now: float) -> list[tuple[float, float]]:
-        """(size now, tokens still to come) of every running request (rule 2)."""
-        rate = self._decode_rate or 0.0
-        block = self._block
-        out = []
-        for run in self._runs.values():
-            generated = min(max(0.0, run.predicted - 1), (now - run.started) * rate)
-            out.append((run.prompt + generated + block, run.predicted - generated))
-        return out
-
     def _accounted(self, now: float) -> float:
         """KV the gateway's own running requests may hold at ``now``, by its account:
         their final sizes until the decode rate is measured (so that the tokens they
         generated meanwhile are not taken for another client's)."""
         if self._decode_rate is None:
-            return sum(size + left for size, left in self._sizes(now))
-        return sum(size for size, _ in self._sizes(now))
+            return self._runs.final(self._block)
+        return sum(size for size, _ in self._runs.sizes(now, self._decode_rate, self._block))
 
-    def _peak(self, now: float, new: _Run | None = None) -> float:
+    def _peak(self, now: float, new: Run | None = None) -> float:
         """The most KV the running requests (and ``new``) will hold at once (rule 2)."""
-        sizes = self._sizes(now)
+        sizes = self._runs.sizes(now, self._decode_rate or 0.0, self._block)
         if new is not None:
             sizes.append((new.prompt + self._block, new.predicted))
         return kv_peak(sizes) + self._external
 
     def _note_interactive(self, now: float) -> None:
         """Record what interactive work holds now, for the window's peak (rule 4)."""
-        runs = [run for run in self._runs.values() if run.interactive]
-        self._demand.note(now, sum(run.prompt + run.predicted for run in runs), len(runs))
+        self._demand.note(now, self._runs.tokens[True], self._runs.seqs[True])
 
     def _interactive_reserve(self, now: float, recent: bool) -> tuple[int, float]:
         """(sequences, KV tokens) batch leaves free for interactive work (rule 4)."""

@@ -13,7 +13,13 @@ from tests.vllm.conftest import CONCURRENCY, QUEUE
 
 import herdless
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
-from herdless.launch.vllm import MODEL_NAME, VllmServer, read_metric, wait_for_metric
+from herdless.launch.vllm import (
+    MODEL_NAME,
+    VllmServer,
+    read_metric,
+    sample_metrics,
+    wait_for_metric,
+)
 
 pytestmark = [pytest.mark.vllm]
 
@@ -34,17 +40,15 @@ async def test_a_burst_is_refused_with_429s_and_vllm_never_runs_more_than_admitt
     peak = 0.0
     done = asyncio.Event()
 
-    async def watch(client: httpx.AsyncClient) -> None:
+    async def watch() -> None:
         nonlocal peak
-        while not done.is_set():  # bounded by the burst, which has its own timeouts
-            text = (await client.get(f"{vllm_url}/metrics")).text
+        async for text in sample_metrics(vllm_url, done, every=0.05):
             for line in text.splitlines():
                 if line.startswith(RUNNING + "{"):
                     peak = max(peak, float(line.rsplit(" ", 1)[1]))
-            await asyncio.sleep(0.05)
 
     async with httpx.AsyncClient(timeout=120.0) as client:
-        watcher = asyncio.create_task(watch(client))
+        watcher = asyncio.create_task(watch())
         burst = [
             client.post(f"{gateway.url}/v1/chat/completions", json=chat(24)) for _ in range(10)
         ]

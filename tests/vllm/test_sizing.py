@@ -19,7 +19,7 @@ import pytest
 
 from herdless.gateway.watcher import parse_metrics
 from herdless.launch.servers import ServerProcess, gateway_process
-from herdless.launch.vllm import MODEL_NAME, VllmServer, read_metric
+from herdless.launch.vllm import MODEL_NAME, VllmServer, read_metric, sample_metrics
 
 pytestmark = [pytest.mark.vllm]
 
@@ -75,15 +75,12 @@ async def _burst(url: str, vllm_url: str) -> tuple[list[int], list[float]]:
     waiting: list[float] = []
     done = asyncio.Event()
 
-    async def watch(client: httpx.AsyncClient) -> None:
-        while not done.is_set():  # bounded by the burst, which has its own timeouts
-            text = (await client.get(f"{vllm_url}/metrics")).text
-            reading = parse_metrics(text, 0.0)
-            waiting.append(reading.waiting or 0)
-            await asyncio.sleep(0.1)
+    async def watch() -> None:
+        async for text in sample_metrics(vllm_url, done):
+            waiting.append(parse_metrics(text, 0.0).waiting or 0)
 
     async with httpx.AsyncClient(timeout=600.0) as client:
-        watcher = asyncio.create_task(watch(client))
+        watcher = asyncio.create_task(watch())
 
         async def one(i: int) -> int:
             messages = [{"role": "user", "content": f"{i} {words}"}]

@@ -21,12 +21,13 @@ the heavy packages live in the venv.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -262,6 +263,22 @@ def wait_for_metric(
             break
         time.sleep(0.1)
     return seen
+
+
+async def sample_metrics(
+    base_url: str, until: asyncio.Event, *, every: float = 0.1
+) -> AsyncIterator[str]:
+    """Yield the text of ``base_url/metrics`` every ``every`` seconds until ``until`` is set.
+
+    On its own connection. A read the server breaks off (a keep-alive connection it
+    closes as the read starts, a loaded machine's timeout) loses that one sample and
+    the next is tried: a sampler watches a test, it must not fail it.
+    """
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        while not until.is_set():
+            with contextlib.suppress(httpx.TransportError):
+                yield (await client.get(f"{base_url}/metrics")).text
+            await asyncio.sleep(every)
 
 
 def forced_answer(

@@ -22,16 +22,23 @@ def fake_vllm() -> FakeVllm:
 
 @pytest.fixture
 def gateway(fake_vllm: FakeVllm) -> GatewayFactory:
-    """``async with gateway(**settings) as (client, runtime)``: a started gateway."""
+    """``async with gateway(**settings) as (client, runtime)``: a started gateway
+    (``fallback_transport``: the hosted fallback's, with ``fallback_url`` set)."""
 
     @asynccontextmanager
     async def start(
-        transport: httpx.AsyncBaseTransport | None = None, **overrides: Any
+        transport: httpx.AsyncBaseTransport | None = None,
+        fallback_transport: httpx.AsyncBaseTransport | None = None,
+        **overrides: Any,
     ) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
         overrides.setdefault("health_interval", 3600)  # tests flip readiness themselves
         overrides.setdefault("metrics_interval", 3600)  # and read the engine themselves
         settings = GatewaySettings(**overrides)
-        app = create_app(settings, transport=transport or httpx.ASGITransport(app=fake_vllm.app))
+        app = create_app(
+            settings,
+            transport=transport or httpx.ASGITransport(app=fake_vllm.app),
+            fallback_transport=fallback_transport,
+        )
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(

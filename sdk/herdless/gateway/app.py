@@ -35,6 +35,7 @@ from herdless.gateway.proxy import AdmittedProxy
 from herdless.gateway.routes import ROUTES
 from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
+from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.watcher import Watcher
 from herdless.gateway.wire import error_body, refusal_headers
@@ -43,6 +44,7 @@ __all__ = ["create_app"]
 
 _HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health and /metrics polls, /v1/models
 _SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
+_MAX_EXPECT = 86_400  # seconds: a maintenance window announced longer is a typo
 _PATH_SHOWN = 100  # characters of an unknown path echoed in a 404 (error bodies are cached)
 _SERVED = ", ".join(f"POST {route.path}" for route in ROUTES) + " and GET /v1/models"
 
@@ -52,6 +54,7 @@ def create_app(
     *,
     clock: Clock = SYSTEM_CLOCK,
     transport: httpx.AsyncBaseTransport | None = None,
+    fallback_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Starlette:
     """Build a gateway app; its parts live on ``app.state.runtime`` (and the engine
     watcher, when the gateway sizes itself, on ``app.state.watcher``).
@@ -60,10 +63,14 @@ def create_app(
         settings: the gateway's settings (default: from the environment).
         clock: the admission clock (tests inject a fake one).
         transport: httpx transport to the upstream (tests inject an in-process one).
+        fallback_transport: httpx transport to the hosted fallback (tests).
+
+    Raises:
+        PolicyError: the key policy file is invalid (its line and field named).
     """
     settings = settings or GatewaySettings()
     shown = effective_config(settings)  # while the secrets are here to say "set"
-    runtime = _runtime(settings, clock, transport)
+    runtime = _runtime(settings, clock, transport, fallback_transport)
     watcher = None
     if settings.sizing == "engine":
         watcher = Watcher(
@@ -86,11 +93,36 @@ def create_app(
 
 
 def _runtime(
-    settings: GatewaySettings, clock: Clock, transport: httpx.AsyncBaseTransport | None
+    settings: GatewaySettings,
+    clock: Clock,
+    transport: httpx.AsyncBaseTransport | None,
+    fallback_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Runtime:
-    """The gateway's parts: the gate over its admission core, the upstream pool, metrics."""
-    gate = Gate(Admission(settings.admission_config(), clock=clock))
+    """The gateway's parts: the gate over its admission core, the upstream pool, metrics,
+    the key policies and the hosted fallback.
+
+    Raises:
+        PolicyError: the key policy file is invalid.
+    """
+    policies = settings.policies()
+    gate = Gate(Admission(settings.admission_config(), clock=clock, keys=policies.limits()))
     cap = settings.max_concurrency  # no cap: the admission bounds the pool
+    spill = None
+    if settings.fallback_url is not None:
+        assert settings.fallback_model is not None  # the settings require it
+        spill = Spill(
+            str(settings.fallback_url).rstrip("/"),
+            settings.fallback_model,
+            settings.fallback_api_key,
+            policies.fallback,
+            transport=fallback_transport,
+        )
+    spilling = sorted(name for name, policy in policies.keys.items() if policy.fallback)
+    if policies.default.fallback:
+        spilling.insert(0, "defaults")
+    if spilling and spill is None:
+        event(LOG, logging.WARNING, "key policies allow a fallback but no --fallback-url is set: "
+              "their requests are held or refused", keys=",".join(spilling))  # fmt: skip
     return Runtime(
         settings=settings.without_secrets(),
         gate=gate,
@@ -108,9 +140,11 @@ def _runtime(
             sizing=gate.sizing_figures,
             top=settings.metrics_top_users,
         ),
-        keys=settings.api_key_table(),
+        keys=settings.api_key_table(named=policies.secrets),
         users=settings.user_ids(),
         admin_digest=None if settings.admin_token is None else secret_digest(settings.admin_token),
+        policies=policies.without_secrets(),
+        spill=spill,
     )
 
 
@@ -135,6 +169,8 @@ def _lifespan(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await runtime.upstream.aclose()
+            if runtime.spill is not None:
+                await runtime.spill.aclose()
             status = runtime.gate.status()
             del status["ready"], status["upstream_ready"]
             event(LOG, logging.INFO, "stopped", **status)
@@ -193,7 +229,18 @@ class _Routes:
         return Response(answer.body, answer.status, echo, media_type=answer.content_type)
 
     async def drain(self, request: Request) -> Response:
-        return self._admin(request, "drain", lambda: {"refused_waiting": self._rt.gate.drain()})
+        """``POST /admin/drain[?expect=SECONDS]``: ``expect`` announces the window's length:
+        refusals then name its end, and requests whose hold outlasts it wait for it."""
+        text = request.query_params.get("expect")
+
+        def act() -> dict[str, object] | Response:
+            expect = None if text is None else _seconds(text)
+            if text is not None and expect is None:
+                message = f"expect must be seconds in (0, {_MAX_EXPECT}], got {text[:40]!r}"
+                return _json_error(400, "invalid_request", message)
+            return {"refused_waiting": self._rt.gate.drain(expect), "expect": expect}
+
+        return self._admin(request, "drain", act)
 
     async def resume(self, request: Request) -> Response:
         def act() -> dict[str, object]:
@@ -203,14 +250,18 @@ class _Routes:
         return self._admin(request, "resume", act)
 
     def _admin(
-        self, request: Request, action: str, act: Callable[[], dict[str, object]]
+        self, request: Request, action: str, act: Callable[[], dict[str, object] | Response]
     ) -> Response:
+        """Authorize, act, audit; ``act`` returns what it did, or the error it answers."""
         rid = request_id(dict(request.headers))
         denied = _deny_admin(request, self._rt.admin_digest)
         if denied is not None:
             audit(action, f"denied {denied.status_code}", request.scope, rid)
             return denied
         did = act()
+        if isinstance(did, Response):
+            audit(action, f"refused {did.status_code}", request.scope, rid)
+            return did
         audit(action, "done", request.scope, rid, inflight=self._rt.gate.inflight, **did)
         return _json(200, self._rt.gate.status())
 
@@ -266,6 +317,15 @@ def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None
     if not digest_matches(token.strip(), admin_digest):
         return _json_error(403, "invalid_admin_token", "the admin token is not valid")
     return None
+
+
+def _seconds(text: str) -> float | None:
+    """A window's length in seconds from a query parameter, or ``None`` when it is none."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value <= _MAX_EXPECT else None
 
 
 def _json(status: int, body: dict[str, object]) -> Response:

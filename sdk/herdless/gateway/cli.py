@@ -2,8 +2,8 @@
 
 Every flag is a field of :class:`~herdless.gateway.settings.GatewaySettings`, so
 each is also ``HERDLESS_GATEWAY_<NAME>``; a flag wins over the environment.
-Secrets (``API_KEYS``, ``ADMIN_TOKEN``, ``UPSTREAM_API_KEY``) are environment
-only: a command line is visible to every user of the machine (``ps``).
+Secrets (``API_KEYS``, ``ADMIN_TOKEN``, ``UPSTREAM_API_KEY``, ``FALLBACK_API_KEY``) are
+environment only: a command line is visible to every user of the machine (``ps``).
 
 SIGTERM (or Ctrl-C) drains first: waiting requests get 503 ``draining`` at once,
 running ones finish (up to ``--shutdown-grace`` seconds), then the process exits.
@@ -19,6 +19,7 @@ import contextlib
 import logging
 import math
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 
@@ -28,6 +29,7 @@ from herdless._cli_settings import SettingsCommand, exit_status
 from herdless.gateway.app import create_app
 from herdless.gateway.connections import ConnectionGuard, raise_file_limit
 from herdless.gateway.logs import LOG, configure, event
+from herdless.gateway.policies import PolicyError
 from herdless.gateway.protocol import guarded_protocol
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.settings import GatewaySettings
@@ -68,7 +70,11 @@ def main(argv: Sequence[str]) -> int:
     before, after = raise_file_limit()
     if after != before:
         event(LOG, logging.INFO, "open-file limit raised", before=before, after=after)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except PolicyError as exc:
+        print(f"herdless serve: --key-policies: {exc}", file=sys.stderr)
+        return 2
     runtime = app.state.runtime
     settings = runtime.settings  # drop the raw secrets (the app keeps digests)
     guard = ConnectionGuard(settings.connection_limits(), runtime.metrics)

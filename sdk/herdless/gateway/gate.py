@@ -81,7 +81,7 @@ class Gate:
             return early if early is not None else self.admission.expire(ticket)
         future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = future
-        limit = self.admission.config.queue_timeout
+        limit = ticket.hold  # its key's queue_timeout
         caller_first = deadline is not None and deadline < limit
         try:
             async with asyncio.timeout(deadline if caller_first else limit):
@@ -116,20 +116,22 @@ class Gate:
         )
         self._dispatch()
 
-    def drain(self) -> int:
-        """Stop admitting; waiters get 503 ``draining`` now, running requests finish.
+    def drain(self, expect: float | None = None) -> int:
+        """Stop admitting; waiters get 503 ``draining`` now (but those whose hold outlasts
+        an announced window of ``expect`` seconds), running requests finish.
 
         Returns:
             How many waiting requests were refused.
         """
-        refused = self.admission.drain()
+        refused = self.admission.drain(expect)
         for ticket, refusal in refused:
             self._wake(ticket, refusal)
         return len(refused)
 
     def resume(self) -> None:
-        """Admit again."""
+        """Admit again; the requests held through the drain start as room allows."""
         self.admission.resume()
+        self._dispatch()
 
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
         """Record the upstream's readiness; a ready upstream may start waiters.
@@ -160,6 +162,16 @@ class Gate:
     def ready(self) -> bool:
         """Whether the upstream is ready and the gateway admits (``/readyz``)."""
         return self.admission.ready
+
+    @property
+    def draining(self) -> bool:
+        """Whether the gateway is draining for maintenance."""
+        return self.admission.draining
+
+    @property
+    def drain_left(self) -> float | None:
+        """Seconds left of the announced maintenance window (``None``: none announced)."""
+        return self.admission.drain_left
 
     @property
     def inflight(self) -> int:

@@ -11,6 +11,12 @@ Exposed (all names prefixed ``herdless_gateway_``):
 * ``connections_closed_total{reason}``: connections the gateway closed before a
   request reached a route (``head_too_large``, ``too_many_headers``,
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);
+* ``spills_total{key,reason,outcome}``: requests answered by the hosted fallback
+  (``outcome="served"``), or not because its spend cap was reached (``spend_cap``) or
+  it failed too (``failed``), by key id and the refusal they spilled instead of
+  (``draining``, ``queue_full``, ``deadline_unattainable``, ...);
+  ``spill_tokens_total{key,kind}``: the tokens the hosted model reported (``prompt``,
+  ``completion``);
 * ``queue_depth``, ``inflight``, ``inflight_tokens``: gauges read at scrape time;
 * ``queue_wait_seconds``, ``ttfb_seconds`` (time to the upstream's first byte),
   ``request_duration_seconds``: histograms;
@@ -133,6 +139,8 @@ class GatewayMetrics:
         "rejections",
         "requests",
         "sizing",
+        "spill_tokens",
+        "spills",
         "top",
         "ttfb",
     )
@@ -152,6 +160,8 @@ class GatewayMetrics:
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
+        self.spills: Counter[tuple[str, str, str]] = Counter()
+        self.spill_tokens: Counter[tuple[str, str]] = Counter()
         self.queue_wait = Histogram(_LATENCY_BUCKETS)
         self.ttfb = Histogram(_LATENCY_BUCKETS)
         self.duration = Histogram(_LATENCY_BUCKETS)
@@ -180,6 +190,24 @@ class GatewayMetrics:
             "Connections closed by the gateway's limits, by reason.",
             "reason",
             dict(sorted(self.connections_closed.items())),
+        )
+        out.family(
+            p + "spills_total",
+            "counter",
+            "Requests spilled to the hosted fallback, by key, reason and outcome.",
+            [
+                (labels(key=key, reason=reason, outcome=outcome), n)
+                for (key, reason, outcome), n in sorted(self.spills.items())
+            ],
+        )
+        out.family(
+            p + "spill_tokens_total",
+            "counter",
+            "Tokens the hosted fallback reported, by key and kind (prompt, completion).",
+            [
+                (labels(key=key, kind=kind), n)
+                for (key, kind), n in sorted(self.spill_tokens.items())
+            ],
         )
         for name, value in self.gauges().items():
             out.one(p + name, "gauge", _GAUGES.get(name, name), value)

@@ -7,14 +7,21 @@ two chunks of a slow stream) and close the upstream request at once so vLLM
 frees the sequence. A task watches ``receive()`` for ``http.disconnect`` and
 cancels the work; ``finally`` blocks release the ticket and close the upstream
 response. The refusal path returns before any task is created.
+
+A request its key's policy lets leave the building (``fallback = true``, no
+``X-Herdless-Deadline-Ms`` of its own: a herdless client decides that itself, and no
+batch class) is answered by the hosted model (:mod:`herdless.gateway.spill`) where it
+would have been refused: the upstream out, loading or draining, the queue full, its
+wait predicted past its key's hold, its hold passed, or the upstream's own 429 or 503.
+Never after its first byte: a request the GPU started stays there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from dataclasses import dataclass
-from typing import NoReturn
+from collections.abc import Awaitable
 
 import anyio
 import httpx
@@ -22,31 +29,39 @@ from starlette.types import Receive, Scope, Send
 
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.limits import Priority
+from herdless.gateway.edge import (
+    Access,
+    Answered,
+    BodyTooLarge,
+    ClientGone,
+    error,
+    named_user,
+    read_body,
+    send_refusal,
+    spills,
+)
+from herdless.gateway.logs import event
+from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
-from herdless.gateway.runtime import Runtime, header_map, request_id, send_json
+from herdless.gateway.runtime import AUDIT_LOG, Runtime, header_map, request_id
+from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (
     BadRequest,
     capacity_header,
     deadline_header,
-    error_body,
+    json_object,
     priority_header,
     refusal_headers,
-    user_header,
+    upstream_hint,
 )
 
 __all__ = ["AdmittedProxy"]
 
 _CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class _ClientGone(Exception):
-    pass
+_UPSTREAM = (b"x-herdless-backend", b"upstream")
+_HOSTED = (b"x-herdless-backend", b"hosted")
 
 
 class AdmittedProxy:
@@ -62,7 +77,7 @@ class AdmittedProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
         headers = header_map(scope)
-        access = _Access()
+        access = Access()
         status, reason, ticket = await self._handle(scope, receive, send, headers, access)
         rt = self._rt
         rt.metrics.requests[status] += 1
@@ -92,55 +107,112 @@ class AdmittedProxy:
         receive: Receive,
         send: Send,
         headers: dict[str, str],
-        access: _Access,
+        access: Access,
     ) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
         try:
-            raw, request, deadline = await self._read(scope, receive, send, headers, access)
-        except _Answered as answered:
+            raw, request, deadline, early = await self._read(scope, receive, send, headers, access)
+        except Answered as answered:
             return answered.status, answered.reason, None
         rt = self._rt
         assert access.key_id is not None
-        # The fairness unit: the key, refined by the user the request names (the header
-        # first: it is what a proxy in front of an app that cannot change bodies sets).
-        named = user_header(headers) or request.user
+        assert access.policy is not None
+        policy = access.policy
+        rid = access.request_id = request_id(headers)
+        spill = self._spill(policy, deadline, access.klass)
+        if early is not None:  # only when it may spill: the upstream is out or draining
+            assert spill is not None
+            return *await self._until_gone(
+                receive, self._spilled(send, spill, raw, early, access)
+            ), None
+        # The fairness unit: the key, refined by the user the request names (the key's own
+        # header first, then X-Herdless-User: what a proxy in front of an app that cannot
+        # change bodies sets, then the body's user field).
+        named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
         decision = rt.gate.offer(
             access.key_id,
             request.price(rt.settings.default_max_tokens),
-            deadline=deadline,
+            # A request that may spill leaves when its wait is predicted past its hold.
+            deadline=policy.limits.hold if spill is not None and deadline is None else deadline,
             user=user,
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
         )
         if isinstance(decision, Refuse):
-            await _send_refusal(send, decision)
+            if spill is not None and spills(decision):
+                work = self._spilled(send, spill, raw, decision, access)
+                return *await self._until_gone(receive, work), None
+            await send_refusal(send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
-        rid = access.request_id = request_id(headers)
-        outcome: list[tuple[int, str | None]] = []
         try:
-            async with anyio.create_task_group() as tg:
-
-                async def watch() -> None:
-                    # The body is read: the next message can only be the disconnect.
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch)
-                outcome.append(
-                    await self._admitted(
-                        send, decision, headers | {"x-request-id": rid}, raw, deadline
-                    )
-                )
-                tg.cancel_scope.cancel()
+            work = self._admitted(send, decision, headers | {"x-request-id": rid}, raw, deadline,
+                                  spill=spill, access=access)  # fmt: skip
+            outcome = await self._until_gone(receive, work)
         finally:
             rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
-        if not outcome:
-            return _CLIENT_CLOSED, "client_closed", ticket
-        status, reason = outcome[0]
+        status, reason = outcome
         return status, reason, ticket
+
+    @staticmethod
+    async def _until_gone(
+        receive: Receive, work: Awaitable[tuple[int, str | None]]
+    ) -> tuple[int, str | None]:
+        """Await ``work`` unless the client goes away first (then it is cancelled: vLLM
+        or the hosted model frees the request at once)."""
+        outcome: list[tuple[int, str | None]] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                # The body is read: the next message can only be the disconnect.
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            outcome.append(await work)
+            tg.cancel_scope.cancel()
+        return outcome[0] if outcome else (_CLIENT_CLOSED, "client_closed")
+
+    def _spill(
+        self, policy: KeyPolicy, deadline: float | None, klass: Priority | None
+    ) -> Spill | None:
+        """The hosted fallback, when this request may go there: its key allows it, it named
+        no deadline (a herdless client spills itself) and it is not batch work."""
+        spill = self._rt.spill
+        if spill is None or not policy.fallback or deadline is not None or klass == "batch":
+            return None
+        return spill
+
+    async def _spilled(
+        self, send: Send, spill: Spill, raw: bytes, refused: Refuse, access: Access
+    ) -> tuple[int, str | None]:
+        """Answer from the hosted model instead of sending ``refused``; count and audit it."""
+        rt = self._rt
+        rid = access.request_id or ""
+        reason = refused.code
+        extra = [
+            (b"x-request-id", rid.encode()),
+            capacity_header(rt.gate.key_capacity),
+            _HOSTED,
+            (b"x-herdless-fallback-reason", reason.encode()),
+        ]
+        ended = await spill.answer(send, json_object(raw), refused, extra)
+        key = access.key_id or ""
+        rt.metrics.spills[(key, reason, ended.outcome)] += 1
+        for kind, tokens in (
+            ("prompt", ended.prompt_tokens),
+            ("completion", ended.completion_tokens),
+        ):
+            if tokens:
+                rt.metrics.spill_tokens[(key, kind)] += tokens
+        access.backend = "hosted"
+        event(AUDIT_LOG, logging.WARNING, f"spill {ended.outcome}", event="spill", key_id=key,
+              reason=reason, outcome=ended.outcome, status=ended.status, model=spill.model,
+              prompt_tokens=ended.prompt_tokens, completion_tokens=ended.completion_tokens,
+              request_id=rid)  # fmt: skip
+        return ended.status, reason
 
     async def _read(
         self,
@@ -148,49 +220,57 @@ class AdmittedProxy:
         receive: Receive,
         send: Send,
         headers: dict[str, str],
-        access: _Access,
-    ) -> tuple[bytes, Priced, float | None]:
+        access: Access,
+    ) -> tuple[bytes, Priced, float | None, Refuse | None]:
         """Everything before admission: the key, the refusals that need no body (a flood
-        is refused before its bodies are read), the class, the body and its parse.
+        is refused before its bodies are read, unless it may spill), the class, the body
+        and its parse.
 
         Returns:
-            The body, the parsed request and the caller's deadline.
+            The body, the parsed request, the caller's deadline and the refusal it spills
+            instead of (``None``: offer it).
 
         Raises:
-            _Answered: the request was answered here (an error or a refusal).
+            Answered: the request was answered here (an error or a refusal).
         """
         rt = self._rt
         key_id = access.key_id = rt.identify(headers)
         if key_id is None:
             message = "a valid API key is required (Authorization: Bearer <key>)"
-            await _error(send, 401, "invalid_api_key", message, kind="authentication_error",
+            await error(send, 401, "invalid_api_key", message, kind="authentication_error",
                          headers=[(b"www-authenticate", b"Bearer")])  # fmt: skip
         assert key_id is not None
+        policy = access.policy = rt.policies.of(key_id)
         deadline = deadline_header(headers)
-        early = rt.gate.precheck(key_id, deadline=deadline)
-        if early is not None:
-            await _send_refusal(send, early)
-            raise _Answered(early.status, early.code)
         settings = rt.settings
         try:
-            access.klass = priority_header(headers)
+            access.klass = priority_header(headers, policy.priority or "interactive")
+        except BadRequest as exc:
+            await error(send, 400, exc.code, str(exc), param=exc.param)
+        early = rt.gate.precheck(key_id, deadline=deadline)
+        if early is not None and not (
+            self._spill(policy, deadline, access.klass) and spills(early)
+        ):
+            await send_refusal(send, early)
+            raise Answered(early.status, early.code)
+        try:
             async with asyncio.timeout(settings.body_timeout):
-                raw = await _read_body(scope, receive, headers, settings.max_body_bytes)
+                raw = await read_body(scope, receive, headers, settings.max_body_bytes)
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
         except TimeoutError:
             # A stalled body would hold its connection and task forever; close it too.
             message = f"the body did not arrive within {settings.body_timeout:g}s"
-            await _error(send, 408, "body_timeout", message, headers=[(b"connection", b"close")])
-        except _ClientGone:
-            raise _Answered(_CLIENT_CLOSED, "client_closed") from None
-        except _BodyTooLarge:
+            await error(send, 408, "body_timeout", message, headers=[(b"connection", b"close")])
+        except ClientGone:
+            raise Answered(_CLIENT_CLOSED, "client_closed") from None
+        except BodyTooLarge:
             message = f"the body exceeds {settings.max_body_bytes} bytes"
-            await _error(send, 413, "body_too_large", message)
+            await error(send, 413, "body_too_large", message)
         except BadRequest as exc:
-            await _error(send, 400, exc.code, str(exc), param=exc.param)
-        return raw, request, deadline
+            await error(send, 400, exc.code, str(exc), param=exc.param)
+        return raw, request, deadline, early
 
     async def _admitted(
         self,
@@ -199,13 +279,18 @@ class AdmittedProxy:
         headers: dict[str, str],
         raw: bytes,
         deadline: float | None,
+        *,
+        spill: Spill | None,
+        access: Access,
     ) -> tuple[int, str | None]:
         rt = self._rt
         ticket = decision.ticket
         if isinstance(decision, Enqueued):
             refused = await rt.gate.wait(ticket, deadline=deadline)
             if refused is not None:
-                await _send_refusal(send, refused)
+                if spill is not None and spills(refused):
+                    return await self._spilled(send, spill, raw, refused, access)
+                await send_refusal(send, refused)
                 return refused.status, refused.code
         rt.metrics.queue_wait.observe(ticket.queue_wait)
         started = time.perf_counter()
@@ -216,8 +301,18 @@ class AdmittedProxy:
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
             refused = rt.gate.unavailable(exc.code, str(exc))
-            await _send_refusal(send, refused)
+            if spill is not None:
+                return await self._spilled(send, spill, raw, refused, access)
+            await send_refusal(send, refused)
             return 503, exc.code
+        if spill is not None and response.status_code in (429, 503):  # vLLM's own refusal
+            await response.aclose()
+            rt.gate.release(ticket)
+            code = "upstream_busy" if response.status_code == 429 else "upstream_unavailable"
+            said = f"the model server answered {response.status_code}"
+            refused = Refuse(status=response.status_code, code=code, message=said,
+                             retry_after=rt.settings.upstream_retry_after)  # fmt: skip
+            return await self._spilled(send, spill, raw, refused, access)
         try:
             sniffer = await _relay(send, response, headers["x-request-id"], started, rt)
         finally:
@@ -242,8 +337,11 @@ async def _relay(
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
     out.append(capacity_header(rt.gate.key_capacity))
-    if response.status_code in (429, 503) and "retry-after" not in response.headers:
-        retry_after = rt.settings.upstream_retry_after
+    out.append(_UPSTREAM)
+    if response.status_code in (429, 503):  # vLLM's own refusal: hints every client obeys
+        settings = rt.settings
+        said = upstream_hint(response.headers, settings.upstream_retry_after)
+        retry_after = min(said, settings.max_retry_after)
         out += refusal_headers(
             Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
         )
@@ -262,65 +360,3 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
-
-
-@dataclass(slots=True)
-class _Access:
-    """What the access line says of one request, filled in as it becomes known."""
-
-    request_id: str | None = None
-    key_id: str | None = None
-    user: str | None = None
-    klass: Priority | None = None
-
-
-class _Answered(Exception):
-    """The request was answered before admission, with ``status`` (and ``reason``)."""
-
-    def __init__(self, status: int, reason: str | None) -> None:
-        super().__init__(status, reason)
-        self.status = status
-        self.reason = reason
-
-
-async def _error(
-    send: Send,
-    status: int,
-    code: str,
-    message: str,
-    *,
-    kind: str = "invalid_request_error",
-    param: str | None = None,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> NoReturn:
-    """Answer an OpenAI-style error, then raise :class:`_Answered`."""
-    await send_json(send, status, error_body(message, code=code, type=kind, param=param), headers)
-    raise _Answered(status, code)
-
-
-async def _send_refusal(send: Send, refuse: Refuse) -> None:
-    type_ = "invalid_request_error" if refuse.status == 400 else "rate_limit_error"
-    if refuse.status == 503:
-        type_ = "service_unavailable"
-    body = error_body(refuse.message, code=refuse.code, type=type_)
-    await send_json(send, refuse.status, body, refusal_headers(refuse))
-
-
-async def _read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)

@@ -7,14 +7,19 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from starlette.types import Scope, Send
 
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import event
 from herdless.gateway.metrics import GatewayMetrics
+from herdless.gateway.policies import KeyPolicies
 from herdless.gateway.settings import ANONYMOUS, ApiKeys, GatewaySettings, UserIds
 from herdless.gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from herdless.gateway.spill import Spill
 
 __all__ = ["ACCESS_LOG", "AUDIT_LOG", "Runtime", "audit", "header_map", "request_id", "send_json"]
 
@@ -30,7 +35,8 @@ class Runtime:
 
     ``settings`` holds no client key nor admin token (see
     :meth:`GatewaySettings.without_secrets`): ``keys`` and ``admin_digest`` hold
-    their digests; ``users`` hashes the end users requests name.
+    their digests; ``users`` hashes the end users requests name; ``policies`` says what
+    each key's requests may do (no secret); ``spill`` is the hosted fallback, if any.
     """
 
     settings: GatewaySettings
@@ -40,6 +46,8 @@ class Runtime:
     keys: ApiKeys | None
     admin_digest: bytes | None
     users: UserIds
+    policies: KeyPolicies
+    spill: Spill | None = None
 
     def identify(self, headers: dict[str, str]) -> str | None:
         """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused."""

@@ -11,13 +11,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless.gateway.connections import ConnectionLimits
+from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import STATIC_CONCURRENCY, AdmissionConfig
+from herdless.gateway.policies import KeyPolicies, load_policies
 
 __all__ = [
     "ANONYMOUS",
@@ -84,10 +88,12 @@ class GatewaySettings(BaseSettings):
     """largest max_tokens a request may ask for, else 400"""
     default_max_tokens: int = Field(default=512, gt=0)
     """max_tokens assumed for pricing when a request has none"""
-    max_retry_after: float = Field(default=60.0, gt=0)
-    """cap on Retry-After, seconds"""
+    max_retry_after: float = Field(default=59.0, gt=0)
+    """cap on Retry-After, seconds (openai-node, LangChain.js and the Vercel AI SDK honour it
+    only below 60)"""
     drain_retry_after: float = Field(default=30.0, gt=0)
-    """Retry-After while draining, seconds"""
+    """Retry-After while draining with no announced window (POST /admin/drain?expect=SECONDS
+    announces one), seconds"""
     upstream_retry_after: float = Field(default=2.0, gt=0)
     """Retry-After while vLLM is not ready, seconds"""
     health_interval: float = Field(default=1.0, gt=0)
@@ -132,7 +138,19 @@ class GatewaySettings(BaseSettings):
     metrics_top_users: int = Field(default=10, ge=0, le=1000)
     """users named in /metrics by their service; the rest are 'other'"""
     api_keys: SecretStr | None = None
-    """the API keys clients may use, comma-separated (unset: anyone may call)"""
+    """the API keys clients may use, comma-separated (unset: anyone may call, unless
+    key_policies names keys)"""
+    key_policies: Path | None = None
+    """TOML file of per-key policies: [defaults] and [keys.NAME] tables (key, fallback, hold,
+    priority, user_header, rate, burst, tokens_per_minute, queue_share), [fallback] prices and
+    spend caps (unset: every key by the flags, none may use the fallback)"""
+    fallback_url: AnyHttpUrl | None = None
+    """the hosted OpenAI-compatible API (ending in /v1) requests of keys whose policy allows it
+    go to when the GPU cannot serve them in time (unset: none)"""
+    fallback_model: str | None = None
+    """the model asked of the hosted API (required with fallback_url)"""
+    fallback_api_key: SecretStr | None = None
+    """API key of the hosted API"""
     admin_token: SecretStr | None = None
     """bearer token for POST /admin/drain and /admin/resume (unset: admin is off, 403
     admin_disabled)"""
@@ -173,6 +191,12 @@ class GatewaySettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _fallback_has_a_model(self) -> GatewaySettings:
+        if self.fallback_url is not None and not self.fallback_model:
+            raise ValueError("fallback_model is required with fallback_url (the hosted model)")
+        return self
+
+    @model_validator(mode="after")
     def _default_within_cap(self) -> GatewaySettings:
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError(
@@ -182,17 +206,36 @@ class GatewaySettings(BaseSettings):
         return self
 
     def without_secrets(self) -> GatewaySettings:
-        """A copy without the client keys, the admin token and the key-id secret.
+        """A copy without the client keys, the admin token, the key-id secret and the
+        hosted API's key.
 
         The gateway keeps only their digests (:class:`ApiKeys`, :func:`secret_digest`)
         once started, so a heap dump or a stray ``repr`` cannot reveal them. The
-        upstream key stays: it must be sent as is.
+        upstream key stays: it must be sent as is (and the hosted API's lives in the
+        fallback's client).
         """
-        gone = {"api_keys": None, "admin_token": None, "key_id_secret": None}
+        gone = {
+            "api_keys": None,
+            "admin_token": None,
+            "key_id_secret": None,
+            "fallback_api_key": None,
+        }
         return self.model_copy(update=gone)
+
+    def policies(self) -> KeyPolicies:
+        """The key policies: ``key_policies``' file, else every key by the flags.
+
+        Raises:
+            PolicyError: the file is invalid (line and field named).
+        """
+        flags = KeyLimits.of(self.admission_config())
+        if self.key_policies is None:
+            return KeyPolicies.flags_only(flags)
+        return load_policies(self.key_policies, flags)
 
     def admission_config(self) -> AdmissionConfig:
         """The admission limits. ``key_queue_share`` applies only when keys are set."""
+        keyed = self.api_keys is not None or self.key_policies is not None
         return AdmissionConfig(
             max_concurrency=self.max_concurrency,
             max_queue=self.max_queue,
@@ -201,7 +244,7 @@ class GatewaySettings(BaseSettings):
             burst=self.burst,
             tokens_per_minute=self.tokens_per_minute,
             max_inflight_tokens=self.max_inflight_tokens,
-            key_queue_share=self.key_queue_share if self.api_keys else 1.0,
+            key_queue_share=self.key_queue_share if keyed else 1.0,
             max_retry_after=self.max_retry_after,
             drain_retry_after=self.drain_retry_after,
             upstream_retry_after=self.upstream_retry_after,
@@ -231,19 +274,18 @@ class GatewaySettings(BaseSettings):
         secret = self.key_id_secret
         return UserIds(None if secret is None else secret.get_secret_value().encode())
 
-    def api_key_table(self) -> ApiKeys | None:
+    def api_key_table(self, named: Mapping[str, str] | None = None) -> ApiKeys | None:
         """The configured API keys, hashed, or ``None`` when the gateway is open.
 
-        Key ids are keyed with ``key_id_secret``, or with a random per-process
-        secret when it is unset (ids then change when the gateway restarts).
+        ``named``: the key policies' keys (secret -> name), accepted too, each with its
+        name as its id. Other key ids are keyed with ``key_id_secret``, or with a random
+        per-process secret when it is unset (ids then change when the gateway restarts).
         """
-        if self.api_keys is None:
+        if self.api_keys is None and not named:
             return None
+        keys = [] if self.api_keys is None else _split(self.api_keys.get_secret_value())
         secret = None if self.key_id_secret is None else self.key_id_secret.get_secret_value()
-        return ApiKeys(
-            _split(self.api_keys.get_secret_value()),
-            id_secret=None if secret is None else secret.encode(),
-        )
+        return ApiKeys(keys, id_secret=None if secret is None else secret.encode(), named=named)
 
 
 def _split(raw: str) -> list[str]:
@@ -265,17 +307,25 @@ class ApiKeys:
     them across restarts and replicas.
 
     Args:
-        keys: the keys, at least one.
+        keys: the keys (at least one here or in ``named``).
         id_secret: the secret that keys the ids (default: 32 random bytes).
+        named: keys whose id is a name (the key policies' keys: secret -> name).
     """
 
     __slots__ = ("_table",)
 
-    def __init__(self, keys: list[str], *, id_secret: bytes | None = None) -> None:
-        if not keys:
+    def __init__(
+        self,
+        keys: list[str],
+        *,
+        id_secret: bytes | None = None,
+        named: Mapping[str, str] | None = None,
+    ) -> None:
+        if not keys and not named:
             raise ValueError("keys must not be empty")
         secret = os.urandom(32) if id_secret is None else id_secret
         self._table = [(_digest(key), key_id(key, secret)) for key in keys]
+        self._table += [(_digest(key), name) for key, name in (named or {}).items()]
 
     def identify(self, presented: str) -> str | None:
         """The id of ``presented``, or ``None``: every entry is compared, equal or not."""

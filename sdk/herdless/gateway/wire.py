@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "parse_chat_request",
     "priority_header",
     "refusal_headers",
+    "upstream_hint",
     "user_header",
 ]
 
@@ -184,8 +186,9 @@ def deadline_header(headers: dict[str, str]) -> float | None:
 _PRIORITIES: dict[str, Priority] = {"interactive": "interactive", "batch": "batch"}
 
 
-def priority_header(headers: dict[str, str]) -> Priority:
-    """The request's class from ``X-Herdless-Priority`` (``interactive`` when absent).
+def priority_header(headers: dict[str, str], default: Priority = "interactive") -> Priority:
+    """The request's class from ``X-Herdless-Priority`` (``default`` when absent: its key
+    policy's ``priority``, else ``interactive``).
 
     Raises:
         BadRequest: another value (a batch job that misspelt its class must not run as
@@ -193,7 +196,7 @@ def priority_header(headers: dict[str, str]) -> Priority:
     """
     text = headers.get("x-herdless-priority")
     if text is None:
-        return "interactive"
+        return default
     priority = _PRIORITIES.get(text.strip().lower())
     if priority is None:
         raise BadRequest(
@@ -210,7 +213,8 @@ def user_header(headers: dict[str, str]) -> str | None:
 
 
 def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
-    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms`` and the rest.
+    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms``, ``x-should-retry:
+    false`` when coming back cannot help, and the rest.
 
     A 400 (the request can never fit) carries none: coming back would not help.
     """
@@ -223,6 +227,8 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     ]
     if refuse.drain:
         headers.append(_DRAIN_HEADER)
+    if not refuse.retry:
+        headers.append(_NO_RETRY_HEADER)
     if refuse.capacity is not None:
         headers.append(capacity_header(refuse.capacity))
     if refuse.policy is not None:
@@ -232,7 +238,23 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def upstream_hint(headers: Mapping[str, str], default: float) -> float:
+    """Seconds an upstream's 429 or 503 says to wait: ``retry-after-ms``, else a numeric
+    ``Retry-After``, else ``default`` (an HTTP date, or nonsense, says nothing usable)."""
+    for name, scale in (("retry-after-ms", 1000), ("retry-after", 1)):
+        try:
+            seconds = float(headers.get(name, "")) / scale
+        except ValueError:
+            continue
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return default
+
+
 _DRAIN_HEADER = (b"x-herdless-drain", b"1")
+# openai-node, openai-python and the Vercel AI SDK read it: a refusal whose cause outlasts
+# the capped Retry-After is not worth their retries.
+_NO_RETRY_HEADER = (b"x-should-retry", b"false")
 
 
 @functools.lru_cache(maxsize=16)  # a handful of policies per gateway, one per limit

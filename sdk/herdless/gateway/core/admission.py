@@ -10,17 +10,22 @@ Retry-After of every refusal) do the detailed work.
 Rules, checked in this order by :meth:`Admission.offer` (each explained, with its
 answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
-1. draining -> 503 ``draining``; upstream not ready -> 503 ``upstream_*``.
+1. draining -> 503 ``draining``, unless the request names no deadline and its key's hold
+   outlasts the announced maintenance window: it waits for the resume; upstream not
+   ready -> 503 ``upstream_*``.
 2. requests per second per key (:mod:`herdless.gateway.core.keys`) -> 429 ``rate_limited``.
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
 4. LLM tokens per minute per key, settled against real usage -> 429 ``token_budget``.
 5. runs now when none of its class waits and the sizing rule holds nothing back: the
    engine's room (or the static limits), and for batch work the interactive headroom.
+   Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
-   (``kv_budget``); a waiter not started in ``queue_timeout`` -> 429 ``queue_timeout``.
+   (``kv_budget``); a waiter not started within its key's hold (``queue_timeout``, or
+   the key policy's ``hold``) -> 429 ``queue_timeout``.
 7. a caller's deadline shorter than its predicted wait (its place over the answers
-   finished per second, measured) -> ``deadline_unattainable``.
+   finished per second, measured, or the running requests over their mean run time
+   when faster) -> ``deadline_unattainable``.
 8. an interactive arrival in a full queue displaces a batch waiter -> 429 ``displaced``.
 9. waiters start in the fair order; the head first even when a smaller one would fit.
 """
@@ -29,12 +34,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 
 from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.fairqueue import FairQueue, Flow
-from herdless.gateway.core.keys import KeyBudgets
+from herdless.gateway.core.keys import KeyBudgets, KeyLimits
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.reservations import Reservations, unattainable
 from herdless.gateway.core.service import DrainRate
@@ -55,11 +61,18 @@ class Admission:
         for started in adm.dispatch(): ...
     """
 
-    def __init__(self, config: AdmissionConfig, *, clock: Clock) -> None:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        *,
+        clock: Clock,
+        keys: Mapping[str, KeyLimits] | None = None,
+    ) -> None:
+        """``keys``: the limits of the keys a key policy names (the others: the flags')."""
         self.config = config
         self._clock = clock
         self._ids = itertools.count(1)
-        self._keys = KeyBudgets(config)
+        self._keys = KeyBudgets(config, keys)
         self._queue = FairQueue(config)
         self._reservations = Reservations(config)
         self._sizing = Sizing(config)
@@ -72,6 +85,7 @@ class Admission:
         self._last_interactive = -math.inf
         self._displacements = 0
         self._draining = False
+        self._drain_until: float | None = None  # the announced window's end, clock time
         self._ready = True
         self._not_ready_code = "upstream_loading"
 
@@ -128,6 +142,12 @@ class Admission:
             return max(1, self.inflight or self.limit) / self._mean_service
         return measured
 
+    def _drain_hope(self) -> float:
+        """Rule 7's rate: the answers finished per second measured, or what the running
+        requests finish at their mean run time when that is faster (a burst after a
+        quiet spell: the window still counts the quiet). A caller leaves late, not early."""
+        return max(self.drain_rate(), self.inflight / self._mean_service)
+
     @property
     def mean_service_time(self) -> float:
         """EWMA of measured run times, seconds."""
@@ -153,6 +173,17 @@ class Admission:
         return self._draining
 
     @property
+    def drain_left(self) -> float | None:
+        """Seconds left of the announced maintenance window (``None``: none announced)."""
+        if not self._draining or self._drain_until is None:
+            return None
+        return max(0.0, self._drain_until - self._clock.monotonic())
+
+    def key_limits(self, key_id: str) -> KeyLimits:
+        """The limits of ``key_id`` (its key policy's, else the flags')."""
+        return self._keys.limits(key_id)
+
+    @property
     def upstream_ready(self) -> bool:
         """Whether the upstream answered its last health check."""
         return self._ready
@@ -168,17 +199,30 @@ class Admission:
         """Record the upstream's readiness; ``code`` names why it is not ready."""
         self._switch(draining=self._draining, ready=ready, code=code)
 
-    def drain(self) -> list[tuple[Ticket, Refuse]]:
-        """Stop admitting; the waiters are refused (returned), running ones finish."""
+    def drain(self, expect: float | None = None) -> list[tuple[Ticket, Refuse]]:
+        """Stop admitting; the waiters are refused (returned), running ones finish.
+
+        ``expect``: the maintenance window's expected length in seconds; a waiter whose
+        hold outlasts it (and that named no deadline) keeps its place until the resume.
+        """
+        now = self._clock.monotonic()
         self._draining = True
+        self._drain_until = None if expect is None else now + expect
         refused = []
         for ticket in list(self._queue.waiting()):
+            if self._holds_through(ticket.waits_out_drain, ticket.offered_at + ticket.hold):
+                continue
             self._drop(ticket)
             refused.append((ticket, self.unavailable("draining")))
         return refused
 
+    def _holds_through(self, patient: bool, held_until: float) -> bool:
+        """Rule 1: may a request that waits until ``held_until`` wait out the drain?"""
+        return patient and self._drain_until is not None and held_until >= self._drain_until
+
     def resume(self) -> None:
-        """Admit again after :meth:`drain`."""
+        """Admit again after :meth:`drain` (the caller then calls :meth:`dispatch`)."""
+        self._drain_until = None
         self._switch(draining=False, ready=self._ready, code=self._not_ready_code)
 
     def _switch(self, *, draining: bool, ready: bool, code: str) -> None:
@@ -203,15 +247,14 @@ class Admission:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
         bodies; :meth:`offer` checks them again (nothing is taken here)."""
-        if self._draining:
+        now = self._clock.monotonic()
+        key = self._keys.get(key_id, now)
+        if self._draining and not self._holds_through(deadline is None, now + key.limits.hold):
             return self.unavailable("draining")
         if not self._ready:
             return self.unavailable(self._not_ready_code, deadline=deadline)
-        if self.config.rate is not None:
-            now = self._clock.monotonic()
-            rate = self._keys.get(key_id, now).rate
-            if rate is not None and not rate.allows(now, 1):
-                return self._reservations.bucket(rate, now, 1, "rate_limited")
+        if key.rate is not None and not key.rate.allows(now, 1):
+            return self._reservations.bucket(key.rate, now, 1, "rate_limited")
         return None
 
     def offer(
@@ -258,12 +301,13 @@ class Admission:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
+        ticket.hold, ticket.waits_out_drain = key.limits.hold, deadline is None
         if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
             return Admit(ticket)
         victim = None
-        key_full = key.queued >= cfg.key_queue_limit
+        key_full = key.queued >= key.limits.queue_limit(cfg.max_queue)
         if self._queued >= cfg.max_queue or key_full:
             if interactive and cfg.scheduler == "vtc":
                 # A full key share is freed only by one of the key's own batch waiters.
@@ -271,7 +315,7 @@ class Admission:
             if victim is None:
                 return self._queue_refusal(flow, now, self._full_code(ticket), deadline=deadline)
         if deadline is not None:
-            wait = self._queue.place(flow) / self.drain_rate()
+            wait = self._queue.place(flow) / self._drain_hope()
             if wait > deadline:
                 return unattainable(429, wait, deadline, self.key_capacity)
         displaced = () if victim is None else ((victim, self._displace(victim, now)),)
@@ -288,7 +332,7 @@ class Admission:
         queue = self._queue
         recent = self._recent_interactive(now)
         self.held = None
-        while True:
+        while not self._draining:
             ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
                 break
@@ -353,7 +397,12 @@ class Admission:
             waited = now - ticket.offered_at
             return unattainable(429, waited, waited, self.key_capacity)
         flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
-        return self._queue_refusal(flow, now, "queue_timeout")
+        message = None
+        if ticket.hold != self.config.queue_timeout:  # a key policy's hold
+            message = f"no capacity freed within this key's hold ({ticket.hold:g}s); " + (
+                "retry after the given time"
+            )
+        return self._queue_refusal(flow, now, "queue_timeout", message=message)
 
     def unavailable(
         self, code: str, message: str | None = None, *, deadline: float | None = None
@@ -361,7 +410,12 @@ class Admission:
         """A 503 with a reservation: not serving now (``draining``, ``upstream_*``; also
         when a request finds the upstream gone, ``message`` says how)."""
         return self._reservations.unavailable(
-            self._clock.monotonic(), code, message, gap=1 / self.drain_rate(), deadline=deadline
+            self._clock.monotonic(),
+            code,
+            message,
+            gap=1 / self.drain_rate(),
+            deadline=deadline,
+            until=self._drain_until,
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -381,7 +435,7 @@ class Admission:
 
     def _startable(self, ticket: Ticket, now: float) -> bool:
         """Rule 5: may a new request start without waiting?"""
-        if self._queue.depth("interactive"):
+        if self._draining or self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
         if ticket.priority == "batch" and self._queue.depth("batch"):
             return False
@@ -422,12 +476,19 @@ class Admission:
         return self._queue_refusal(flow, now, "displaced")
 
     def _queue_refusal(
-        self, flow: Flow, now: float, code: str, *, deadline: float | None = None
+        self,
+        flow: Flow,
+        now: float,
+        code: str,
+        *,
+        deadline: float | None = None,
+        message: str | None = None,
     ) -> Refuse:
         """A queue refusal at the user's own place: its share of the slots that free."""
         refused = self._reservations.queue(
             now,
             code,
+            message=message,
             gap=1 / self.drain_rate(),
             share=self._queue.share(flow),
             horizon=flow.horizon,

@@ -29,6 +29,9 @@ class Ticket:
         prompt: estimated prompt tokens (the rest of ``price`` is ``max_tokens``).
         charged: weighted tokens charged to its user when it started (the fair
             queue's counters), settled against the real usage at its end.
+        hold: seconds it may wait in the queue (its key's ``queue_timeout``).
+        waits_out_drain: it named no deadline, so it may wait out an announced
+            maintenance window its hold covers.
     """
 
     id: int
@@ -41,6 +44,8 @@ class Ticket:
     priority: Priority = "interactive"
     prompt: int = 0
     charged: float = 0.0
+    hold: float = 30.0
+    waits_out_drain: bool = False
 
     @property
     def unit(self) -> str:
@@ -86,6 +91,9 @@ class Refuse:
         remaining: quota left in that policy.
         capacity: requests of one key the gateway holds at once (``X-Herdless-Capacity``),
             or ``None``.
+        retry: whether coming back within the capped Retry-After can help
+            (``x-should-retry: false`` when not: a maintenance window with more than the
+            cap left).
     """
 
     status: int
@@ -96,3 +104,4 @@ class Refuse:
     policy: str | None = None
     remaining: int = 0
     capacity: int | None = None
+    retry: bool = True

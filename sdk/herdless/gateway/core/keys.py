@@ -1,4 +1,5 @@
-"""Per-key budgets: each key's request-rate and LLM-token buckets, and its waiters (pure).
+"""Per-key budgets: each key's limits, its request-rate and LLM-token buckets, and its
+waiters (pure).
 
 :class:`herdless.gateway.core.admission.Admission` asks these before it queues anything
 (rules 2 and 4 of its docstring); the buckets themselves are
@@ -8,17 +9,66 @@ keys (or the one anonymous id of an open gateway): a key id never comes from a c
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 
-__all__ = ["KeyBudget", "KeyBudgets"]
+__all__ = ["KeyBudget", "KeyBudgets", "KeyLimits"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyLimits:
+    """One key's limits (``None``: that limit is off); the gateway's flags unless the key
+    policies (:mod:`herdless.gateway.policies`) say otherwise.
+
+    Attributes:
+        rate: requests per second (token bucket refill).
+        burst: requests at once (bucket size); ``None``: ``max(1, ceil(rate))``.
+        tokens_per_minute: LLM tokens (prompt + completion) per minute.
+        queue_share: fraction of the queue the key may hold (0 < share <= 1).
+        hold: seconds one of its requests may wait in the queue (its ``queue_timeout``).
+    """
+
+    rate: float | None = None
+    burst: int | None = None
+    tokens_per_minute: int | None = None
+    queue_share: float = 1.0
+    hold: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("rate", "burst", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if not 0 < self.queue_share <= 1:
+            raise ValueError(f"queue_share must be in (0, 1], got {self.queue_share!r}")
+        if not self.hold > 0:
+            raise ValueError(f"hold must be > 0, got {self.hold!r}")
+
+    @classmethod
+    def of(cls, config: AdmissionConfig) -> KeyLimits:
+        """The limits every key has by the gateway's flags."""
+        return cls(
+            rate=config.rate,
+            burst=config.burst,
+            tokens_per_minute=config.tokens_per_minute,
+            queue_share=config.key_queue_share,
+            hold=config.queue_timeout,
+        )
+
+    def queue_limit(self, max_queue: int) -> int:
+        """Most of its requests waiting at once: ``ceil(max_queue * queue_share)``."""
+        return math.ceil(max_queue * self.queue_share)
 
 
 @dataclass(slots=True)
 class KeyBudget:
-    """One key's buckets (``None``: that limit is off) and how many of its requests wait."""
+    """One key's limits, its buckets (``None``: that limit is off) and how many of its
+    requests wait."""
 
+    limits: KeyLimits
     rate: TokenBucket | None
     tokens: TokenBucket | None
     queued: int = 0
@@ -38,27 +88,36 @@ class KeyBudget:
 
 
 class KeyBudgets:
-    """The budgets of every key seen, made on first use from the admission config."""
+    """The budgets of every key seen, made on first use from its limits: ``limits`` for
+    the keys it names, the admission config's flags for the others."""
 
-    __slots__ = ("_config", "_keys")
+    __slots__ = ("_default", "_keys", "_limits")
 
-    def __init__(self, config: AdmissionConfig) -> None:
-        self._config = config
+    def __init__(
+        self, config: AdmissionConfig, limits: Mapping[str, KeyLimits] | None = None
+    ) -> None:
+        self._default = KeyLimits.of(config)
+        self._limits = dict(limits or {})
         self._keys: dict[str, KeyBudget] = {}
+
+    def limits(self, key_id: str) -> KeyLimits:
+        """The limits of ``key_id``."""
+        return self._limits.get(key_id, self._default)
 
     def get(self, key_id: str, now: float) -> KeyBudget:
         """The budget of ``key_id``, full at ``now`` when it is new."""
         key = self._keys.get(key_id)
         if key is None:
-            cfg = self._config
+            lim = self.limits(key_id)
             rate = tpm = None
-            if cfg.rate is not None:
-                rate = TokenBucket(capacity=cfg.effective_burst, refill=cfg.rate, now=now)
-            if cfg.tokens_per_minute is not None:
+            if lim.rate is not None:
+                burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
+                rate = TokenBucket(capacity=burst, refill=lim.rate, now=now)
+            if lim.tokens_per_minute is not None:
                 tpm = TokenBucket(
-                    capacity=cfg.tokens_per_minute, refill=cfg.tokens_per_minute / 60, now=now
+                    capacity=lim.tokens_per_minute, refill=lim.tokens_per_minute / 60, now=now
                 )
-            key = self._keys[key_id] = KeyBudget(rate=rate, tokens=tpm)
+            key = self._keys[key_id] = KeyBudget(limits=lim, rate=rate, tokens=tpm)
         return key
 
     def __getitem__(self, key_id: str) -> KeyBudget:

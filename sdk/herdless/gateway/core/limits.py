@@ -56,8 +56,9 @@ class AdmissionConfig:
         key_queue_share: fraction of the queue one key may hold (0 < share <= 1).
         initial_service_time: assumed run time of a request until one is measured.
         ewma_alpha: weight of the newest run time in the service-time average.
-        max_retry_after: cap on any Retry-After.
-        drain_retry_after: Retry-After while draining.
+        max_retry_after: cap on any Retry-After (59 s: the clients that honour the header
+            do so only below 60 s).
+        drain_retry_after: Retry-After while draining with no announced window.
         upstream_retry_after: Retry-After while the upstream is not ready.
         scheduler: the order of the waiters: ``vtc`` (token-fair between keys, then
             between the users of a key, interactive before batch); ``round-robin`` (by
@@ -89,7 +90,7 @@ class AdmissionConfig:
     key_queue_share: float = 1.0
     initial_service_time: float = 1.0
     ewma_alpha: float = 0.2
-    max_retry_after: float = 60.0
+    max_retry_after: float = 59.0
     drain_retry_after: float = 30.0
     upstream_retry_after: float = 2.0
     scheduler: Scheduler = "vtc"

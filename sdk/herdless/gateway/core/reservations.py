@@ -21,8 +21,9 @@ refused caller the next free slot after it:
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;
 * not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
-  service is expected back after the configured ``delay`` (``drain_retry_after``
-  or ``upstream_retry_after``), and then the GPU takes a request every
+  service is expected back after ``delay``: what is left of an announced maintenance
+  window (``POST /admin/drain?expect=SECONDS``), else the configured
+  ``drain_retry_after`` or ``upstream_retry_after``; and then the GPU takes a request every
   ``gap = 1 / drain_rate`` seconds, so
   ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
   the promises still outstanding become the queue's ``floor`` (a caller refused
@@ -36,6 +37,7 @@ advisory: a caller that comes back early is judged like anyone else.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from herdless.gateway.core.decisions import Refuse
@@ -59,7 +61,7 @@ class Reservations:
         config: the gateway's limits (caps, delays, the queue's size).
     """
 
-    __slots__ = ("_config", "_messages", "_outage_horizon", "_policies", "capacity", "floor")
+    __slots__ = ("_config", "_messages", "_outage_horizon", "capacity", "floor")
 
     def __init__(self, config: AdmissionConfig) -> None:
         self._config = config
@@ -69,13 +71,7 @@ class Reservations:
         self.floor = _NEVER
         """The earliest time a queue refusal may name: promises of the last outage."""
         # The refusal path runs once per refused request of a flood: its constant
-        # parts (policies, messages) are built once here, not per refusal.
-        self._policies = {
-            "rate_limited": _bucket_policy("rate_limited", config.effective_burst, config.rate),
-            "token_budget": _bucket_policy(
-                "token_budget", config.tokens_per_minute, (config.tokens_per_minute or 0) / 60
-            ),
-        }
+        # parts (messages, policies: see _bucket_policy) are built once, not per refusal.
         self._messages = {
             "queue_full": "the gateway's queue is full; retry after the given time",
             "kv_budget": "the model server's KV-cache budget is in use; retry after the given time",
@@ -99,6 +95,7 @@ class Reservations:
         horizon: float,
         queued: int,
         deadline: float | None = None,
+        message: str | None = None,
     ) -> Refuse:
         """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
         between two slots freeing; ``share``: the user's share of them (0 < share <= 1).
@@ -113,7 +110,7 @@ class Reservations:
         return Refuse(
             status=429,
             code=code,
-            message=self._messages[code],
+            message=message or self._messages[code],
             retry_after=wait,
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - queued),
@@ -128,17 +125,34 @@ class Reservations:
         *,
         gap: float,
         deadline: float | None = None,
+        until: float | None = None,
     ) -> Refuse:
         """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
 
-        ``retry_at = max(now + delay, horizon + gap)`` with ``delay`` the configured time
-        until service is expected back and ``gap`` the seconds between two answers the
-        GPU finishes (the rate at which it will take the callers back), capped at
-        ``max_retry_after``
-        (a drain's at ``2 x delay``: its callers go to their fallback meanwhile).
+        ``retry_at = max(now + delay, horizon + gap)`` with ``delay`` the time until
+        service is expected back and ``gap`` the seconds between two answers the GPU
+        finishes (the rate at which it will take the callers back), capped at
+        ``max_retry_after``. ``delay`` is what is left of an announced maintenance window
+        (``until``, clock time), else the configured ``drain_retry_after`` (a drain's wait
+        then capped at ``2 x delay``: its callers go to their fallback meanwhile) or
+        ``upstream_retry_after``. When the window has more left than the cap, coming back
+        at the cap cannot help: the refusal says so (``retry=False``).
         """
         cfg = self._config
         draining = code == "draining"
+        if draining and until is not None:
+            left = max(0.0, until - now)
+            promise = max(left, self._outage_horizon + gap - now)
+            self._outage_horizon = now + promise
+            return Refuse(
+                status=503,
+                code=code,
+                message=message or _maintenance(left),
+                retry_after=min(promise, cfg.max_retry_after),
+                drain=True,
+                capacity=self.capacity,
+                retry=left <= cfg.max_retry_after,
+            )
         delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
         # Relative to now, so that the cap holds exactly despite float rounding.
         wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
@@ -177,7 +191,7 @@ class Reservations:
             code=code,
             message=_BUCKET_MESSAGES[code],
             retry_after=wait,
-            policy=self._policies[code],
+            policy=_bucket_policy(code, bucket.capacity, bucket.refill),
             remaining=max(0, math.floor(bucket.level(now))),
             capacity=self.capacity,
         )
@@ -197,8 +211,15 @@ def unattainable(status: int, wait: float, deadline: float, capacity: int) -> Re
     )
 
 
-def _bucket_policy(code: str, capacity: float | None, refill: float | None) -> str | None:
-    """A bucket's IETF ``RateLimit-Policy`` item (``None`` when the limit is off)."""
-    if capacity is None or not refill:
-        return None
+def _maintenance(left: float) -> str:
+    """The message of a refusal during an announced maintenance window."""
+    return (
+        f"the model server is down for maintenance for about {math.ceil(left)}s more; "
+        "retry after the given time"
+    )
+
+
+@functools.lru_cache(maxsize=64)  # a few buckets per gateway: one per limit and key policy
+def _bucket_policy(code: str, capacity: float, refill: float) -> str:
+    """A bucket's IETF ``RateLimit-Policy`` item."""
     return f'"{code}";q={math.floor(capacity)};w={math.ceil(capacity / refill)}'

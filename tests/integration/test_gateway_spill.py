@@ -1,0 +1,151 @@
+"""The gateway's hosted fallback and holds as real processes: ``herdless serve`` with a key
+policy file, an emulator as the GPU and another as the hosted model, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.server]
+
+ADMIN = {"authorization": "Bearer admin-secret"}
+WEBUI = {"authorization": "Bearer sk-webui-secret"}  # may spill, holds 20 s
+INTERNAL = {"authorization": "Bearer sk-internal-secret"}  # may not, holds 60 s
+POLICIES = """\
+[keys.webui]
+key = "sk-webui-secret"
+fallback = true
+hold = 20
+user_header = "X-OpenWebUI-User-Id"
+
+[keys.internal]
+key = "sk-internal-secret"
+hold = 60
+"""
+
+
+def chat(**extra: object) -> dict[str, object]:
+    messages = [{"role": "user", "content": "hello"}]
+    return {"model": "gpu-model", "messages": messages, "max_tokens": 8, **extra}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ...]]:
+    policies = tmp_path_factory.mktemp("keys") / "keys.toml"
+    policies.write_text(POLICIES)
+    with (
+        emulator_process(max_num_seqs=2, speed=20, model="gpu-model") as gpu,
+        emulator_process(max_num_seqs=64, speed=50, model="hosted-model") as hosted,
+        gateway_process(
+            upstream=gpu.url,
+            max_concurrency=2,  # the GPU's two sequences, as a cap: the overload test's arithmetic
+            max_queue=4,
+            key_policies=str(policies),
+            fallback_url=f"{hosted.url}/v1",
+            fallback_model="hosted-model",
+            log_format="json",
+            env={
+                "HERDLESS_GATEWAY_ADMIN_TOKEN": "admin-secret",
+                "HERDLESS_GATEWAY_FALLBACK_API_KEY": "sk-hosted-secret",
+            },
+        ) as gateway,
+    ):
+        yield gpu, hosted, gateway
+
+
+def test_a_maintenance_window_spills_one_key_and_holds_the_other(
+    servers: tuple[ServerProcess, ...],
+) -> None:
+    _, _, gateway = servers
+    url = gateway.url
+    drained = httpx.post(f"{url}/admin/drain?expect=3", headers=ADMIN, timeout=10)
+    assert drained.status_code == 200
+
+    async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            spilled = await client.post("/v1/chat/completions", json=chat(), headers=WEBUI)
+            streamed = await client.post(
+                "/v1/chat/completions", json=chat(stream=True), headers=WEBUI
+            )
+            start = time.monotonic()
+            held = asyncio.create_task(
+                client.post("/v1/chat/completions", json=chat(), headers=INTERNAL)
+            )
+            await asyncio.sleep(1.0)
+            assert not held.done()  # waiting in the gateway, not refused
+            await client.post("/admin/resume", headers=ADMIN)
+            return spilled, streamed, await held, time.monotonic() - start
+
+    spilled, streamed, held, took = asyncio.run(run())
+    assert spilled.status_code == 200
+    assert spilled.headers["x-herdless-backend"] == "hosted"
+    assert spilled.headers["x-herdless-fallback-reason"] == "draining"
+    assert spilled.json()["model"] == "hosted-model"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    chunks = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    assert {json.loads(c)["model"] for c in chunks[:-1]} == {"hosted-model"}
+    assert held.status_code == 200
+    assert held.headers["x-herdless-backend"] == "upstream"
+    assert held.json()["model"] == "gpu-model"
+    assert took >= 1.0
+    logs = gateway.logs()
+    assert logs.count('"event":"spill"') == 2
+    for secret in ("sk-webui-secret", "sk-internal-secret", "sk-hosted-secret"):
+        assert secret not in logs
+    assert '"fallback_api_key":"set"' in logs
+
+
+def test_a_client_that_never_retries_sees_no_error_under_overload(
+    servers: tuple[ServerProcess, ...],
+) -> None:
+    """Three times what the GPU and the queue hold (2 running + 4 waiting, 2 of them this
+    key's share), from one key that may spill, one attempt each: every request is
+    answered, by the GPU or the hosted model, and what the gateway held the GPU served."""
+    _, _, gateway = servers
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/v1/chat/completions",
+                        json=chat(max_tokens=32),
+                        headers=WEBUI | {"x-openwebui-user-id": f"user-{i % 3}"},
+                    )
+                    for i in range(18)
+                )
+            )
+
+    answers = asyncio.run(run())
+    assert [r.status_code for r in answers] == [200] * 18
+    backends = [r.headers["x-herdless-backend"] for r in answers]
+    assert backends.count("upstream") >= 4
+    assert backends.count("hosted") >= 1
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert 'herdless_gateway_spills_total{key="webui"' in metrics
+
+
+def test_an_invalid_policy_file_stops_the_start_with_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "keys.toml"
+    bad.write_text('[keys.a]\nkey = "sk-a-secret"\nhold = "long"\n')
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "herdless", "serve", "--key-policies", str(bad), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "line 3: keys.a.hold" in done.stderr
+    assert "sk-a" not in done.stderr

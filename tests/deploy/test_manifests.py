@@ -315,3 +315,31 @@ def test_the_docs_create_the_secret_the_pods_read(kustomization):
     )
     words = shlex.split(command.split("kubectl create secret generic", 1)[1])
     assert words[0] == "herdless-gateway"
+
+
+# --- Open WebUI beside the gateway ---------------------------------------------------
+
+
+def test_open_webui_reaches_the_gpu_only_through_the_gateway_with_a_key_policy(compose):
+    added: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.openwebui.yaml").read_text())
+    webui, gateway = added["services"]["openwebui"], added["services"]["gateway"]
+    assert webui["environment"]["OPENAI_API_BASE_URL"] == "http://gateway:8080/v1"
+    assert webui["environment"]["ENABLE_FORWARD_USER_INFO_HEADERS"] == "true"
+    assert webui["env_file"] == ["openwebui.env"]  # its key, never in the compose file
+    assert webui["depends_on"] == ["gateway"]
+    mounted = gateway["environment"]["HERDLESS_GATEWAY_KEY_POLICIES"]
+    assert f"./keys.toml:{mounted}:ro" in gateway["volumes"]
+    assert gateway["environment"]["HERDLESS_GATEWAY_FALLBACK_MODEL"]
+    gitignore = (DEPLOY.parent / ".gitignore").read_text().splitlines()
+    assert {"deploy/keys.toml", "deploy/openwebui.env"} <= set(gitignore)
+
+
+def test_the_example_key_policies_load_and_match_open_webui(compose):
+    from herdless.gateway.core.keys import KeyLimits
+    from herdless.gateway.policies import load_policies
+
+    policies = load_policies(DEPLOY / "keys.toml.example", KeyLimits())
+    webui = policies.of("webui")
+    assert (webui.fallback, webui.user_header) == (True, "x-openwebui-user-id")
+    example = (DEPLOY / "openwebui.env.example").read_text()
+    assert f"OPENAI_API_KEY={next(iter(policies.secrets))}" in example

@@ -79,6 +79,9 @@ async def test_a_drained_gpu_spills_a_key_that_may_to_the_hosted_model(
             json=chat_body(),
             headers=SPILL | {"x-herdless-deadline-ms": "30000"},
         )
+        text = await client.post(
+            "/v1/completions", json={"model": "m", "prompt": "Hi"}, headers=SPILL
+        )
         metrics = (await client.get("/metrics")).text
     assert spilled.status_code == 200
     assert spilled.headers["x-herdless-backend"] == "hosted"
@@ -88,9 +91,11 @@ async def test_a_drained_gpu_spills_a_key_that_may_to_the_hosted_model(
     sent_headers, sent = hosted.received[0]
     assert json.loads(sent)["model"] == "hosted-model"  # the hosted model's name, not the GPU's
     assert sent_headers["authorization"] == "Bearer sk-hosted-secret"
-    # A herdless client (it names its deadline) decides itself: told, not spilled.
-    assert sdk.status_code == 503
-    assert sdk.json()["error"]["code"] == "draining"
+    # A herdless client (it names its deadline) decides itself: told, not spilled; and
+    # only chat goes to the hosted model (through the SDK, which speaks chat).
+    for told in (sdk, text):
+        assert told.status_code == 503
+        assert told.json()["error"]["code"] == "draining"
     assert len(hosted.received) == 1
     assert (
         'herdless_gateway_spills_total{key="webui",reason="draining",outcome="served"} 1' in metrics

@@ -8,7 +8,7 @@ frees the sequence. A task watches ``receive()`` for ``http.disconnect`` and
 cancels the work; ``finally`` blocks release the ticket and close the upstream
 response. The refusal path returns before any task is created.
 
-A request its key's policy lets leave the building (``fallback = true``, no
+A chat request its key's policy lets leave the building (``fallback = true``, no
 ``X-Herdless-Deadline-Ms`` of its own: a herdless client decides that itself, and no
 batch class) is answered by the hosted model (:mod:`herdless.gateway.spill`) where it
 would have been refused: the upstream out, loading or draining, the queue full, its
@@ -178,12 +178,13 @@ class AdmittedProxy:
     def _spill(
         self, policy: KeyPolicy, deadline: float | None, klass: Priority | None
     ) -> Spill | None:
-        """The hosted fallback, when this request may go there: its key allows it, it named
-        no deadline (a herdless client spills itself) and it is not batch work."""
+        """The hosted fallback, when this request may go there: a chat request (the SDK's
+        client speaks chat only) whose key allows it, that named no deadline (a herdless
+        client spills itself) and is not batch work."""
         spill = self._rt.spill
-        if spill is None or not policy.fallback or deadline is not None or klass == "batch":
+        if spill is None or self._route is not CHAT or not policy.fallback:
             return None
-        return spill
+        return None if deadline is not None or klass == "batch" else spill
 
     async def _spilled(
         self, send: Send, spill: Spill, raw: bytes, refused: Refuse, access: Access

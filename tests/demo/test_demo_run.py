@@ -55,6 +55,12 @@ def test_json_writes_the_accounting_to_stdout_and_the_rest_to_stderr(
     assert started == sum(summary["served"].values()) + summary["failed"]
     assert summary["requests"]["unaccounted"] == 0
     assert set(summary["served"]) == {"company-gpu", "hosted"}
+    # The chat front-end's employees asked once each: every request held or spilled,
+    # none shown an error (the gateway spills what it cannot serve within the hold).
+    frontend = summary["frontend"]
+    assert frontend["started"] > 0
+    assert frontend["started"] == sum(frontend[k] for k in ("gpu", "held", "spilled", "refused"))
+    assert frontend["refused"] == 0
     assert summary["timeline"] == str((tmp_path / "timeline.png").resolve())
     # The human summary went to stderr, with the same figures.
     words = " ".join(captured.err.split())

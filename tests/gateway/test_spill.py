@@ -120,6 +120,7 @@ async def test_a_key_that_may_not_spill_waits_out_the_window_and_is_served_after
         answer = await held
     assert answer.status_code == 200
     assert answer.headers["x-herdless-backend"] == "upstream"
+    assert int(answer.headers["x-herdless-queue-ms"]) >= 0  # it waited in the gateway
     assert hosted.received == []
     assert len(fake_vllm.received) == 1
 

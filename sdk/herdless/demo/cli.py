@@ -98,6 +98,9 @@ def main(argv: Sequence[str]) -> int:
                 "herdless demo", f"vLLM cannot be prepared here: {exc}", status=_UNAVAILABLE
             )
         gpu = "a real vLLM on CPU: it takes minutes to start"
+    # The chat front-end's hold outlasts the maintenance window: without a fallback its
+    # requests wait for the resume instead of showing an error.
+    hold = 1.5 * (day.maintenance[1] - day.maintenance[0])
     console.print(f"starting the company GPU ({gpu}), the gateway and the hosted model ...")
     try:
         with running_stack(
@@ -109,6 +112,8 @@ def main(argv: Sequence[str]) -> int:
             drain_retry_after=max(1.0, (day.maintenance[1] - day.maintenance[0]) / 8),
             logs=out / "logs",
             vllm=vllm,
+            fallback=opts.fallback,
+            hold=hold,
         ) as stack:
             tally = Tally(start=time.monotonic(), deadline=opts.deadline)
             crowd = Crowd(
@@ -121,6 +126,8 @@ def main(argv: Sequence[str]) -> int:
                 max_words=opts.max_words,
                 max_tokens=opts.max_tokens,
                 gpu_seqs=opts.gpu_seqs,
+                frontend=opts.frontend,
+                hold=hold,
             )
             with Live(console=console, refresh_per_second=4, transient=False) as live:
 

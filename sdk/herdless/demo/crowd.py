@@ -1,7 +1,9 @@
 """The crowd: employees chatting through herdless clients while the day plays.
 
 Each employee owns a :class:`herdless.AsyncClient` (as each app on each laptop
-would) whose ``on_event`` feeds the shared :class:`Tally`; the employee is
+would) whose ``on_event`` feeds the shared :class:`Tally`, or, for the share on a chat
+front-end, sends each question once with the front-end's key and never retries (as
+Open WebUI's backend does): the gateway holds or spills it. The employee is
 active while its index is below :meth:`Day.active`, thinks for a random while
 (exponential, mean ``think`` seconds), then asks a question of realistic
 length. The operator's side of the day (the maintenance drain and resume, the
@@ -97,7 +99,13 @@ class Crowd:
     max_words: int = 300
     max_tokens: int = 512
     gpu_seqs: int = 16
+    frontend: float = 0.0
+    hold: float = 20.0
     started: int = 0
+
+    def on_frontend(self, index: int) -> bool:
+        """Whether employee ``index`` is on the chat front-end (spread evenly)."""
+        return int((index + 1) * self.frontend) > int(index * self.frontend)
 
     def _client(self, index: int, http: httpx.AsyncClient) -> herdless.AsyncClient:
         fallback = None
@@ -114,7 +122,10 @@ class Crowd:
 
         return herdless.AsyncClient(
             primary=herdless.Backend(
-                name=PRIMARY, base_url=f"{self.stack.gateway}/v1", model=self.stack.gpu_model
+                name=PRIMARY,
+                base_url=f"{self.stack.gateway}/v1",
+                model=self.stack.gpu_model,
+                api_key=self.stack.app_key,
             ),
             fallback=fallback,
             deadline=self.deadline,
@@ -125,6 +136,9 @@ class Crowd:
         )
 
     async def _employee(self, index: int, stop: asyncio.Event, http: httpx.AsyncClient) -> None:
+        if self.on_frontend(index):
+            await self._frontend_user(index, stop, http)
+            return
         rng = random.Random(self.seed * 7_919 + index)
         async with self._client(index, http) as client:
             while not stop.is_set():
@@ -144,12 +158,52 @@ class Crowd:
                 with contextlib.suppress(herdless.HerdlessError):
                     await client.chat([{"role": "user", "content": words}], max_tokens=max_tokens)
 
+    async def _frontend_user(
+        self, index: int, stop: asyncio.Event, http: httpx.AsyncClient
+    ) -> None:
+        """An employee on the chat front-end: each question is one request, never retried;
+        its outcome (the GPU's answer, after a hold or not, the hosted model's, or an error)
+        goes to the tally."""
+        rng = random.Random(self.seed * 7_919 + index)
+        headers = {
+            "authorization": f"Bearer {self.stack.frontend_key}",
+            "x-openwebui-user-id": f"employee-{index}",
+        }
+        while not stop.is_set():
+            if index >= self.day.active(time.monotonic() - self.tally.start):
+                await _pause(stop, 0.25)
+                continue
+            await _pause(stop, rng.expovariate(1 / self.think))
+            if stop.is_set():
+                break
+            words = " ".join(
+                rng.choices(_WORDS, k=rng.randint(min(15, self.max_words), self.max_words))
+            )
+            body = {
+                "model": self.stack.gpu_model,
+                "messages": [{"role": "user", "content": words}],
+                "max_tokens": min(rng.choice(_MAX_TOKENS), self.max_tokens),
+            }
+            self.tally.frontend_started += 1
+            try:
+                answer = await http.post(
+                    f"{self.stack.gateway}/v1/chat/completions",
+                    json=body,
+                    headers=headers,
+                    timeout=self.hold + self.deadline,
+                )
+            except httpx.HTTPError:
+                self.tally.frontend["refused"] += 1
+                continue
+            self.tally.frontend[_outcome(answer)] += 1
+
     async def _operator(self, stop: asyncio.Event) -> None:
         """Drains the gateway for the model swap and resumes it, on the day's schedule."""
         drain_at, resume_at = self.day.maintenance
         auth = {"authorization": f"Bearer {self.stack.admin_token}"}
+        drain = f"/admin/drain?expect={resume_at - drain_at:g}"  # the window, announced
         async with httpx.AsyncClient(base_url=self.stack.gateway, headers=auth) as admin:
-            for at, path in ((drain_at, "/admin/drain"), (resume_at, "/admin/resume")):
+            for at, path in ((drain_at, drain), (resume_at, "/admin/resume")):
                 await _pause(stop, at - (time.monotonic() - self.tally.start))
                 if stop.is_set():
                     return
@@ -214,6 +268,16 @@ class Crowd:
             for task in (*employees, *helpers):
                 task.cancel()
             await asyncio.gather(*employees, *helpers, return_exceptions=True)
+
+
+def _outcome(answer: httpx.Response) -> str:
+    """What became of a chat front-end's request: ``gpu``, ``held`` (the GPU's answer
+    after waiting in the gateway), ``spilled`` (the hosted model's) or ``refused``."""
+    if answer.status_code != 200:
+        return "refused"
+    if answer.headers.get("x-herdless-backend") == "hosted":
+        return "spilled"
+    return "held" if "x-herdless-queue-ms" in answer.headers else "gpu"
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:

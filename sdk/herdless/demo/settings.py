@@ -26,7 +26,10 @@ class DemoSettings(BaseSettings):
 
     Attributes:
         length: seconds the day lasts (calls in flight then finish within their deadline).
-        crowd: employees, each with their own herdless client.
+        crowd: employees, each with their own herdless client or chat front-end.
+        frontend: the share of them on a chat front-end that sends each question once
+            and never retries (as Open WebUI's backend does), through a key whose policy
+            holds its requests in the gateway and spills them to the hosted model.
         seed: seeds the employees' questions, their clients' jitter and the emulators.
         fallback: a hosted model behind the company GPU (``False``: see the day without).
         out: folder for the timeline PNG and the servers' logs (a temporary one if unset).
@@ -48,6 +51,13 @@ class DemoSettings(BaseSettings):
     )
     crowd: PositiveInt = Field(
         default=150, description="employees, each with their own herdless client"
+    )
+    frontend: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="share of the employees on a chat front-end that asks once and never "
+        "retries (held, or spilled to the hosted model, by the gateway)",
     )
     seed: int = Field(
         default=1, description="seeds the questions, the clients' jitter and the emulators"

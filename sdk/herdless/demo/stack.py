@@ -32,6 +32,8 @@ class Stack:
     gateway: str
     hosted: str
     admin_token: str
+    app_key: str
+    frontend_key: str
     gpu_model: str = _GPU_MODEL
 
 
@@ -44,6 +46,8 @@ def running_stack(
     drain_retry_after: float,
     logs: Path,
     vllm: VllmHome | None = None,
+    fallback: bool = True,
+    hold: float = 20.0,
 ) -> Iterator[Stack]:
     """Start the three servers, yield their URLs, stop them on exit.
 
@@ -56,9 +60,16 @@ def running_stack(
         vllm: a prepared vLLM (:func:`herdless.launch.vllm.prepare`) to serve as the
             GPU instead of an emulator; ``speed`` and ``seed`` then only apply to
             the hosted model.
+        fallback: the gateway spills the chat front-end's requests to the hosted model
+            where it cannot serve them within their hold.
+        hold: seconds the chat front-end's requests may wait in the gateway.
     """
     logs.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(16)
+    app_key, frontend_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    policies = logs / "keys.toml"
+    policies.write_text(_policies(app_key, frontend_key, fallback=fallback, hold=hold))
+    policies.chmod(0o600)
     with contextlib.ExitStack() as stack:
         gpu: ServerProcess | VllmServer
         if vllm is None:
@@ -88,7 +99,8 @@ def running_stack(
             )
         )
         # No sizing flag: the gateway sizes itself from the GPU's /metrics, as in production.
-        options = {
+        options: dict[str, object] = {
+            "key_policies": str(policies),
             "max_queue": gpu_seqs,
             "queue_timeout": 5,
             "drain_retry_after": drain_retry_after,
@@ -96,6 +108,8 @@ def running_stack(
             "access_log": False,
             "log_level": "warning",
         }
+        if fallback:
+            options |= {"fallback_url": f"{hosted.url}/v1", "fallback_model": "hosted-llm"}
         # Ready only once the gateway sees the GPU ready (/readyz), not merely alive.
         gateway = ServerProcess(
             ["serve", "--upstream", gpu.url, *flags(options)],
@@ -109,5 +123,17 @@ def running_stack(
             gateway=gateway.url,
             hosted=hosted.url,
             admin_token=token,
+            app_key=app_key,
+            frontend_key=frontend_key,
             gpu_model=_GPU_MODEL if vllm is None else MODEL_NAME,
         )
+
+
+def _policies(app_key: str, frontend_key: str, *, fallback: bool, hold: float) -> str:
+    """The gateway's key policies: the apps' key (herdless clients, which fall back
+    themselves) and the chat front-end's (held, and spilled when ``fallback``)."""
+    return (
+        f'[keys.apps]\nkey = "{app_key}"\n\n'
+        f'[keys.webui]\nkey = "{frontend_key}"\nfallback = {str(fallback).lower()}\n'
+        f'hold = {hold:g}\nuser_header = "X-OpenWebUI-User-Id"\n'
+    )

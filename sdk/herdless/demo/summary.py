@@ -88,6 +88,13 @@ def day_summary(
             "mean": _number(tally.mean_attempts()),
             "max": max(tally.attempts, default=0),
         },
+        "frontend": {
+            "started": tally.frontend_started,
+            **{
+                outcome: tally.frontend[outcome]
+                for outcome in ("gpu", "held", "spilled", "refused")
+            },
+        },
         "phases": phases,
         "timeline": None if timeline is None else str(timeline.resolve()),
     }

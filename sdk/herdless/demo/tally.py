@@ -54,6 +54,9 @@ class Tally:
         spilled: per second, calls that moved from the primary to a fallback.
         gpu_busy: per second, samples of the GPU's busy share (running sequences /
             ``max_num_seqs``, read from vLLM's ``vllm:num_requests_running``).
+        frontend_started: requests the chat front-end's employees sent (once each).
+        frontend: their outcomes: ``gpu``, ``held`` (the GPU's answer after a wait in
+            the gateway), ``spilled`` (the hosted model's), ``refused``.
     """
 
     start: float
@@ -76,6 +79,8 @@ class Tally:
     gauges: dict[str, float] = field(default_factory=dict)
     spilled: Counter[int] = field(default_factory=Counter)
     gpu_busy: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    frontend_started: int = 0
+    frontend: Counter[str] = field(default_factory=Counter)
     _breaker_of: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def record(self, event: Event, *, client: int = 0) -> None:

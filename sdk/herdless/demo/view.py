@@ -82,7 +82,20 @@ def summary_table(
         table.add_row(f"ended after the {tally.deadline:g} s deadline", late)
     table.add_row("attempts per request (mean)", _number(tally.mean_attempts()))
     table.add_row("attempts per request (max)", str(max(tally.attempts, default=0)))
+    if tally.frontend_started:
+        asked = tally.frontend_started
+        table.add_row("chat front-end: asked once each, never retried", str(asked))
+        for outcome, label in _FRONTEND.items():
+            table.add_row(f"  {label}", _share(tally.frontend[outcome], asked))
     return table
+
+
+_FRONTEND = {
+    "gpu": "answered by the GPU at once",
+    "held": "held in the gateway, then the GPU's answer",
+    "spilled": "spilled to the hosted model",
+    "refused": "refused: an error on the screen",
+}
 
 
 def _gauge(tally: Tally, name: str) -> str:

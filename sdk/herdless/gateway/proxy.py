@@ -315,7 +315,8 @@ class AdmittedProxy:
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
             return await self._spilled(send, spill, raw, refused, access)
         try:
-            sniffer = await _relay(send, response, headers["x-request-id"], started, rt)
+            rid = headers["x-request-id"]
+            sniffer = await _relay(send, response, rid, started, rt, ticket.queue_wait)
         finally:
             await response.aclose()
         rt.gate.release(
@@ -333,12 +334,17 @@ async def _relay(
     rid: str,
     started: float,
     rt: Runtime,
+    queued: float,
 ) -> UsageSniffer:
-    """Pass the upstream response through, byte for byte; returns what it saw of usage."""
+    """Pass the upstream response through, byte for byte; returns what it saw of usage.
+
+    ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
     out.append(capacity_header(rt.gate.key_capacity))
     out.append(_UPSTREAM)
+    if queued > 0:
+        out.append((b"x-herdless-queue-ms", b"%d" % round(queued * 1000)))
     if response.status_code in (429, 503):  # vLLM's own refusal: hints every client obeys
         settings = rt.settings
         said = upstream_hint(response.headers, settings.upstream_retry_after)

@@ -263,7 +263,7 @@ async def test_the_key_s_user_header_and_class_apply(
         await client.post("/v1/chat/completions", json=chat_body(), headers=KEEP)
     lines = [r for r in caplog.records if r.name == "herdless.gateway.access"]
     first, second = (line.fields for line in lines)  # type: ignore[attr-defined]
-    assert first["key_id"] == "webui"
+    assert (first["key_id"], first["backend"]) == ("webui", "upstream")
     assert first["user"] == runtime.users("alice@example.com")
     assert first["class"] == "interactive"
     assert second["key_id"] == "internal"

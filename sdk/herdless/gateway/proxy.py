@@ -99,6 +99,7 @@ class AdmittedProxy:
                 reason=reason,
                 queue_wait_ms=round(wait * 1000, 3),
                 duration_ms=round(elapsed * 1000, 3),
+                backend=access.backend,
             )
 
     async def _handle(

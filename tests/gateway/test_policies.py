@@ -218,3 +218,23 @@ def test_no_policy_file_gives_every_key_the_flags() -> None:
     policies = KeyPolicies.flags_only(FLAGS)
     assert policies.of("anyone").limits == FLAGS
     assert policies.of("anyone").fallback is False
+
+
+def test_a_burst_after_a_quiet_spell_is_not_sent_away_by_the_quiet() -> None:
+    """Rule 7 after an idle spell: the answers finished since the first say 4 in 9 s, the
+    four running requests at their 1 s mean run time say 4/s: a caller whose hold the
+    faster rate meets keeps its place (a caller leaves late, not early)."""
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(max_concurrency=4, max_queue=16), clock=clock)
+    for _ in range(4):  # four answers of 1 s each, then 6 s of quiet
+        ticket = adm.offer("k", 10)
+        assert isinstance(ticket, Admit)
+        clock.advance(1.0)
+        adm.release(ticket.ticket)
+    clock.advance(6.0)
+    assert adm.drain_rate() < 0.5  # 4 answers over the 9 s since the first
+    for _ in range(4):
+        assert isinstance(adm.offer("k", 10), Admit)
+    for place in range(1, 9):  # eight waiters ahead: about 2 s at 4/s, 20 s at 0.4/s
+        assert isinstance(adm.offer("k", 10, deadline=5.0), Enqueued), place
+    assert isinstance(adm.offer("k", 10, deadline=2.0), Refuse)  # 9 places at 4/s > 2 s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -82,7 +83,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.parametrize("extras", ["", "all"], ids=["core", "all"])
 def tests(session: nox.Session, extras: str) -> None:
     """Unit and in-process tests; ``core`` proves the SDK works without the server extras."""
-    marker = "not integration and not vllm"
+    marker = "not integration and not vllm and not clients"
     if not extras:
         # Without the server extras only the SDK's own tests can run.
         marker += " and not server"
@@ -112,6 +113,29 @@ def tests_vllm(session: nox.Session) -> None:
         session.skip(f"vLLM's CPU build cannot be installed here: {status['reason']}")
     args = session.posargs or ["tests"]
     session.run("pytest", "-m", "vllm", *args, env={"HERDLESS_TEST_VLLM_HOME": str(cache)})
+
+
+@nox.session
+def tests_clients(session: nox.Session) -> None:
+    """Real JavaScript OpenAI clients from npm (openai-node, Vercel ``ai``, LangChain.js) against
+    a real gateway; skips, saying why, where node or npm is missing (see docs/clients.md).
+
+    The pinned clients are installed with ``npm ci`` into .cache/js-clients, once per lock file.
+    """
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        session.skip(f"node/npm not found: no {' or '.join(missing)} on PATH; clients not run")
+    _install_project(session, "all")
+    session.install(*_group("test"))
+    why = session.run(
+        "python",
+        "-c",
+        "from herdless.bench.js_clients import node_available; print(node_available() or '')",
+        silent=True,
+    )
+    if isinstance(why, str) and why.strip():
+        session.skip(f"node/npm not usable: {why.strip()}; clients not run")
+    session.run("pytest", "-m", "clients", *(session.posargs or ["tests/clients"]))
 
 
 @nox.session

@@ -1,0 +1,192 @@
+"""Real JavaScript OpenAI clients from npm against a real gateway, each with its defaults.
+
+openai-node, the Vercel ``ai`` SDK (openai-compatible provider), LangChain.js and one
+plain ``fetch`` (no retry, as Open WebUI's backend sends it), run by
+``herdless/bench/js/run.mjs`` in node, against ``herdless serve --max-concurrency 8
+--max-queue 16`` in front of an emulator of 8 sequences: real processes on free ports.
+What they pin is today's behaviour; docs/clients.md says what each client retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from herdless.bench.js_clients import (
+    CLIENTS,
+    CallResult,
+    Client,
+    Scenario,
+    run_clients,
+    run_clients_async,
+)
+from herdless.launch.servers import ServerProcess, emulator_process
+
+pytestmark = [pytest.mark.clients, pytest.mark.server]
+
+RETRYING: tuple[Client, ...] = ("openai", "vercel", "langchain")
+MODEL = "emulated"  # the served name of every emulator here (conftest's too)
+
+
+def scenario(client: Client, url: str, **options: Any) -> Scenario:
+    return Scenario(client=client, base_url=url, api_key="sk-test", model=MODEL, **options)
+
+
+def failures(results: list[CallResult]) -> list[str]:
+    return [f"{r.index}: {r.statuses} {r.headers} {r.error}" for r in results if not r.ok]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("client", CLIENTS)
+def test_each_client_gets_its_answers_through_the_gateway(
+    js_clients: Path, gateway: ServerProcess, client: Client, stream: bool
+) -> None:
+    sent = scenario(client, gateway.url, calls=4, concurrency=2, max_tokens=24, stream=stream)
+    results = run_clients(sent, directory=js_clients)
+    assert [r.index for r in results] == [0, 1, 2, 3]
+    assert failures(results) == []
+    for r in results:
+        assert (r.client, r.status, r.attempts, r.statuses) == (client, 200, 1, (200,))
+        assert r.model == MODEL
+        # Usage: in the answer, or in the stream's last chunk (each client asks for it).
+        assert r.usage is not None
+        assert r.usage.prompt_tokens
+        assert 0 < (r.usage.completion_tokens or 0) <= 24
+        assert r.first_byte_s is not None
+        assert 0 < r.first_byte_s <= r.total_s
+        if stream:
+            assert r.chunks > 1  # text arrived in pieces, the first before the end
+            assert r.first_byte_s < r.total_s
+        else:
+            assert r.chunks == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_under_overload_the_retrying_clients_get_every_answer(
+    js_clients: Path, gateway: ServerProcess, stream: bool
+) -> None:
+    # As measured in issue 25: the four at once, 48 calls each, 24 at a time (96 in
+    # flight for 8 running and 16 queued), starting together whatever their import time.
+    start_at = time.time() + 5.0
+    runs = await asyncio.gather(
+        *(
+            run_clients_async(
+                scenario(
+                    client,
+                    gateway.url,
+                    calls=48,
+                    concurrency=24,
+                    max_tokens=(32, 64),
+                    stream=stream,
+                    start_at=start_at,
+                ),
+                directory=js_clients,
+            )
+            for client in CLIENTS
+        )
+    )
+    by_client = dict(zip(CLIENTS, runs, strict=True))
+    for client in CLIENTS:
+        for r in by_client[client]:
+            # Only 429s before the end, which is an answer or a 429 with both hints.
+            assert len(r.statuses) == r.attempts, r
+            assert set(r.statuses[:-1]) <= {429}, (client, r.statuses)
+            if r.ok:
+                assert r.statuses[-1] == 200
+            else:
+                assert_hinted_429(r)
+    assert all(r.attempts == 1 for r in by_client["single"])
+    # Which client meets the full queue depends on arrival order; one of them does.
+    assert any(r.retried for client in RETRYING for r in by_client[client])
+    errors = {client: len(failures(by_client[client])) for client in RETRYING}
+    assert all(n <= 48 // 4 for n in errors.values()), errors  # measured: 0 to 5
+    if any(errors.values()):
+        # Issue 25's target, not yet today's behaviour: a hint of about 1 s while the
+        # queue stays full lets openai-node or Vercel (2 retries) run out of them.
+        pytest.xfail(f"retrying clients ran out of retries under overload: {errors}")
+
+
+def assert_hinted_429(r: CallResult) -> None:
+    """A 429 with both hints, consistent: Retry-After is the hint in seconds, rounded up."""
+    assert r.statuses[-1] == 429, r
+    seconds, ms = int(r.headers["retry-after"]), float(r.headers["retry-after-ms"])
+    assert 0 < ms <= seconds * 1000
+    assert 1 <= seconds <= 59
+
+
+async def queue_depth(url: str, client: httpx.AsyncClient) -> float:
+    for line in (await client.get(url + "/metrics")).text.splitlines():
+        if line.startswith("herdless_gateway_queue_depth "):
+            return float(line.split()[1])
+    raise AssertionError("herdless_gateway_queue_depth not exposed")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do(
+    js_clients: Path, gateway: ServerProcess, client: Client
+) -> None:
+    # The client's calls leave at start_at; a second before, 24 long requests fill the
+    # 8 running places and the 16 queued ones (about 4 s a wave), so each first attempt
+    # meets a full queue.
+    start_at = time.time() + 4.0
+    sent = scenario(client, gateway.url, calls=4, concurrency=4, start_at=start_at)
+    run = asyncio.create_task(run_clients_async(sent, directory=js_clients))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300}
+    async with httpx.AsyncClient(timeout=120) as http:
+        await asyncio.sleep(start_at - 1.0 - time.time())
+        fill = [
+            asyncio.create_task(http.post(gateway.url + "/v1/chat/completions", json=body))
+            for _ in range(24)
+        ]
+        for _ in range(100):  # 5 s at most
+            if await queue_depth(gateway.url, http) >= 16:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the 24 long requests did not fill the gateway's queue")
+        results = await run
+        assert [r.status_code for r in await asyncio.gather(*fill)] == [200] * 24
+    for r in results:
+        assert r.statuses[0] == 429, r
+        if client == "single":
+            assert r.attempts == 1
+            assert not r.ok
+            assert_hinted_429(r)
+        else:
+            assert r.ok, r
+            assert r.attempts >= 2  # the 429 and, after its hint, a 200
+            assert r.statuses[-1] == 200
+            assert set(r.statuses[:-1]) <= {429}, r.statuses
+
+
+@pytest.fixture(scope="module")
+def refusing_vllm() -> Iterator[ServerProcess]:
+    """An emulator that answers every completion 429 with no Retry-After (as vLLM may)."""
+    with emulator_process(model=MODEL, error_rate=1.0, error_status=429) as server:
+        yield server
+
+
+# Each client's default retries of a 429 that carries no Retry-After (docs/clients.md).
+ATTEMPTS_ON_A_BARE_429 = {"openai": 3, "vercel": 3, "langchain": 1, "single": 1}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_runner_counts_every_request_a_client_sends(
+    js_clients: Path, refusing_vllm: ServerProcess, client: Client
+) -> None:
+    results = run_clients(scenario(client, refusing_vllm.url, calls=2), directory=js_clients)
+    expected = ATTEMPTS_ON_A_BARE_429[client]
+    for r in results:
+        assert not r.ok
+        assert r.status == 429
+        assert r.error
+        assert r.attempts == expected
+        assert r.statuses == (429,) * expected
+        assert r.first_byte_s is None
+        assert "retry-after" not in r.headers

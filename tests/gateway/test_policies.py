@@ -238,3 +238,19 @@ def test_a_burst_after_a_quiet_spell_is_not_sent_away_by_the_quiet() -> None:
     for place in range(1, 9):  # eight waiters ahead: about 2 s at 4/s, 20 s at 0.4/s
         assert isinstance(adm.offer("k", 10, deadline=5.0), Enqueued), place
     assert isinstance(adm.offer("k", 10, deadline=2.0), Refuse)  # 9 places at 4/s > 2 s
+
+
+def test_a_full_queue_during_a_window_names_its_end_and_an_overrun_a_short_wait() -> None:
+    clock = FakeClock()
+    adm = admission(clock, long=KeyLimits(hold=120.0, queue_share=0.25))
+    assert isinstance(adm.offer("long", 10), Admit)
+    adm.drain(expect=40.0)
+    assert isinstance(adm.offer("long", 10), Enqueued)  # held: its hold covers the window
+    full = adm.offer("long", 10)  # its share of the queue (1 of 4) is taken
+    assert isinstance(full, Refuse)
+    assert full.code == "queue_full"
+    assert full.retry_after >= 40.0  # nothing starts before the window's end
+    assert full.retry
+    clock.advance(45.0)  # the window ran over its announced end
+    late = adm.unavailable("draining")
+    assert late.retry_after == 2.0  # upstream_retry_after: back shortly, not at once

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from pydantic import SecretStr
 from starlette.types import Send
 
@@ -36,6 +37,8 @@ __all__ = ["Spill", "Spilled"]
 
 LOG = logging.getLogger("herdless.gateway")
 _DEADLINE = 300.0  # seconds: a cap on a spilled call's wait for its first byte, retries included
+_WINDOW = 1024  # spilled calls at the hosted API at once, at most
+_LIMITS = httpx.Limits(max_connections=_WINDOW, max_keepalive_connections=64)
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -72,7 +75,7 @@ class Spill:
         transport: an httpx transport to the hosted API (tests).
     """
 
-    __slots__ = ("_client", "model")
+    __slots__ = ("_client", "_http", "model")
 
     def __init__(
         self,
@@ -81,7 +84,7 @@ class Spill:
         api_key: SecretStr | None,
         table: FallbackTable,
         *,
-        transport: Any = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         price = None
         if table.input_price is not None or table.output_price is not None:
@@ -100,8 +103,16 @@ class Spill:
             spend_window=table.window,
         )
         self.model = model
+        # One client for every employee whose request spills: a window and a pool as wide
+        # as a hosted API takes (the SDK's defaults fit one app: 16 calls, 100 sockets).
+        # The window still narrows on the hosted API's own 429s.
+        self._http = httpx.AsyncClient(transport=transport, limits=_LIMITS)
         self._client = herdless.AsyncClient(
-            primary=backend, fallback_policy=policy, deadline=_DEADLINE, transport=transport
+            primary=backend,
+            fallback_policy=policy,
+            deadline=_DEADLINE,
+            window=herdless.WindowPolicy(initial=_WINDOW, maximum=_WINDOW),
+            http_client=self._http,
         )
 
     async def answer(
@@ -154,6 +165,7 @@ class Spill:
     async def aclose(self) -> None:
         """Close the hosted API's connections."""
         await self._client.aclose()
+        await self._http.aclose()
 
     def __repr__(self) -> str:
         return f"Spill(model={self.model!r})"

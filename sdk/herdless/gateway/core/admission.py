@@ -489,6 +489,7 @@ class Admission:
             now,
             code,
             message=message,
+            not_before=self._drain_until if self._draining else None,
             gap=1 / self.drain_rate(),
             share=self._queue.share(flow),
             horizon=flow.horizon,

@@ -96,15 +96,18 @@ class Reservations:
         queued: int,
         deadline: float | None = None,
         message: str | None = None,
+        not_before: float | None = None,
     ) -> Refuse:
         """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
-        between two slots freeing; ``share``: the user's share of them (0 < share <= 1).
+        between two slots freeing; ``share``: the user's share of them (0 < share <= 1);
+        ``not_before``: no slot frees before then (an announced maintenance window's end).
 
         The caller moves the user's horizon to ``now + retry_after``, unless the answer
         is ``deadline_unattainable`` (no reservation: it will not come back for this)."""
         cfg = self._config
-        start = max(now, horizon, self.floor)
-        wait = min(start + gap / share - now, cfg.max_retry_after)
+        start = max(now, horizon, self.floor, _NEVER if not_before is None else not_before)
+        promise = start + gap / share - now
+        wait = min(promise, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)
         return Refuse(
@@ -115,6 +118,7 @@ class Reservations:
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - queued),
             capacity=self.capacity,
+            retry=not_before is None or not_before - now <= cfg.max_retry_after,
         )
 
     def unavailable(
@@ -141,7 +145,8 @@ class Reservations:
         cfg = self._config
         draining = code == "draining"
         if draining and until is not None:
-            left = max(0.0, until - now)
+            # Past the announced end, the window ran over: expect it back shortly.
+            left = until - now if until > now else cfg.upstream_retry_after
             promise = max(left, self._outage_horizon + gap - now)
             self._outage_horizon = now + promise
             return Refuse(

@@ -180,7 +180,8 @@ ATTEMPTS_ON_A_BARE_429 = {"openai": 3, "vercel": 3, "langchain": 1, "single": 1}
 def test_the_runner_counts_every_request_a_client_sends(
     js_clients: Path, refusing_vllm: ServerProcess, client: Client
 ) -> None:
-    results = run_clients(scenario(client, refusing_vllm.url, calls=2), directory=js_clients)
+    sent = scenario(client, refusing_vllm.url, calls=2, concurrency=2)
+    results = run_clients(sent, directory=js_clients)
     expected = ATTEMPTS_ON_A_BARE_429[client]
     for r in results:
         assert not r.ok

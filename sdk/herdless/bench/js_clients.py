@@ -277,6 +277,7 @@ def install(cache_dir: Path, *, time_limit: float = 600.0) -> Path:
     if not (target / _INSTALLED).exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        staging.chmod(0o755)  # mkdtemp's 0700 would keep other users from running it
         try:
             for name in _FILES:
                 (staging / name).write_bytes(sources[name])

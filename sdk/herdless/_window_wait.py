@@ -166,8 +166,8 @@ class WaitingLine:
         if waiting and turnover.measured:
             kept: deque[SlotTicket] = deque()
             for position, ticket in enumerate(waiting):
-                expected = self._wait_for(position, now)
-                if self._fits(ticket, expected, now):
+                fits, expected = self._judge(ticket, position, now)
+                if fits:
                     kept.append(ticket)
                 else:
                     self._spill(ticket, expected)
@@ -195,24 +195,34 @@ class WaitingLine:
             margin = turnover.margin(ticket.last)
             ticket.told = (wait, turnover.answer, margin, turnover.samples)
 
-    def _wait_for(self, position: int, now: float) -> float | None:
+    def _ahead(self, position: int) -> int:
         # The slots to free before this waiter's: those ahead of it, its own, and the
         # calls the window holds beyond its size (it just shrank).
-        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
-        return self._turnover.wait(ahead, now)
+        return position + 1 + max(0, self._in_use - math.floor(self._size))
 
-    def _fits(self, ticket: SlotTicket, wait: float | None, now: float) -> bool:
+    def _wait_for(self, position: int, now: float) -> float | None:
+        return self._turnover.wait(self._ahead(position), now)
+
+    def _judge(self, ticket: SlotTicket, position: int, now: float) -> tuple[bool, float | None]:
+        """Whether the waiter at ``position`` still fits, and the wait it was judged on
+        (the firm estimate, or the best case before one)."""
+        turnover = self._turnover
+        ahead = self._ahead(position)
+        wait = turnover.wait(ahead, now)
         if wait is not None and ticket.predicted is None:
-            ticket.predicted = (now, wait)  # the first estimate: its error is measured
-        return self._turnover.fits(
+            ticket.predicted = (now, wait)  # the first firm estimate: its error is measured
+        if wait is None:
+            wait = turnover.best(ahead, now)
+        fits = turnover.fits(
             wait=wait, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
         )
+        return fits, wait
 
     def _estimate(
         self, ticket: SlotTicket, position: int, now: float
     ) -> tuple[float, float, float, int] | None:
         turnover = self._turnover
-        wait = self._wait_for(position, now)
+        wait = turnover.best(self._ahead(position), now)
         if wait is None or turnover.answer is None:
             return None
         return (wait, turnover.answer, turnover.margin(ticket.last), turnover.samples)

@@ -186,9 +186,10 @@ def test_off_lets_everything_through() -> None:
 
 
 def _one_a_second(win: Window, clock: FakeClock) -> None:
-    """Two calls served one after the other, a second each: slots free at 1 a second."""
-    for _ in range(2):
-        ticket = win.acquire(end=END)
+    """Two calls served one after the other through a full window, a second each: slots
+    free at 1 a second (the pace measured from one answer to the next)."""
+    tickets = [win.acquire(end=END) for _ in range(2)]
+    for ticket in tickets:
         win.sent(ticket)
         clock.advance(1.0)
         win.answered(1.0, ticket)

@@ -12,15 +12,18 @@ backend's pace. A batching engine (vLLM's continuous batching) finishes equal re
 in *clumps*: four answers, then nothing for a while. How close together a clump's
 answers reach the client depends on the engine and the machine: on a busy CPU, vLLM's
 first answer of a batch leads the other three by one engine step (50-225 ms measured,
-a tenth of the time between clumps). So an answer joins the latest clump when it comes
-within ``gap`` of the clump's previous answer and within ``span`` of its first::
+up to a fifth of the time between clumps). So an answer joins the latest clump when it
+comes within ``gap`` of the clump's previous answer and within ``span`` of its first::
 
-    pace = period (below)                  once it is known
+    pace = period (below)                  once it is measured
          = the clump's fastest hold        before (send -> slot freed)
-    gap  = max(_CLUMP, _GAP * pace)        span = max(_CLUMP_SPAN, _SPAN * pace)
+    gap  = max(_CLUMP, _GAP * pace)        after a clump's first answer, or once the
+                                           period is measured
+         = _CLUMP                          otherwise (the first clump's later answers)
+    span = max(_CLUMP_SPAN, _SPAN * pace)
 
 A clump is over when ``gap`` passes without an answer, or at once when it has as many
-answers as the clumps measured so far had on average. The pace is measured between the
+answers as the measured clumps had on average. The pace is measured between the
 *starts* of clumps, while the window stayed full (the backend always had our next call),
 over the last ``_SAMPLES`` such pairs::
 
@@ -30,21 +33,22 @@ over the last ``_SAMPLES`` such pairs::
 
 so ``clump / period`` is answers per second counted from one clump start to a later
 one: right whether the clumps are split or whole, and nothing is measured "to now" (the
-silence between two clumps is not a slowdown). The estimate is **firm** once the pairs
-span at least ``_FIRM`` of the answer time (below): a few answers of a burst's first
-round say little of the rounds after it.
+silence between two clumps is not a slowdown). The period is **firm** once the pairs
+span at least ``_FIRM`` of the answer time (below). Before, the latest clump, once it is
+over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
+(a burst's first batch goes straight in).
 
 **The wait** of a waiter that needs ``ahead`` more slots (those of the calls ahead of it,
-its own, and any the window holds beyond its size), at ``now``, once firm::
+its own, and any the window holds beyond its size), at ``now``::
 
     rest  = clump - answers of the latest clump, until it is over; else 0
     next  = max(now, latest clump + period)
     wait  = 0                                                  if ahead <= rest
           = next + (ceil((ahead - rest) / clump) - 1) * period - now      otherwise
 
-Before it is firm only a best case is known: the calls the window held at the backend
-when the latest clump began (``calls``) all answer in it, and then as many per fastest
-hold (``hold``)::
+While the first clump is not over only a best case is known: the calls the window held
+at the backend when the clump began (``calls``) all answer in it, then as many per
+fastest hold (``hold``)::
 
     rest  = calls - answers of the latest clump
     best  = 0                                                  if ahead <= rest
@@ -57,14 +61,15 @@ answer (a stream: its first chunk).
 (its deadline, less the reserve kept for the backends after it)::
 
     now + (1 - margin) * (wait + answer) > end         or: wait > its patience
-    margin = 0.35 / sqrt(k)   (k pairs; 1 before the estimate is firm),
+    margin = 0.35 / sqrt(k)   (k pairs; 1 before the period is firm),
              doubled, at most 0.7, when no backend follows (an error is worse than a
              call cut at its deadline)
 
-with ``wait`` the firm estimate, or the best case before it. Before an answer is
-measured everyone fits: a call that hoped wrongly leaves when its time runs out.
+with ``wait`` the estimate, or the best case before one. Before an answer is measured
+everyone fits: a call that hoped wrongly leaves when its time runs out.
 
-**Its error**, per waiter that got its slot, from the first firm prediction made for it:
+**Its error**, per waiter that got its slot, from the first prediction made for it (once
+a clump is over):
 ``|predicted - actual wait| / max(actual wait, answer)`` (the last ``_ERRORS``;
 ``client.stats().wait_error``).
 """
@@ -83,8 +88,9 @@ _EWMA = 0.2
 # Seconds: answers this close always join one clump (one engine step's answers reach the
 # client up to ~30 ms apart through the gateway on a busy machine)...
 _CLUMP = 0.04
-# ...and closer than this share of the pace (vLLM on a busy CPU: its batch's first answer
-# one step, up to ~0.2 of the period, ahead of the others)...
+# ...and closer than this share of the pace after a clump's first answer, or once the
+# period is measured (vLLM on a busy CPU: its batch's first answer one step, up to ~0.2
+# of the period, ahead of the others)...
 _GAP = 0.25
 # ...unless the clump began longer ago than this (or this share of the pace): a dense
 # stream is no one clump.
@@ -93,7 +99,7 @@ _SPAN = 0.4
 # Pairs of clumps the pace is measured over: several rounds of a batching GPU, few
 # enough to follow a change within a minute.
 _SAMPLES = 16
-# The estimate is firm once its pairs span this share of the answer time.
+# The period is firm once its pairs span this share of the answer time.
 _FIRM = 0.5
 # The best case's margin with one sample; it shrinks as 1 / sqrt(samples).
 _MARGIN = 0.35
@@ -149,9 +155,8 @@ class Turnover:
     def completed(self, now: float, held: float, calls: int = 1) -> None:
         """A served call freed its slot at ``now``, after holding it ``held`` seconds;
         ``calls``: the window's calls at the backend just before (this one included)."""
-        pace = self._pace()
-        joins = now - self._last <= max(_CLUMP, _GAP * pace)
-        if self._in_clump and joins and now - self._latest <= max(_CLUMP_SPAN, _SPAN * pace):
+        span = max(_CLUMP_SPAN, _SPAN * self._pace())
+        if self._in_clump and now - self._last <= self._gap() and now - self._latest <= span:
             self._in_clump += 1
             self._hold = min(self._hold, held)
             self._fresh = False
@@ -191,7 +196,8 @@ class Turnover:
 
     @property
     def samples(self) -> int:
-        """The pairs of clumps behind the estimate (0 before it is firm)."""
+        """The pairs of clumps behind the estimate (0 before it is firm: the first
+        clump's answers per its fastest hold)."""
         return len(self._pairs) if self._firm else 0
 
     def margin(self, last: bool) -> float:
@@ -204,25 +210,27 @@ class Turnover:
         ``None`` when it is over already by its size, or when there is none."""
         if not self._in_clump or self._full():
             return None
-        return self._last + max(_CLUMP, _GAP * self._pace())
+        return self._last + self._gap()
 
     def wait(self, ahead: float, now: float) -> float | None:
-        """Seconds until ``ahead`` more slots are freed; ``None`` before the estimate is
-        firm."""
-        period = self._period
+        """Seconds until ``ahead`` more slots are freed; ``None`` until a clump is over."""
+        period, clump, rest = self._period, self._clump, 0.0
+        over = now - self._last > self._gap() or self._full()
         if not self._firm or period is None:
-            return None
-        clump = self._clump
-        over = now - self._last > max(_CLUMP, _GAP * period) or self._full()
-        rest = 0.0 if over else max(0.0, clump - self._in_clump)
+            if not self._in_clump or not over:
+                return None  # the first clump is not over: its size is not known yet
+            # A first estimate: the clump's answers per its fastest hold.
+            period, clump = self._hold, float(self._in_clump)
+        elif not over:
+            rest = max(0.0, clump - self._in_clump)
         if ahead <= rest:
             return 0.0
         rounds = math.ceil((ahead - rest) / clump - 1e-9)
         return max(now, self._latest + period) + (rounds - 1) * period - now
 
     def best(self, ahead: float, now: float) -> float | None:
-        """The wait a waiter is judged on: the firm estimate, or before it the best case
-        (see the module docstring); ``None`` before any answer."""
+        """The wait a waiter is judged on: the estimate, or while the first clump is not
+        over its best case (see the module docstring); ``None`` before any answer."""
         wait = self.wait(ahead, now)
         if wait is not None or not self._in_clump:
             return wait
@@ -254,6 +262,12 @@ class Turnover:
             "p90": nearest_rank(ordered, 0.9),
             "samples": float(len(ordered)),
         }
+
+    def _gap(self) -> float:
+        """Seconds without an answer after which the latest clump is over."""
+        if self._in_clump == 1 or self._firm:  # a batch's first answer may lead the rest
+            return max(_CLUMP, _GAP * self._pace())
+        return _CLUMP
 
     def _pace(self) -> float:
         """Seconds between clumps: measured once firm, the latest clump's fastest hold

@@ -205,12 +205,12 @@ class WaitingLine:
 
     def _judge(self, ticket: SlotTicket, position: int, now: float) -> tuple[bool, float | None]:
         """Whether the waiter at ``position`` still fits, and the wait it was judged on
-        (the firm estimate, or the best case before one)."""
+        (the estimate, or the best case before one)."""
         turnover = self._turnover
         ahead = self._ahead(position)
         wait = turnover.wait(ahead, now)
         if wait is not None and ticket.predicted is None:
-            ticket.predicted = (now, wait)  # the first firm estimate: its error is measured
+            ticket.predicted = (now, wait)  # the first estimate: its error is measured
         if wait is None:
             wait = turnover.best(ahead, now)
         fits = turnover.fits(

@@ -224,13 +224,12 @@ IDS = ["vllm-shaped", "emulator", "vllm-recorded"]
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=IDS)
-def test_the_wait_predicted_once_the_estimate_is_firm_is_within_20_percent(
+def test_the_wait_predicted_after_the_first_clump_is_within_20_percent(
     trace: list[float],
 ) -> None:
     error = replay(trace).window.wait_error()
-    # Every waiter's first firm prediction is measured: those still waiting once the
-    # pace is measured over half an answer time (two or three clumps into the burst).
-    assert error["samples"] >= (len(trace) - 8) / 2
+    # Every waiter's first prediction is made once the first clump is over.
+    assert error["samples"] == min(64, len(trace) - 8 - 4)  # the last 64 are kept
     assert error["p50"] <= 0.20
     assert error["p90"] <= 0.50
 
@@ -240,15 +239,25 @@ def test_the_first_answer_of_a_batch_ahead_of_the_others_does_not_split_it() -> 
     here) before its three others. Taken for a clump of one, the first clump read as one
     answer per answer time, every wait four times too long (issue 24: 300-400 %)."""
     turnover = Turnover()
-    for at in VLLM_30[:4]:
-        turnover.answered(at)
-        turnover.completed(at, held=at, calls=8)
+    turnover.answered(0.8)
+    turnover.completed(0.847, held=0.8, calls=8)
+    turnover.settled(True)
+    # One answer: the rest of its batch may be an engine step behind (a quarter of its
+    # hold, 0.2 s, is waited for); until then only the best case judges.
+    assert turnover.settles_at() == pytest.approx(0.847 + 0.25 * 0.8)
+    assert turnover.wait(4, now=0.9) is None
+    assert turnover.best(4, now=0.9) == 0.0  # the 8 at the backend may all answer now
+    for at in VLLM_30[1:4]:
+        turnover.answered(0.85)
+        turnover.completed(at, held=0.85, calls=8)
         turnover.settled(True)
-    assert turnover.settles_at() == pytest.approx(0.924 + 0.25 * 0.847)
-    assert turnover.wait(4, now=1.2) is None  # one clump: nothing firm yet
+    # Two answers or more: over after 40 ms. Four answers per 0.8 s hold.
+    assert turnover.settles_at() == pytest.approx(0.924 + 0.04)
+    assert turnover.wait(4, now=1.0) == pytest.approx(0.847 + 0.8 - 1.0)
+    assert turnover.wait(5, now=1.0) == pytest.approx(0.847 + 1.6 - 1.0)
     for at in VLLM_30[4:8]:  # the next batch, 0.9 s on: the pace is measured
-        turnover.answered(at - 0.85)
-        turnover.completed(at, held=at - 0.85, calls=8)
+        turnover.answered(1.7)
+        turnover.completed(at, held=1.7, calls=8)
         turnover.settled(True)
     assert turnover.firm
     assert turnover.samples == 1
@@ -276,11 +285,13 @@ def test_no_waiter_is_told_to_leave_whose_answer_would_have_come_in_time(
 
 
 def test_a_pace_that_changes_within_the_burst_loses_nobody_with_a_deadline_to_spare() -> None:
-    """The recorded 100-call burst: its first rounds 1.6 times slower than the rest (a
-    shared machine). The first firm predictions, made in those rounds, read too long
-    (about 60 %); with the deadline of the real-engine check (twice the unrefused burst,
-    78 s), with a fallback or not, nobody is sent away, and the estimate has caught up by
-    the end of the burst."""
+    """The recorded 100-call burst: its first rounds 1.2-1.6 s apart, the rest 0.8-1.0 s
+    (a shared machine). No estimate made in those first rounds can know that (the
+    first predictions read about 20 % off); with the deadline of the real-engine check
+    (twice the unrefused burst, 78 s), with a fallback or not, nobody is sent away, and
+    the estimate has caught up by the end of the burst. With no time to spare (a
+    deadline at a call's own answer) and a fallback, its 35 % margin shrinking with
+    samples does not cover a pace 1.6 times faster than measured: not asserted."""
     for last in (False, True):
         run = replay(VLLM_100, end=78.0, last=last)
         assert run.spilled == []

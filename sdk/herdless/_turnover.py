@@ -38,8 +38,9 @@ span at least ``_FIRM`` of the answer time (below). Before, the latest clump, on
 over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
 (a burst's first batch goes straight in).
 
-**The wait** of a waiter that needs ``ahead`` more slots (those of the calls ahead of it,
-its own, and any the window holds beyond its size), at ``now``::
+**The wait** of a waiter that waits for ``ahead`` more answers (the window counts them:
+enough to free the slots of the calls ahead of it, its own, and any the window holds
+beyond its size, less the slots the window adds as it grows meanwhile), at ``now``::
 
     rest  = clump - answers of the latest clump, until it is over; else 0
     next  = max(now, latest clump + period)

@@ -9,6 +9,7 @@ waiter is woken to run it, since no release may come for a while after a clump).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
@@ -80,6 +81,10 @@ class WaitingLine:
     _in_use: int
     _size: float
     _whole: float
+    _threshold: float
+    _ceiling: float
+    _failed_at: float
+    _patience: float
     _turnover: Turnover
     _reviewed: float  # the clump the waiters were last reviewed after
     _sentinel: SlotTicket | None  # the waiter woken to review them
@@ -196,9 +201,26 @@ class WaitingLine:
             ticket.told = (wait, turnover.answer, margin, turnover.samples)
 
     def _ahead(self, position: int) -> int:
-        # The slots to free before this waiter's: those ahead of it, its own, and the
-        # calls the window holds beyond its size (it just shrank).
-        return position + 1 + max(0, self._in_use - math.floor(self._size))
+        """The answers this waiter waits for: enough to free the slots of the calls
+        ahead of it, its own, and those of the calls the window holds beyond its size
+        (it just shrank), less the slots the window adds as it grows meanwhile."""
+        need = position + 1 + max(0, self._in_use - math.floor(self._size))
+        return bisect.bisect_left(self._slots_after(need), need)
+
+    def _slots_after(self, need: int) -> list[int]:
+        """``slots[k]``: the slots ``k`` more answers give the waiters, up to ``need``:
+        one each, and one more each time the window, full while calls wait, grows
+        past a whole call (as ``Window.answered`` grows it, toward its ceiling)."""
+        size, slots = self._size, [0]
+        while slots[-1] < need:
+            before = math.floor(size)
+            if size < self._ceiling:
+                grow = 1.0 if size < self._threshold else 1.0 / size
+                if size + 1 >= self._failed_at:  # probing a level refused before
+                    grow /= self._patience
+                size = min(self._ceiling, size + grow)
+            slots.append(slots[-1] + 1 + math.floor(size) - before)
+        return slots
 
     def _wait_for(self, position: int, now: float) -> float | None:
         return self._turnover.wait(self._ahead(position), now)

@@ -170,8 +170,9 @@ class WaitingLine:
             self._grant(ticket)
         if waiting and turnover.measured:
             kept: deque[SlotTicket] = deque()
+            plan = self._slots_after(self._need(len(waiting) - 1))  # once for them all
             for position, ticket in enumerate(waiting):
-                fits, expected = self._judge(ticket, position, now)
+                fits, expected = self._judge(ticket, position, now, plan)
                 if fits:
                     kept.append(ticket)
                 else:
@@ -200,17 +201,27 @@ class WaitingLine:
             margin = turnover.margin(ticket.last)
             ticket.told = (wait, turnover.answer, margin, turnover.samples)
 
-    def _ahead(self, position: int) -> int:
-        """The answers this waiter waits for: enough to free the slots of the calls
-        ahead of it, its own, and those of the calls the window holds beyond its size
-        (it just shrank), less the slots the window adds as it grows meanwhile."""
-        need = position + 1 + max(0, self._in_use - math.floor(self._size))
-        return bisect.bisect_left(self._slots_after(need), need)
+    def _need(self, position: int) -> int:
+        # The slots to free before this waiter's: those ahead of it, its own, and the
+        # calls the window holds beyond its size (it just shrank).
+        return position + 1 + max(0, self._in_use - math.floor(self._size))
+
+    def _ahead(self, position: int, plan: list[int] | None = None) -> int:
+        """The answers the waiter at ``position`` waits for: enough to free the slots it
+        needs (``_need``), less those the window adds as it grows meanwhile (``plan``:
+        ``_slots_after``, made once for a review of every waiter)."""
+        need = self._need(position)
+        if plan is None:
+            plan = self._slots_after(need)
+        return bisect.bisect_left(plan, need) if plan else need
 
     def _slots_after(self, need: int) -> list[int]:
         """``slots[k]``: the slots ``k`` more answers give the waiters, up to ``need``:
         one each, and one more each time the window, full while calls wait, grows
-        past a whole call (as ``Window.answered`` grows it, toward its ceiling)."""
+        past a whole call (as ``Window.answered`` grows it, toward its ceiling). Empty
+        when it is at its ceiling: one slot an answer."""
+        if self._size >= self._ceiling:
+            return []
         size, slots = self._size, [0]
         while slots[-1] < need:
             before = math.floor(size)
@@ -225,11 +236,13 @@ class WaitingLine:
     def _wait_for(self, position: int, now: float) -> float | None:
         return self._turnover.wait(self._ahead(position), now)
 
-    def _judge(self, ticket: SlotTicket, position: int, now: float) -> tuple[bool, float | None]:
+    def _judge(
+        self, ticket: SlotTicket, position: int, now: float, plan: list[int] | None = None
+    ) -> tuple[bool, float | None]:
         """Whether the waiter at ``position`` still fits, and the wait it was judged on
         (the estimate, or the best case before one)."""
         turnover = self._turnover
-        ahead = self._ahead(position)
+        ahead = self._ahead(position, plan)
         wait = turnover.wait(ahead, now)
         if wait is not None and ticket.predicted is None:
             ticket.predicted = (now, wait)  # the first estimate: its error is measured

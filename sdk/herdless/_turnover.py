@@ -8,52 +8,71 @@ and behind the decision to leave a busy backend (``FallbackUsed(reason="busy")``
 
 **What is measured.** Only slots freed by *answers* (a served call's release; a stream's
 at its end): a call that leaves without one frees a place too, but says nothing of the
-backend's pace. Answers less than ``_CLUMP`` seconds apart (and within ``_CLUMP_SPAN``
-of the first) are one *clump*: a batching engine (vLLM's continuous batching) finishes
-equal requests in the same step, four at once, then nothing for seconds. A clump is
-over when ``_CLUMP`` passes without an answer, or at once when it has as many answers
-as the clumps before had on average. One sample per clump::
+backend's pace. A batching engine (vLLM's continuous batching) finishes equal requests
+in *clumps*: four answers, then nothing for a while. How close together a clump's
+answers reach the client depends on the engine and the machine: on a busy CPU, vLLM's
+first answer of a batch leads the other three by one engine step (50-225 ms measured,
+up to a fifth of the time between clumps). So an answer joins the latest clump when it
+comes within ``gap`` of the clump's previous answer and within ``span`` of its first::
 
-    seconds = time since the previous clump        if the window stayed full since then
-                                                   (the backend always had our next call)
-            = the fastest hold (send -> slot freed) of the clump's answers     otherwise
-    answers = the clump's answers
+    pace = period (below)                  once it is measured
+         = the clump's fastest hold        before (send -> slot freed)
+    gap  = max(_CLUMP, _GAP * pace)        after a clump's first answer, or once the
+                                           period is measured
+         = _CLUMP                          otherwise (the first clump's later answers)
+    span = max(_CLUMP_SPAN, _SPAN * pace)
 
-over the last ``_SAMPLES`` clumps (only those of a full window, once there is one)::
+A clump is over when ``gap`` passes without an answer, or at once when it has as many
+answers as the measured clumps had on average. The pace is measured between the
+*starts* of clumps, while the window stayed full (the backend always had our next call),
+over the last ``_SAMPLES`` such pairs::
 
-    period = sum(seconds) / k          (k samples)
-    clump  = sum(answers) / n          (every clump that is over, full window or not;
-                                        until the first is over, the wait is not known)
+    one pair = (seconds from a clump's first answer to the next clump's first answer,
+                answers of the earlier clump)
+    period   = sum(seconds) / k,   clump = sum(answers) / k      (k pairs)
 
-Nothing is measured "to now": the silence between two clumps is not a slowdown, and a
-rate taken between them reads up to twice too slow on a burst's first clumps.
+so ``clump / period`` is answers per second counted from one clump start to a later
+one: right whether the clumps are split or whole, and nothing is measured "to now" (the
+silence between two clumps is not a slowdown). The period is **firm** once the pairs
+span at least ``_FIRM`` of the answer time (below). Before, the latest clump, once it is
+over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
+(a burst's first batch goes straight in).
 
-**The wait** of a waiter that needs ``ahead`` more slots (those of the calls ahead of it,
-its own, and any the window holds beyond its size), at ``now``::
+**The wait** of a waiter that waits for ``ahead`` more answers (the window counts them:
+enough to free the slots of the calls ahead of it, its own, and any the window holds
+beyond its size, less the slots the window adds as it grows meanwhile), at ``now``::
 
-    rest  = clump - answers of the latest clump, until it is over (_CLUMP passes
-            without an answer, or it has ``clump`` answers); else 0
+    rest  = clump - answers of the latest clump, until it is over; else 0
     next  = max(now, latest clump + period)
     wait  = 0                                                  if ahead <= rest
           = next + (ceil((ahead - rest) / clump) - 1) * period - now      otherwise
 
-then its answer, ``answer``: an EWMA of the time from sending an attempt to its accepted
+While the first clump is not over only a best case is known: the calls the window held
+at the backend when the clump began (``calls``) all answer in it, then as many per
+fastest hold (``hold``)::
+
+    rest  = calls - answers of the latest clump
+    best  = 0                                                  if ahead <= rest
+          = (ceil((ahead - rest) / calls) - 1) * hold                    otherwise
+
+Then its answer, ``answer``: an EWMA of the time from sending an attempt to its accepted
 answer (a stream: its first chunk).
 
 **Leaving.** A waiter leaves only when even its best case misses the time it may stay
 (its deadline, less the reserve kept for the backends after it)::
 
     now + (1 - margin) * (wait + answer) > end         or: wait > its patience
-    margin = 0.35 / sqrt(k)   (k: a full window's samples; 1 before there is one),
+    margin = 0.35 / sqrt(k)   (k pairs; 1 before the period is firm),
              doubled, at most 0.7, when no backend follows (an error is worse than a
              call cut at its deadline)
 
-Before an answer is measured everyone fits: a call that hoped wrongly leaves when its
-time runs out, never later.
+with ``wait`` the estimate, or the best case before one. Before an answer is measured
+everyone fits: a call that hoped wrongly leaves when its time runs out.
 
-**Its error**, per waiter that got its slot, from the first prediction made for it
-once anything was measured: ``|predicted - actual wait| / max(actual wait, answer)``
-(the last ``_ERRORS``; ``client.stats().wait_error``).
+**Its error**, per waiter that got its slot, from the first prediction made for it (once
+a clump is over):
+``|predicted - actual wait| / max(actual wait, answer)`` (the last ``_ERRORS``;
+``client.stats().wait_error``).
 """
 
 from __future__ import annotations
@@ -67,14 +86,22 @@ __all__ = ["Turnover"]
 
 # Weight of the newest sample in the answer EWMA: about the last ten answers.
 _EWMA = 0.2
-# Seconds: an answer this close to the previous one joins its clump (one engine step's
-# answers reach the client up to ~30 ms apart through the gateway on a busy machine)...
+# Seconds: answers this close always join one clump (one engine step's answers reach the
+# client up to ~30 ms apart through the gateway on a busy machine)...
 _CLUMP = 0.04
-# ...unless the clump began longer ago than this (a dense stream is no one clump).
+# ...and closer than this share of the pace after a clump's first answer, or once the
+# period is measured (vLLM on a busy CPU: its batch's first answer one step, up to ~0.2
+# of the period, ahead of the others)...
+_GAP = 0.25
+# ...unless the clump began longer ago than this (or this share of the pace): a dense
+# stream is no one clump.
 _CLUMP_SPAN = 0.25
-# Clumps the pace is measured over: several rounds of a batching GPU, few enough to
-# follow a change within a minute.
+_SPAN = 0.4
+# Pairs of clumps the pace is measured over: several rounds of a batching GPU, few
+# enough to follow a change within a minute.
 _SAMPLES = 16
+# The period is firm once its pairs span this share of the answer time.
+_FIRM = 0.5
 # The best case's margin with one sample; it shrinks as 1 / sqrt(samples).
 _MARGIN = 0.35
 # Waiters' errors kept for ``stats()``.
@@ -86,30 +113,35 @@ class Turnover:
     module docstring for the rule."""
 
     __slots__ = (
-        "_done",
+        "_calls",
+        "_clump",
         "_errors",
+        "_firm",
         "_fresh",
+        "_hold",
         "_in_clump",
         "_last",
         "_latest",
+        "_pairs",
         "_period",
-        "_samples",
         "_steady",
-        "_weight",
         "answer",
     )
 
     def __init__(self) -> None:
-        # One per clump: [seconds, answers, measured while the window was full].
-        self._samples: deque[list[float]] = deque(maxlen=_SAMPLES)
+        # (seconds from a clump's start to the next one's, answers of the earlier clump),
+        # measured while the window stayed full.
+        self._pairs: deque[tuple[float, float]] = deque(maxlen=_SAMPLES)
         self._latest = -math.inf  # when the latest clump began
         self._last = -math.inf  # when its latest answer came
         self._in_clump = 0  # answers in it so far
+        self._hold = math.inf  # the fastest hold of its answers
+        self._calls = 0  # the calls the window held at the backend when it began
         self._steady = False  # the window stayed full since the latest clump began
         self._fresh = False  # the last completion began a clump
-        self._period: float | None = None  # seconds between clumps
-        self._done = (0.0, 0)  # answers and clumps of the finished clumps
-        self._weight = 1  # samples behind the estimate (for the margin)
+        self._period: float | None = None  # seconds between clump starts (pairs)
+        self._clump = 0.0  # answers per clump (pairs)
+        self._firm = False  # the pairs span enough of the answer time
         self._errors: deque[float] = deque(maxlen=_ERRORS)
         self.answer: float | None = None
         """An EWMA of the time from sending an attempt to its accepted answer."""
@@ -121,27 +153,26 @@ class Turnover:
         answer = self.answer
         self.answer = elapsed if answer is None else answer + _EWMA * (elapsed - answer)
 
-    def completed(self, now: float, held: float) -> None:
-        """A served call freed its slot at ``now``, after holding it ``held`` seconds."""
-        if now - self._last <= _CLUMP and now - self._latest <= _CLUMP_SPAN and self._samples:
-            sample = self._samples[-1]
-            sample[1] += 1
-            if not sample[2]:  # the clump's fastest hold is the backend's own pace
-                sample[0] = min(sample[0], held)
+    def completed(self, now: float, held: float, calls: int = 1) -> None:
+        """A served call freed its slot at ``now``, after holding it ``held`` seconds;
+        ``calls``: the window's calls at the backend just before (this one included)."""
+        span = max(_CLUMP_SPAN, _SPAN * self._pace())
+        if self._in_clump and now - self._last <= self._gap() and now - self._latest <= span:
             self._in_clump += 1
+            self._hold = min(self._hold, held)
             self._fresh = False
         else:
-            steady = self._steady and self._samples
-            since = now - self._latest
-            self._samples.append([since if steady else held, 1.0, 1.0 if steady else 0.0])
+            if self._steady and self._in_clump:  # the backend had our calls all along
+                self._pairs.append((now - self._latest, float(self._in_clump)))
             self._latest, self._in_clump, self._fresh = now, 1, True
+            self._hold, self._calls = held, calls
         self._last = now
         self._measure()
 
     def settled(self, full: bool) -> None:
         """After a release was handed over: whether the window is still full (its calls
-        fill it, or calls wait). A clump's gap counts as the backend's pace only when the
-        window stayed full all along."""
+        fill it, or calls wait). The time from a clump to the next counts as the
+        backend's pace only when the window stayed full all along."""
         self._steady = full if self._fresh else self._steady and full
         self._fresh = False
 
@@ -155,50 +186,60 @@ class Turnover:
 
     @property
     def measured(self) -> bool:
-        """Whether a wait can be estimated: a clump and an answer are known."""
-        return self.answer is not None and self._period is not None
+        """Whether a wait can be judged: an answer and a clump are known (the best case
+        until the estimate is firm)."""
+        return self.answer is not None and self._in_clump > 0
+
+    @property
+    def firm(self) -> bool:
+        """Whether the pace is measured over enough of the answer time to predict by."""
+        return self._firm
 
     @property
     def samples(self) -> int:
-        """The samples behind the estimate (a full window's clumps; 1 before any)."""
-        return self._weight if self._period is not None else 0
+        """The pairs of clumps behind the estimate (0 before it is firm: the first
+        clump's answers per its fastest hold)."""
+        return len(self._pairs) if self._firm else 0
 
     def margin(self, last: bool) -> float:
         """The share of the expected wait and answer a best case takes off."""
-        margin = _MARGIN / math.sqrt(max(1, self._weight))
+        margin = _MARGIN / math.sqrt(max(1, self.samples))
         return min(0.7, 2 * margin) if last else margin
 
     def settles_at(self) -> float | None:
         """When the latest clump is over (no answer of the same step can come after);
-        ``None`` when it is over already by its size (as many answers as the clumps
-        before had) or when there is none."""
-        if not self._samples or self._full():
+        ``None`` when it is over already by its size, or when there is none."""
+        if not self._in_clump or self._full():
             return None
-        return self._last + _CLUMP
-
-    def _full(self) -> bool:
-        """Whether the latest clump has as many answers as the finished ones had."""
-        answers, clumps = self._done
-        return clumps > 0 and self._in_clump >= round(answers / clumps)
+        return self._last + self._gap()
 
     def wait(self, ahead: float, now: float) -> float | None:
-        """Seconds until ``ahead`` more slots are freed; ``None`` before a clump is
-        complete (its size unknown)."""
-        period = self._period
-        if period is None:
-            return None
-        answers, clumps = self._done
-        settled = now - self._last > _CLUMP or self._full()
-        if settled:
-            answers, clumps = answers + self._in_clump, clumps + 1
-        if not clumps:
-            return None  # the first clump is not over: its size is not known yet
-        clump = answers / clumps
-        rest = 0.0 if settled else max(0.0, clump - self._in_clump)
+        """Seconds until ``ahead`` more slots are freed; ``None`` until a clump is over."""
+        period, clump, rest = self._period, self._clump, 0.0
+        over = now - self._last > self._gap() or self._full()
+        if not self._firm or period is None:
+            if not self._in_clump or not over:
+                return None  # the first clump is not over: its size is not known yet
+            # A first estimate: the clump's answers per its fastest hold.
+            period, clump = self._hold, float(self._in_clump)
+        elif not over:
+            rest = max(0.0, clump - self._in_clump)
         if ahead <= rest:
             return 0.0
         rounds = math.ceil((ahead - rest) / clump - 1e-9)
         return max(now, self._latest + period) + (rounds - 1) * period - now
+
+    def best(self, ahead: float, now: float) -> float | None:
+        """The wait a waiter is judged on: the estimate, or while the first clump is not
+        over its best case (see the module docstring); ``None`` before any answer."""
+        wait = self.wait(ahead, now)
+        if wait is not None or not self._in_clump:
+            return wait
+        calls = max(self._calls, self._in_clump)
+        rest = calls - self._in_clump
+        if ahead <= rest:
+            return 0.0
+        return (math.ceil((ahead - rest) / calls - 1e-9) - 1) * self._hold
 
     def fits(
         self, *, wait: float | None, end: float, max_wait: float, last: bool, now: float
@@ -223,16 +264,29 @@ class Turnover:
             "samples": float(len(ordered)),
         }
 
+    def _gap(self) -> float:
+        """Seconds without an answer after which the latest clump is over."""
+        if self._in_clump == 1 or self._firm:  # a batch's first answer may lead the rest
+            return max(_CLUMP, _GAP * self._pace())
+        return _CLUMP
+
+    def _pace(self) -> float:
+        """Seconds between clumps: measured once firm, the latest clump's fastest hold
+        before."""
+        period = self._period
+        if self._firm and period is not None:
+            return period
+        return 0.0 if self._hold == math.inf else self._hold
+
+    def _full(self) -> bool:
+        """Whether the latest clump has as many answers as the measured ones had."""
+        return self._firm and self._in_clump >= round(self._clump)
+
     def _measure(self) -> None:
-        samples = list(self._samples)
-        steady = [s for s in samples if s[2]]
-        used = steady or samples
-        seconds = sum(s[0] for s in used)
+        pairs = self._pairs
+        seconds = sum(s for s, _ in pairs)
         if seconds <= 0:
             return  # answers with no time between them say nothing of the pace yet
-        self._period = seconds / len(used)
-        # A clump's size is the engine's batching, full window or not; the latest clump
-        # may still grow: it counts once it is over (``wait``).
-        done = samples[:-1]
-        self._done = (sum(s[1] for s in done), len(done))
-        self._weight = len(steady) or 1
+        self._period = seconds / len(pairs)
+        self._clump = sum(a for _, a in pairs) / len(pairs)
+        self._firm = self._firm or seconds >= _FIRM * (self.answer or 0.0)

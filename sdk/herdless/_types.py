@@ -187,11 +187,14 @@ class WaitEstimate:
         best = (1 - margin) * (wait + answer)  >  left - reserve
 
     Attributes:
-        wait: the expected wait in the client's line for a slot.
+        wait: the expected wait in the client's line for a slot (while the first
+            clump of answers is not over: its best case).
         answer: the expected time from sending to the answer (an average of recent ones).
         margin: the share a best case takes off (``0.35 / sqrt(samples)``, doubled when
             no backend follows).
-        samples: clumps of answers the estimate rests on (``herdless._turnover``).
+        samples: rounds of answers the estimate rests on: pairs of clumps, one
+            clump's start to the next (``herdless._turnover``); 0 while the first
+            clump gives it.
         left: what was left of the call's deadline.
         reserve: what of it is kept for the backends after this one (0 on the last).
     """

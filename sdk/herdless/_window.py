@@ -179,8 +179,8 @@ class Window(WaitingLine):
                 self._grant(ticket)
                 return ticket
             now = self._clock.monotonic()
-            wait = self._wait_for(len(self._waiting), now)
-            if self._fits(ticket, wait, now):
+            fits, wait = self._judge(ticket, len(self._waiting), now)
+            if fits:
                 self._waiting.append(ticket)
             else:
                 self._spill(ticket, wait)
@@ -211,7 +211,9 @@ class Window(WaitingLine):
                     self._listeners.remove(ticket)
                 now = self._clock.monotonic()
                 if ticket.served:  # an answer: the backend's pace (not a call moving on)
-                    self._turnover.completed(now, now - ticket.sent_at)
+                    # ...with the calls at the backend when it answered (this one too).
+                    serving = self._in_use - self._resting + 1
+                    self._turnover.completed(now, now - ticket.sent_at, serving)
                 # A place at the backend freed: it goes to a call the backend refused
                 # (oldest first), not to a new one, which would only be refused too.
                 listener = self._listeners.popleft() if self._listeners else None

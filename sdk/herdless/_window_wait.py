@@ -9,6 +9,7 @@ waiter is woken to run it, since no release may come for a while after a clump).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
@@ -80,6 +81,10 @@ class WaitingLine:
     _in_use: int
     _size: float
     _whole: float
+    _threshold: float
+    _ceiling: float
+    _failed_at: float
+    _patience: float
     _turnover: Turnover
     _reviewed: float  # the clump the waiters were last reviewed after
     _sentinel: SlotTicket | None  # the waiter woken to review them
@@ -165,9 +170,10 @@ class WaitingLine:
             self._grant(ticket)
         if waiting and turnover.measured:
             kept: deque[SlotTicket] = deque()
+            plan = self._slots_after(self._need(len(waiting) - 1))  # once for them all
             for position, ticket in enumerate(waiting):
-                expected = self._wait_for(position, now)
-                if self._fits(ticket, expected, now):
+                fits, expected = self._judge(ticket, position, now, plan)
+                if fits:
                     kept.append(ticket)
                 else:
                     self._spill(ticket, expected)
@@ -195,24 +201,63 @@ class WaitingLine:
             margin = turnover.margin(ticket.last)
             ticket.told = (wait, turnover.answer, margin, turnover.samples)
 
-    def _wait_for(self, position: int, now: float) -> float | None:
+    def _need(self, position: int) -> int:
         # The slots to free before this waiter's: those ahead of it, its own, and the
         # calls the window holds beyond its size (it just shrank).
-        ahead = position + 1 + max(0, self._in_use - math.floor(self._size))
-        return self._turnover.wait(ahead, now)
+        return position + 1 + max(0, self._in_use - math.floor(self._size))
 
-    def _fits(self, ticket: SlotTicket, wait: float | None, now: float) -> bool:
+    def _ahead(self, position: int, plan: list[int] | None = None) -> int:
+        """The answers the waiter at ``position`` waits for: enough to free the slots it
+        needs (``_need``), less those the window adds as it grows meanwhile (``plan``:
+        ``_slots_after``, made once for a review of every waiter)."""
+        need = self._need(position)
+        if plan is None:
+            plan = self._slots_after(need)
+        return bisect.bisect_left(plan, need) if plan else need
+
+    def _slots_after(self, need: int) -> list[int]:
+        """``slots[k]``: the slots ``k`` more answers give the waiters, up to ``need``:
+        one each, and one more each time the window, full while calls wait, grows
+        past a whole call (as ``Window.answered`` grows it, toward its ceiling). Empty
+        when it is at its ceiling: one slot an answer."""
+        if self._size >= self._ceiling:
+            return []
+        size, slots = self._size, [0]
+        while slots[-1] < need:
+            before = math.floor(size)
+            if size < self._ceiling:
+                grow = 1.0 if size < self._threshold else 1.0 / size
+                if size + 1 >= self._failed_at:  # probing a level refused before
+                    grow /= self._patience
+                size = min(self._ceiling, size + grow)
+            slots.append(slots[-1] + 1 + math.floor(size) - before)
+        return slots
+
+    def _wait_for(self, position: int, now: float) -> float | None:
+        return self._turnover.wait(self._ahead(position), now)
+
+    def _judge(
+        self, ticket: SlotTicket, position: int, now: float, plan: list[int] | None = None
+    ) -> tuple[bool, float | None]:
+        """Whether the waiter at ``position`` still fits, and the wait it was judged on
+        (the estimate, or the best case before one)."""
+        turnover = self._turnover
+        ahead = self._ahead(position, plan)
+        wait = turnover.wait(ahead, now)
         if wait is not None and ticket.predicted is None:
             ticket.predicted = (now, wait)  # the first estimate: its error is measured
-        return self._turnover.fits(
+        if wait is None:
+            wait = turnover.best(ahead, now)
+        fits = turnover.fits(
             wait=wait, end=ticket.end, max_wait=ticket.max_wait, last=ticket.last, now=now
         )
+        return fits, wait
 
     def _estimate(
         self, ticket: SlotTicket, position: int, now: float
     ) -> tuple[float, float, float, int] | None:
         turnover = self._turnover
-        wait = self._wait_for(position, now)
+        wait = turnover.best(self._ahead(position), now)
         if wait is None or turnover.answer is None:
             return None
         return (wait, turnover.answer, turnover.margin(ticket.last), turnover.samples)

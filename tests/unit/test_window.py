@@ -186,9 +186,10 @@ def test_off_lets_everything_through() -> None:
 
 
 def _one_a_second(win: Window, clock: FakeClock) -> None:
-    """Two calls served one after the other, a second each: slots free at 1 a second."""
-    for _ in range(2):
-        ticket = win.acquire(end=END)
+    """Two calls served one after the other through a full window, a second each: slots
+    free at 1 a second (the pace measured from one answer to the next)."""
+    tickets = [win.acquire(end=END) for _ in range(2)]
+    for ticket in tickets:
         win.sent(ticket)
         clock.advance(1.0)
         win.answered(1.0, ticket)
@@ -251,6 +252,29 @@ def test_a_waiter_whose_turn_comes_too_late_to_be_answered_leaves_instead() -> N
     # Its slot is free now, but even at best its answer (0.65 s) ends past its end.
     assert doomed.state == "spill"
     assert win.in_use == 0
+
+
+def test_a_waiter_counts_the_slots_a_growing_window_adds_before_its_turn() -> None:
+    """Issue 24, real vLLM: the window shrank on the burst's refusals (to 6 in one run)
+    and grew back toward the gateway's 8 while calls waited; each slot it added brought
+    every waiter a place forward, and their predictions were a round late."""
+    win, clock = window(initial=8, maximum=8)
+    tickets = fill(win, 14)  # 8 at the backend, 6 waiting
+    win.refused(tickets[7])  # the 8th refused: the window is what the backend held, 7
+    assert win.requeue(tickets[7])  # it gives its slot back, first in line
+    assert (win.size, win.waiting) == (7.0, 7)
+    # One answer a second, one at a time: the pace is measured (a first clump is over).
+    for ticket in tickets[:2]:
+        clock.advance(1.0)
+        win.answered(1.0, ticket)
+        win.release(ticket)
+    clock.advance(0.5)
+    # Past the threshold it grows by 1 / size an answer, half as fast toward the 8 it
+    # was refused at: back to 8 at the 13th answer from now, which gives two slots.
+    assert win._slots_after(14) == [*range(13), 14]
+    assert win.expected_wait(11) == pytest.approx(0.5 + 11 * 1.0)  # 12 answers
+    assert win.expected_wait(12) == pytest.approx(0.5 + 12 * 1.0)  # 13
+    assert win.expected_wait(13) == pytest.approx(0.5 + 12 * 1.0)  # also 13, not 14
 
 
 def test_a_release_without_an_answer_says_nothing_of_the_pace() -> None:

@@ -11,7 +11,12 @@ burst held by a gateway whose queue takes all of it, as in ``test_flow_control``
 * 30 calls with a hosted fallback (an emulator, ``external=True``): none reaches it;
 * 100 calls with no fallback: all are served, none refused by the estimate.
 
-Each also reports the estimator's error as ``stats().wait_error`` measured it.
+Each also reports the estimator's error as ``stats().wait_error`` measured it (issue 24's
+target: median <= 20 %, p90 <= 50 %; ``docs/benchmarks.md`` has the runs), and asserts
+only a guard well above it (median <= 50 %): every waiter's first prediction is made at
+the same moment of the burst, so one run's error is one estimate's, and the machine is
+shared (a recorded 100-call burst ran its first rounds 1.6 times slower than the rest:
+21 % replayed). Before issue 24's fix the median was 300-400 %.
 """
 
 from __future__ import annotations
@@ -60,14 +65,9 @@ async def _through(
         return list(results), client.stats()
 
 
-# Issue 24 is open: with a fallback the estimate still sends a few calls away on real vLLM
-# (2 of 30 in a CI run, 0 in another run); the check stays, as the target it must meet.
-_OPEN = pytest.mark.xfail(strict=False, reason="issue 24: a few calls may still spill")
-
-
 @pytest.mark.parametrize(
     ("calls", "hosted"),
-    [pytest.param(30, True, id="30-hosted", marks=_OPEN), pytest.param(100, False, id="100")],
+    [pytest.param(30, True, id="30-hosted"), pytest.param(100, False, id="100")],
 )
 async def test_a_busy_gpu_is_waited_for_within_the_deadline(
     vllm_url: str, calls: int, hosted: bool
@@ -94,3 +94,5 @@ async def test_a_busy_gpu_is_waited_for_within_the_deadline(
     backends = [r.backend for r in results if isinstance(r, herdless.ChatResult)]
     assert backends == ["gpu"] * calls, f"{backends.count('hosted')} went to the hosted model"
     print(f"{calls} calls, unrefused {straight:.1f} s, wait error {stats.wait_error}")
+    error = stats.wait_error["gpu"]
+    assert error["p50"] <= 0.5, error  # a guard: a batch read as one answer gave 3-4

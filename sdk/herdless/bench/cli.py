@@ -118,6 +118,14 @@ def _sizing_runs(opts: BenchSettings) -> int:
     return runs(int(opts.repeats))
 
 
+def _clients(opts: BenchSettings, out: Path, progress: Progress) -> list[ScenarioResult]:
+    from herdless.bench import clients  # lazy: starts real processes and node
+
+    if opts.target:
+        print("clients: drains gateways it starts itself; --target is not used")
+    return clients.run(clients.ClientsParams(), progress)
+
+
 def _fairness_runs(opts: BenchSettings) -> int:
     from herdless.bench.fairness import ARMS, RESERVES
 
@@ -194,6 +202,13 @@ SCENARIOS: dict[str, Scenario] = {
         run=_hedge,
         runs=lambda opts: 4 * int(opts.repeats),
         needs=(*_SERVERS, "openai"),
+    ),
+    "clients": Scenario(
+        help="openai-node, the Vercel AI SDK, LangChain.js and a client that never retries, "
+        "through key policies: overload, maintenance windows, the hosted fallback (needs node)",
+        run=_clients,
+        runs=lambda opts: 9,
+        needs=_SERVERS,
     ),
     "overhead": Scenario(
         help="gateway added latency and refusal rate, SDK CPU per call, emulator capacity",

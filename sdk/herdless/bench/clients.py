@@ -1,0 +1,387 @@
+"""The ``clients`` scenario: every employee's client, not only Python apps, through the gateway.
+
+Real clients from npm (:mod:`herdless.bench.js_clients`: openai-node, the Vercel AI SDK
+with its OpenAI-compatible provider, LangChain.js, each with its default retries) and
+a client that sends each request once and never retries (``single``: what Open WebUI's
+backend does), at once, against ``herdless serve --max-concurrency 8 --max-queue 16``
+on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8``:
+
+- ``overload``: 48 calls per client, 24 at once, ``max_tokens`` 32-64, the four clients
+  at once (96 in flight against 8 running + 16 waiting); on a gateway with no key policy
+  (``flags``: as the tree was before key policies), and on one where the single-attempt
+  client's key holds 20 s and may spill (``spill``) or may not (``hold``) while the
+  retrying clients' key takes the flags; then ``spill`` with the default ``--max-queue``
+  (256). Per client: errors, p95, attempts per request, calls that reached the hosted
+  model, and the spilled calls' first byte against the hosted model's own p50 (the same
+  client straight at it, in the same run);
+- ``window 20 s``: a maintenance window announced (``/admin/drain?expect=20``) and
+  resumed after 20 s, 10 calls per client spread over it; keys that may spill, then
+  keys that may not (hold 10 s: the retrying clients are told the window's end);
+- ``window 90 s``: openai-node (2 retries) on a key that may not spill, hold 120 s;
+- ``sdk``: herdless's own client through the spilling gateway under the overload: the
+  gateway spills none of its requests (they carry ``X-Herdless-Deadline-Ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from herdless._percentiles import percentile
+from herdless.bench.js_clients import (
+    CLIENTS,
+    CallResult,
+    Scenario,
+    install,
+    node_available,
+    run_clients_async,
+)
+from herdless.bench.report import Column, ScenarioResult, Target
+from herdless.bench.runner import Progress
+from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+
+__all__ = ["ClientsParams", "run"]
+
+_ADMIN = "bench-admin"
+_KEYS = {  # key -> (fallback, hold); the retrying clients' key, "apps", takes the flags
+    "spill": (True, 20.0),
+    "hold": (False, 20.0),
+    "hold10": (False, 10.0),
+    "long": (False, 120.0),
+}
+_MODEL = "company-llm"
+_RETRYING = ("openai", "vercel", "langchain")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientsParams:
+    """Sizes of the scenario.
+
+    Attributes:
+        calls: calls per client in the overload (``concurrency`` at once).
+        concurrency: calls in flight per client.
+        window: seconds of the short maintenance window; ``long_window`` the long one.
+        window_calls: calls per client spread over the short window.
+        cache: where the npm clients are installed.
+    """
+
+    calls: int = 48
+    concurrency: int = 24
+    window: float = 20.0
+    long_window: float = 90.0
+    window_calls: int = 10
+    cache: Path = Path(".cache/js-clients")
+
+
+@dataclass(slots=True)
+class _Stack:
+    gpu: ServerProcess
+    hosted: ServerProcess
+    flags: ServerProcess
+    keyed: ServerProcess
+    roomy: ServerProcess
+
+
+@contextlib.contextmanager
+def _stack(folder: Path) -> Iterator[_Stack]:
+    policies = folder / "keys.toml"
+    policies.write_text(
+        "".join(
+            f'[keys.{name}]\nkey = "{name}-key"\n'
+            f"fallback = {str(spill).lower()}\nhold = {hold:g}\nqueue_share = 1.0\n\n"
+            for name, (spill, hold) in _KEYS.items()
+        )
+        + '[keys.apps]\nkey = "apps-key"\n'
+    )
+
+    with (
+        emulator_process(max_num_seqs=8, model=_MODEL, access_log=False) as gpu,
+        emulator_process(speed=8, model="hosted-llm", access_log=False) as hosted,
+        gateway_process(
+            upstream=gpu.url, max_concurrency=8, max_queue=16, access_log=False
+        ) as flags,
+        gateway_process(**_keyed(policies, gpu, hosted), max_queue=16) as keyed,
+        gateway_process(**_keyed(policies, gpu, hosted)) as roomy,  # the default --max-queue
+    ):
+        yield _Stack(gpu=gpu, hosted=hosted, flags=flags, keyed=keyed, roomy=roomy)
+
+
+def _keyed(policies: Path, gpu: ServerProcess, hosted: ServerProcess) -> dict[str, Any]:
+    """The options of a gateway with the key policies and the hosted fallback."""
+    return {
+        "upstream": gpu.url,
+        "key_policies": str(policies),
+        "fallback_url": f"{hosted.url}/v1",
+        "fallback_model": "hosted-llm",
+        "env": {"HERDLESS_GATEWAY_ADMIN_TOKEN": _ADMIN},
+        "max_concurrency": 8,
+        "access_log": False,
+    }
+
+
+def _scenario(client: str, url: str, key: str, **more: object) -> Scenario:
+    options: dict[str, object] = {"calls": 48, "concurrency": 24, "max_tokens": (32, 64)}
+    options |= {"model": _MODEL} | more
+    return Scenario(client=client, base_url=url, api_key=key, **options)  # type: ignore[arg-type]
+
+
+async def _all(scenarios: Sequence[Scenario], directory: Path) -> list[list[CallResult]]:
+    return list(
+        await asyncio.gather(*(run_clients_async(s, directory=directory) for s in scenarios))
+    )
+
+
+def _figures(results: Sequence[CallResult], hosted_p50: float = math.nan) -> dict[str, float]:
+    done = [r.total_s for r in results]
+    spilled = [r for r in results if r.headers.get("x-herdless-backend") == "hosted"]
+    first = [r.first_byte_s for r in spilled if r.first_byte_s is not None]
+    return {
+        "calls": len(results),
+        "errors": sum(not r.ok for r in results),
+        "p95_s": percentile(done, 95),
+        "attempts": sum(r.attempts for r in results) / len(results),
+        "hosted": len(spilled),
+        "spill_first_byte_p95_s": percentile(first, 95) if first else math.nan,
+        "hosted_p50_s": hosted_p50,
+    }
+
+
+async def _window(
+    stack: _Stack, directory: Path, key: str, clients: Sequence[str], window: float, calls: int
+) -> list[list[CallResult]]:
+    """Announce a window of ``window`` seconds, send ``calls`` per client spread over it,
+    resume at its end; returns each client's results."""
+    auth = {"authorization": f"Bearer {_ADMIN}"}
+    url = stack.keyed.url
+    spacing = 1000 * window / calls
+    scenarios = [
+        _scenario(c, url, f"{key}-key", calls=calls, concurrency=calls, start_spacing_ms=spacing)
+        for c in clients
+    ]
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=10) as admin:
+        (await admin.post(f"/admin/drain?expect={window:g}")).raise_for_status()
+        started = time.monotonic()
+        running = asyncio.ensure_future(_all(scenarios, directory))
+        await asyncio.sleep(max(0.0, window - (time.monotonic() - started)))
+        (await admin.post("/admin/resume")).raise_for_status()
+        return await running
+
+
+async def _sdk(stack: _Stack) -> dict[str, float]:
+    """herdless's client (with a hosted fallback of its own) through the spilling key."""
+    import herdless
+
+    url = stack.keyed.url
+    before = await _spills(url)
+    async with herdless.AsyncClient(
+        primary=herdless.Backend(
+            name="gpu", base_url=f"{url}/v1", model=_MODEL, api_key="spill-key"
+        ),
+        fallback=herdless.Backend(
+            name="hosted", base_url=f"{stack.hosted.url}/v1", model="hosted-llm", external=True
+        ),
+        deadline=60,
+        env_file=None,
+    ) as client:
+        results = await asyncio.gather(
+            *(
+                client.chat([{"role": "user", "content": "hello"}], max_tokens=48)
+                for _ in range(48)
+            ),
+            return_exceptions=True,
+        )
+    spilled = await _spills(url) - before
+    return {"errors": sum(isinstance(r, BaseException) for r in results), "gateway_spills": spilled}
+
+
+async def _spills(url: str) -> float:
+    """The gateway's spills of the ``spill`` key so far."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        metrics = (await http.get(f"{url}/metrics")).text
+    prefix = 'herdless_gateway_spills_total{key="spill"'
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix)
+    )
+
+
+def run(params: ClientsParams, progress: Progress) -> list[ScenarioResult]:
+    """Run the scenario once (every client at once per case); [] where node is missing."""
+    missing = node_available()
+    if missing is not None:
+        print(f"clients: skipped: {missing}")
+        return []
+    directory = install(params.cache)
+    with (
+        tempfile.TemporaryDirectory(prefix="herdless-clients-") as folder,
+        _stack(Path(folder)) as stack,
+    ):
+        return asyncio.run(_measure(params, stack, directory, progress))
+
+
+async def _measure(
+    params: ClientsParams, stack: _Stack, directory: Path, progress: Progress
+) -> list[ScenarioResult]:
+    rows: list[dict[str, object]] = []
+    runs: dict[str, list[dict[str, float]]] = {}
+    # The hosted model's own latency, per client, straight at it: the spill's yardstick.
+    straight = await _all(
+        [_scenario(c, stack.hosted.url, "x", model="hosted-llm") for c in CLIENTS], directory
+    )
+    hosted_p50: dict[str, float] = {
+        c: percentile([r.first_byte_s or r.total_s for r in rs], 50)
+        for c, rs in zip(CLIENTS, straight, strict=True)
+    }
+    hosted_p95: dict[str, float] = {
+        c: percentile([r.total_s for r in rs], 95) for c, rs in zip(CLIENTS, straight, strict=True)
+    }
+    progress("hosted model alone")
+    # The four at once (96 in flight against 8 running + 16 waiting); the retrying clients
+    # on a key of the flags ("apps"), the single-attempt one on the case's key.
+    cases = [
+        ("overload, flags", stack.flags.url, "any-key"),
+        ("overload, spill", stack.keyed.url, "spill-key"),
+        ("overload, hold", stack.keyed.url, "hold-key"),
+        ("overload, spill, queue 256", stack.roomy.url, "spill-key"),
+    ]
+    for case, url, key in cases:
+        keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in CLIENTS}
+        results = await _all([_scenario(c, url, keys[c]) for c in CLIENTS], directory)
+        for client, result in zip(CLIENTS, results, strict=True):
+            figures = _figures(result, hosted_p50[client])
+            rows.append({"arm": f"{case}: {client}", **figures})
+            runs[f"{case}: {client}"] = [figures]
+        progress(case)
+    for case, key in (("window 20 s, spill", "spill"), ("window 20 s, hold 10 s", "hold10")):
+        results = await _window(stack, directory, key, CLIENTS, params.window, params.window_calls)
+        for client, result in zip(CLIENTS, results, strict=True):
+            figures = _figures(result, hosted_p50[client]) | {"hosted_p95_s": hosted_p95[client]}
+            rows.append({"arm": f"{case}: {client}", **figures})
+            runs[f"{case}: {client}"] = [figures]
+        progress(case)
+    [long] = await _window(
+        stack, directory, "long", ["openai"], params.long_window, params.window_calls
+    )
+    rows.append({"arm": "window 90 s, hold 120 s: openai", **_figures(long)})
+    progress("window 90 s")
+    sdk = await _sdk(stack)
+    rows.append({"arm": "overload, spill key: herdless SDK", **sdk})
+    progress("sdk")
+    return [_result(params, rows, runs, hosted_p95)]
+
+
+def _result(
+    params: ClientsParams,
+    rows: list[dict[str, object]],
+    runs: dict[str, list[dict[str, float]]],
+    hosted_p95: Mapping[str, float],
+) -> ScenarioResult:
+    by = {str(row["arm"]): row for row in rows}
+
+    def value(arm: str, key: str) -> float:
+        return float(by.get(arm, {}).get(key, math.nan))  # type: ignore[arg-type]
+
+    targets = [
+        Target(
+            label="overload, spill key, single attempt: errors",
+            value=value("overload, spill: single", "errors"),
+            limit=0,
+        ),
+        Target(
+            label="overload, spill key, single attempt: spilled first byte p95 - hosted p50 (s)",
+            value=value("overload, spill: single", "spill_first_byte_p95_s")
+            - value("overload, spill: single", "hosted_p50_s"),
+            limit=0.1,
+        ),
+        Target(
+            label="overload, hold key: calls to the hosted model",
+            value=sum(value(f"overload, hold: {c}", "hosted") for c in CLIENTS),
+            limit=0,
+        ),
+        Target(
+            label="window 20 s, spill key: errors (all clients)",
+            value=sum(value(f"window 20 s, spill: {c}", "errors") for c in CLIENTS),
+            limit=0,
+        ),
+        Target(
+            label="window 20 s, spill key: worst p95 - hosted p95 (s)",
+            value=max(value(f"window 20 s, spill: {c}", "p95_s") - hosted_p95[c] for c in CLIENTS),
+            limit=0.2,
+        ),
+        Target(
+            label="window 20 s, hold 10 s: retrying clients' worst p95 (s)",
+            value=max(
+                value(f"window 20 s, hold 10 s: {c}", "p95_s") for c in CLIENTS if c != "single"
+            ),
+            limit=22.0,
+        ),
+        Target(
+            label="window 90 s, hold 120 s, openai-node: errors",
+            value=value("window 90 s, hold 120 s: openai", "errors"),
+            limit=0,
+        ),
+        Target(
+            label="overload, queue 256, retrying clients: worst attempts per request",
+            value=max(value(f"overload, spill, queue 256: {c}", "attempts") for c in _RETRYING),
+            limit=1.1,
+        ),
+        Target(
+            label="overload, queue 256, retrying clients: worst p95 / flags' p95",
+            value=max(
+                value(f"overload, spill, queue 256: {c}", "p95_s")
+                / value(f"overload, flags: {c}", "p95_s")
+                for c in _RETRYING
+            ),
+            limit=1.0,
+        ),
+        Target(
+            label="overload, queue 16, retrying clients: worst attempts per request",
+            value=max(value(f"overload, spill: {c}", "attempts") for c in _RETRYING),
+            limit=1.1,
+            note="held requests count against --max-queue: 96 in flight against 8 + 16",
+        ),
+        Target(
+            label="herdless SDK through the spilling key: requests the gateway spilled",
+            value=value("overload, spill key: herdless SDK", "gateway_spills"),
+            limit=0,
+        ),
+    ]
+    return ScenarioResult(
+        name="clients",
+        title="clients that do not embed herdless: key policies, holds, the hosted fallback",
+        params={
+            "calls": params.calls,
+            "concurrency": params.concurrency,
+            "window_s": params.window,
+            "long_window_s": params.long_window,
+        },
+        columns=[
+            Column(key="calls", label="calls", fmt="{:.0f}"),
+            Column(key="errors", label="errors", fmt="{:.0f}"),
+            Column(key="p95_s", label="p95 (s)"),
+            Column(key="attempts", label="attempts/call"),
+            Column(key="hosted", label="to the hosted model", fmt="{:.0f}"),
+            Column(key="spill_first_byte_p95_s", label="spilled first byte p95 (s)"),
+            Column(key="hosted_p50_s", label="hosted alone p50 (s)"),
+            Column(key="gateway_spills", label="gateway spills", fmt="{:.0f}"),
+        ],
+        rows=rows,
+        runs=runs,
+        targets=targets,
+        notes=[
+            "One run; every client at once in each case (96 calls in flight against 8 running "
+            "+ 16 waiting in the overload). flags: the gateway with no key policy "
+            "(what every client got before key policies); spill / hold: the single-attempt "
+            "client's key holds 20 s and may / may not spill, the retrying clients' key takes "
+            "the flags; queue 256: the same with the default --max-queue.",
+            "single: one plain POST per call, never retried (what Open WebUI's backend does).",
+        ],
+    )

@@ -70,7 +70,7 @@ async def test_a_drained_gpu_spills_a_key_that_may_to_the_hosted_model(
     hosted: FakeVllm,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="herdless.gateway")
     async with spilling() as (client, _):
         await client.post("/admin/drain?expect=20", headers=ADMIN)
         spilled = await client.post("/v1/chat/completions", json=chat_body(), headers=SPILL)

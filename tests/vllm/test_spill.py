@@ -65,9 +65,7 @@ async def test_a_window_spills_one_key_and_holds_the_other_for_vllm(
         before = await client.post("/v1/chat/completions", json=chat(), headers=WEBUI)
         (await client.post("/admin/drain?expect=30", headers=ADMIN)).raise_for_status()
         spilled = await client.post("/v1/chat/completions", json=chat(), headers=WEBUI)
-        streamed = await client.post(
-            "/v1/chat/completions", json=chat(stream=True), headers=WEBUI
-        )
+        streamed = await client.post("/v1/chat/completions", json=chat(stream=True), headers=WEBUI)
         held = asyncio.create_task(
             client.post("/v1/chat/completions", json=chat(), headers=INTERNAL)
         )

@@ -81,10 +81,20 @@ def main(argv: Sequence[str]) -> int:
         opts, args = _COMMAND.parse(argv)
     except SystemExit as exc:
         return exit_status(exc)
-    # The live view shows every decision; the SDK's own warnings would tear it apart.
-    logging.getLogger("herdless").setLevel(logging.ERROR)
+    # The live view shows every decision; the SDK's own warnings would tear it apart
+    # (for the day only: a caller in the same process, a test, keeps its own level).
+    sdk_log = logging.getLogger("herdless")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.ERROR)
+    try:
+        return _day(opts, args.json)
+    finally:
+        sdk_log.setLevel(level)
+
+
+def _day(opts: DemoSettings, as_json: bool) -> int:
+    """Play the day with ``opts`` and print its accounting (``main``'s body)."""
     out: Path = opts.out or Path(tempfile.mkdtemp(prefix="herdless-demo-"))
-    as_json: bool = args.json
     console = Console(stderr=as_json)
     day = Day(length=opts.length, crowd=opts.crowd)
     fallback = FALLBACK if opts.fallback else None

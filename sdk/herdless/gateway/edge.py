@@ -1,6 +1,7 @@
-"""The raw ASGI pieces of the admitted routes (:mod:`herdless.gateway.proxy`): the body
-read, the access record, the OpenAI-style errors and refusals, and which refusals a
-request may spill instead of."""
+"""The raw ASGI pieces of the admitted routes (:mod:`herdless.gateway.proxy`) and of the
+hosted fallback (:mod:`herdless.gateway.spill`): the body read, the access record, whole
+JSON answers, the OpenAI-style errors and refusals, and which refusals a request may
+spill instead of."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from starlette.types import Receive, Scope, Send
 from herdless.gateway.core.decisions import Refuse
 from herdless.gateway.core.limits import Priority
 from herdless.gateway.policies import KeyPolicy
-from herdless.gateway.runtime import send_json
 from herdless.gateway.wire import error_body, refusal_headers, user_header
 
 __all__ = [
@@ -23,11 +23,24 @@ __all__ = [
     "error",
     "named_user",
     "read_body",
+    "send_json",
     "send_refusal",
     "spills",
 ]
 
 _OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send a complete JSON response."""
+    raw = [_JSON_TYPE, (b"content-length", b"%d" % len(body))]
+    if headers:
+        raw += headers
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyTooLarge(Exception):
@@ -88,12 +101,15 @@ def named_user(headers: dict[str, str], policy: KeyPolicy) -> str | None:
     return user_header(headers)
 
 
-async def send_refusal(send: Send, refuse: Refuse) -> None:
+async def send_refusal(
+    send: Send, refuse: Refuse, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """``refuse`` as an OpenAI-style error with its hints; ``extra``: more headers."""
     type_ = "invalid_request_error" if refuse.status == 400 else "rate_limit_error"
     if refuse.status == 503:
         type_ = "service_unavailable"
     body = error_body(refuse.message, code=refuse.code, type=type_)
-    await send_json(send, refuse.status, body, refusal_headers(refuse))
+    await send_json(send, refuse.status, body, refusal_headers(refuse) + (extra or []))
 
 
 async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:

@@ -1,4 +1,4 @@
-"""What one running gateway shares between its routes, and the raw ASGI helpers they use."""
+"""What one running gateway shares between its routes, and their request ids and audit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from starlette.types import Scope, Send
+from starlette.types import Scope
 
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import event
@@ -21,11 +21,10 @@ from herdless.gateway.upstream import Upstream
 if TYPE_CHECKING:
     from herdless.gateway.spill import Spill
 
-__all__ = ["ACCESS_LOG", "AUDIT_LOG", "Runtime", "audit", "header_map", "request_id", "send_json"]
+__all__ = ["ACCESS_LOG", "AUDIT_LOG", "Runtime", "audit", "header_map", "request_id"]
 
 ACCESS_LOG = logging.getLogger("herdless.gateway.access")
 AUDIT_LOG = logging.getLogger("herdless.gateway.audit")
-_JSON_TYPE = (b"content-type", b"application/json")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII, bounded
 
 
@@ -101,14 +100,3 @@ def audit(action: str, outcome: str, scope: Scope, rid: str, **more: object) -> 
 def header_map(scope: Scope) -> dict[str, str]:
     """The request headers, lower-case names (ASGI already lower-cases them)."""
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-
-
-async def send_json(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    """Send a complete JSON response."""
-    raw = [_JSON_TYPE, (b"content-length", b"%d" % len(body))]
-    if headers:
-        raw += headers
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})

@@ -30,8 +30,8 @@ from starlette.types import Send
 import herdless
 from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.edge import send_json, send_refusal
 from herdless.gateway.policies import FallbackTable
-from herdless.gateway.wire import error_body, refusal_headers
 
 __all__ = ["Spill", "Spilled"]
 
@@ -145,15 +145,15 @@ class Spill:
                 extra_body=rest,
             )
         except SpendLimitExceeded:
-            await _refuse(send, refused, refused.message, extra)
+            await send_refusal(send, refused, extra)
             return Spilled(refused.status, "spend_cap")
         except HerdlessError as exc:
             message = f"{refused.message}; the hosted fallback failed too: {exc}"
             both = Refuse(status=503, code="fallback_failed", message=message,
                           retry_after=refused.retry_after)  # fmt: skip
-            await _refuse(send, both, message, extra)
+            await send_refusal(send, both, extra)
             return Spilled(503, "failed")
-        await _send_whole(send, 200, json.dumps(result.raw, separators=(",", ":")).encode(), extra)
+        await send_json(send, 200, json.dumps(result.raw, separators=(",", ":")).encode(), extra)
         usage = result.usage
         return Spilled(
             200,
@@ -195,24 +195,6 @@ async def _relay_stream(
     tail = b"data: [DONE]\n\n" if complete else b""
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     return Spilled(200, "served", prompt, completion)
-
-
-async def _refuse(
-    send: Send, refused: Refuse, message: str, extra: list[tuple[bytes, bytes]]
-) -> None:
-    kind = "service_unavailable" if refused.status == 503 else "rate_limit_error"
-    body = error_body(message, code=refused.code, type=kind)
-    await _send_whole(send, refused.status, body, extra + refusal_headers(refused))
-
-
-async def _send_whole(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]]
-) -> None:
-    """A whole JSON answer (as ``runtime.send_json``, which this module cannot import:
-    the runtime holds the spill)."""
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _include_usage(fields: Mapping[str, Any]) -> bool:

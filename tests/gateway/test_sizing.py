@@ -8,7 +8,7 @@ import pytest
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Ticket
-from herdless.gateway.core.engine import Reading
+from herdless.gateway.core.engine import AHEAD, DEFER, PACE, Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.sizing import FILL, Sizing
 from herdless.testing import FakeClock
@@ -131,36 +131,99 @@ def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
     for chat in chats:
         sizing.finish(chat, 1.0, prompt_tokens=100, completion_tokens=100)
 
-    def batch() -> Ticket:
-        return ticket(900, 100, "batch")
-
     started = 0
     while sizing.hold(batch(), 1.0, recent_interactive=True) is None:
         sizing.start(batch(), 1.0, predicted=None)
         started += 1
-    # Three chats of 200 tokens ran at once: batch leaves 3 x 200 + one more free.
-    assert started == int((FILL * 100_000 - 800) / 1_000)
+    # Three chats of 200 tokens ran at once: batch leaves half of 3 x 200 + one more free.
+    assert started == int((FILL * 100_000 - 400) / 1_000)
     assert sizing.hold(batch(), 1.0, recent_interactive=True) == "reserve"
     # A chat still starts at once; without recent interactive work, batch may fill it.
     assert sizing.hold(ticket(100, 100), 1.0, recent_interactive=True) is None
     assert sizing.hold(ticket(100, 100, "batch"), 1.0, recent_interactive=False) is None
 
 
-def test_batch_starts_are_spaced_while_chats_run() -> None:
+def batch() -> Ticket:
+    return ticket(900, 100, "batch")
+
+
+def paced_sizing() -> Sizing:
+    """Thirty batch requests started at 0 s, ten ended at 2 s: a 2 s run, 30 at most."""
     sizing = Sizing(AdmissionConfig())
-    sizing.observe(reading(0.0, capacity=100_000))
-    batch = [ticket(900, 100, "batch") for _ in range(4)]
-    for t in batch:
+    sizing.observe(reading(0.0, capacity=10_000_000))
+    first = [batch() for _ in range(30)]
+    for t in first:
         sizing.start(t, 0.0, predicted=None)
-    sizing.finish(batch[0], 2.0, prompt_tokens=900, completion_tokens=100)
-    sizing.start(ticket(900, 100, "batch"), 2.0, predicted=None)
-    # A batch request runs 2 s and 4 ran at once: one start every 0.5 s keeps the pace.
-    assert sizing.batch_spaced_until == pytest.approx(2.5)
-    assert sizing.hold(ticket(900, 100, "batch"), 2.2, recent_interactive=True) == "spacing"
-    assert sizing.hold(ticket(900, 100, "batch"), 2.5, recent_interactive=True) is None
-    # Without chats around a cohort harms nobody: no spacing.
-    assert sizing.hold(ticket(900, 100, "batch"), 2.2, recent_interactive=False) is None
-    assert sizing.hold(ticket(100, 10), 2.2, recent_interactive=True) is None
+    for t in first[:10]:
+        sizing.finish(t, 2.0, prompt_tokens=900, completion_tokens=100)
+    return sizing
+
+
+def starts_at(sizing: Sizing, now: float) -> int:
+    """Batch starts the rule lets go at ``now`` (interactive work recent)."""
+    started = 0
+    while sizing.hold(batch(), now, recent_interactive=True) is None:
+        sizing.start(batch(), now, predicted=None)
+        started += 1
+    return started
+
+
+def test_batch_starts_catch_up_after_a_pause_while_no_chat_runs() -> None:
+    sizing = paced_sizing()
+    # Up to AHEAD gaps saved by the pause and AHEAD ahead of the schedule, and its own
+    # (the last one is due at 2 s exactly, give or take a float's rounding).
+    assert starts_at(sizing, 2.0) + starts_at(sizing, 2.0 + 1e-6) == 2 * AHEAD + 1
+    assert sizing.hold(batch(), 2.0, recent_interactive=True) == "spacing"
+    # Then one per gap: PACE of a 2 s run over the most batch running (30).
+    gap = PACE * 2.0 / 30
+    assert sizing.batch_spaced_until == pytest.approx(2.0 + gap)
+    assert starts_at(sizing, 2.0 + gap + 1e-6) == 1
+    # Without interactive work around, a cohort harms nobody: no pacing.
+    assert sizing.hold(batch(), 2.0, recent_interactive=False) is None
+
+
+def test_batch_starts_keep_to_the_schedule_while_a_chat_runs() -> None:
+    sizing = paced_sizing()
+    sizing.start(ticket(100, 10), 2.0, predicted=None)
+    assert starts_at(sizing, 2.0) == 1
+    gap = PACE * 2.0 / 30
+    assert sizing.batch_spaced_until == pytest.approx(2.0 + gap)
+    assert starts_at(sizing, 2.0 + gap + 1e-6) == 1
+    # A chat is never paced.
+    assert sizing.hold(ticket(100, 10), 2.0, recent_interactive=True) is None
+
+
+def chat_measured(sizing: Sizing, run: float) -> None:
+    chat = ticket(100, 10)
+    sizing.start(chat, 0.0, predicted=None)
+    sizing.finish(chat, run, prompt_tokens=100, completion_tokens=10)
+
+
+def test_a_due_batch_start_waits_for_chats_about_to_end() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=1_000_000))
+    chat_measured(sizing, 0.2)  # a chat runs 0.2 s: a start waits at most 0.6 x that
+    longest = DEFER * 0.2
+    chat = ticket(100, 10)
+    sizing.start(chat, 1.0, predicted=None)
+    # Due at 1.1 s, the chat ends at about 1.2 s: the batch start waits for it.
+    assert sizing.hold(batch(), 1.1, recent_interactive=True) == "spacing"
+    assert sizing.batch_spaced_until == pytest.approx(1.2)
+    # A chat that overruns its typical time is waited for until `longest` since due.
+    assert sizing.hold(batch(), 1.2, recent_interactive=True) == "spacing"
+    assert sizing.hold(batch(), 1.1 + longest, recent_interactive=True) is None
+    # Once the chat ended, nothing holds it.
+    sizing.finish(chat, 1.15, prompt_tokens=100, completion_tokens=10)
+    assert sizing.hold(batch(), 1.15, recent_interactive=True) is None
+
+
+def test_a_batch_start_does_not_wait_for_a_chat_that_just_began() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=1_000_000))
+    chat_measured(sizing, 0.2)
+    sizing.start(ticket(100, 10), 1.0, predicted=None)
+    # It would end at 1.2 s, more than DEFER x 0.2 s away: waiting would not spare it.
+    assert sizing.hold(batch(), 1.0, recent_interactive=True) is None
 
 
 def test_preemptions_brake_and_quiet_readings_release() -> None:

@@ -6,10 +6,32 @@ The sizing rule (:mod:`herdless.gateway.core.sizing`) decides with these.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
-__all__ = ["InteractiveDemand", "Reading", "Run", "Running", "kv_peak"]
+__all__ = [
+    "AHEAD",
+    "DEFER",
+    "PACE",
+    "BatchPacing",
+    "InteractiveDemand",
+    "Reading",
+    "Run",
+    "Running",
+    "kv_peak",
+]
+
+PACE: Final = 0.7
+"""A batch start may come after this share of the batch job's own gap between starts."""
+AHEAD: Final = 2
+"""Gaps batch starts may run ahead of their schedule, and a pause may save, while no
+interactive request runs."""
+DEFER: Final = 0.6
+"""A due batch start waits for running interactive requests that all end within this
+share of their typical run time."""
+_EWMA = 0.2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +106,11 @@ class Running:
             self.tokens[run.interactive] -= run.prompt + run.predicted
         return run
 
+    def last_interactive_start(self) -> float:
+        """When the newest interactive request still running started (``-inf``: none)."""
+        starts = (run.started for run in self._runs.values() if run.interactive)
+        return max(starts, default=-math.inf)
+
     def final(self, block: int) -> float:
         """What they all hold when they end: never less than their peak (each of its
         terms is a ``size + left`` of a request still running)."""
@@ -142,3 +169,85 @@ class InteractiveDemand:
         while notes and notes[0][0] < now - self.window:
             notes.popleft()
         return max((n[2] for n in notes), default=0), max((n[1] for n in notes), default=0.0)
+
+
+class BatchPacing:
+    """When the next batch request may start while interactive work is around (rule 4
+    of :mod:`~herdless.gateway.core.sizing`).
+
+    A batch start's prefill (thousands of tokens) stalls every running answer for an
+    engine step. Started together, a cohort of them is prefilled in a row that every
+    chat waits behind, and, ending together too, stays a cohort. So:
+
+    - batch starts keep to a schedule of one per gap, the gap being ``PACE`` of the batch
+      job's own (its run time over the most batch requests running lately); while no
+      interactive request runs they may run up to ``AHEAD`` gaps ahead of it, and a
+      pause saves at most that many (catching up after it), while one runs they keep
+      to it;
+    - a start that is due while interactive requests run waits for them if they all end
+      within ``DEFER`` of their typical run time, never longer than that since it was
+      due: a prefill then stalls fewer chats, and a start is never put off for long.
+    """
+
+    __slots__ = ("_due", "_next", "_until", "batch_run", "chat_run", "high")
+
+    def __init__(self) -> None:
+        self.batch_run: float | None = None
+        """Average batch run time, seconds (``None`` before one ended)."""
+        self.chat_run: float | None = None
+        """Average interactive run time, seconds (``None`` before one ended)."""
+        self.high = 0.0
+        """The most batch requests running lately (faded by :meth:`fade`)."""
+        self._next = -math.inf  # the next start on the schedule
+        self._due: float | None = None  # when a start that is due was first put off
+        self._until = -math.inf  # when the put-off start goes
+
+    def _gap(self) -> float | None:
+        return None if self.batch_run is None else PACE * self.batch_run / max(1.0, self.high)
+
+    def next_start(self, chats: bool) -> float:
+        """The earliest time the next batch request may start; ``chats``: an interactive
+        request runs now. ``-inf`` before a batch run time is measured."""
+        gap = self._gap()
+        if not chats:
+            return -math.inf if gap is None else self._next - AHEAD * gap
+        ready = -math.inf if gap is None else self._next
+        return ready if self._due is None else max(ready, self._until)
+
+    def put_off(self, now: float, runs: Running) -> bool:
+        """Whether a batch start that is due now waits for the running interactive
+        requests (the deferral above)."""
+        if not runs.seqs[True] or self.chat_run is None:
+            return False
+        if self._due is None:
+            self._due = now
+        longest = DEFER * self.chat_run
+        ends = runs.last_interactive_start() + self.chat_run
+        if ends - now > longest or now - self._due >= longest:
+            return False
+        self._until = min(ends, self._due + longest)
+        return True
+
+    def started(self, now: float, running_batch: int, *, chats: bool) -> None:
+        """A batch request started; ``running_batch`` run now, with it; ``chats``: an
+        interactive request runs."""
+        gap = self._gap()
+        if gap is not None:
+            ahead = 0 if chats else AHEAD
+            self._next = max(self._next, now - ahead * gap) + gap
+        self._due = None
+        self.high = max(self.high, float(running_batch))
+
+    def ended(self, run: Run, now: float) -> None:
+        """A request ended: its run time joins its class's average."""
+        took = now - run.started
+        old = self.chat_run if run.interactive else self.batch_run
+        new = took if old is None else old + _EWMA * (took - old)
+        if run.interactive:
+            self.chat_run = new
+        else:
+            self.batch_run = new
+
+    def fade(self, factor: float) -> None:
+        """A reading passed: the most batch running lately fades by ``factor``."""
+        self.high *= factor

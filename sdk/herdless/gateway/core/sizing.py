@@ -13,8 +13,9 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    gateway's own account (another client) added;
 3. no batch start while the engine's own queue lasts (two readings over
    ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
-4. batch leaves the interactive demand of the last ``reserve_window`` (plus one
-   request) free, and while chats run its starts are spaced at the batch job's pace;
+4. batch leaves half the interactive demand of the last ``reserve_window`` (plus one
+   request) free; while chats are around its starts are paced and put off briefly
+   for chats about to end (:class:`~.engine.BatchPacing`);
 5. a reading with new preemptions lowers ``fill`` by 5 %, quiet ones give it back;
 6. stale readings: starts bounded by the last good limit, never zero or unbounded;
 7. ``max_concurrency`` and ``max_inflight_tokens`` cap everything.
@@ -27,7 +28,14 @@ import math
 from typing import Final, Literal
 
 from herdless.gateway.core.decisions import Ticket
-from herdless.gateway.core.engine import InteractiveDemand, Reading, Run, Running, kv_peak
+from herdless.gateway.core.engine import (
+    BatchPacing,
+    InteractiveDemand,
+    Reading,
+    Run,
+    Running,
+    kv_peak,
+)
 from herdless.gateway.core.limits import AdmissionConfig
 
 __all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Sizing"]
@@ -52,6 +60,9 @@ _EWMA = 0.2
 _SEQ_KV = 0.9  # the engine queues with KV below this share: its max_num_seqs is the cause
 _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
 _HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
+# Of the interactive peak, batch leaves this share free: chats beyond it are first in
+# line for the next batch end (the whole peak cost the batch a few percent of its pace).
+_RESERVE_SHARE = 0.5
 
 
 class Sizing:
@@ -98,9 +109,7 @@ class Sizing:
         self._ended_since = 0  # ended since the last reading
         self._typical = float(_TYPICAL)  # EWMA of the footprints started
         self._typical_interactive = float(_TYPICAL)  # the same, of interactive requests
-        self._batch_run: float | None = None  # EWMA of batch run times, seconds
-        self._batch_started = -math.inf  # when the last batch request started
-        self._batch_high = 0.0  # most batch requests running lately (decays per reading)
+        self._pacing = BatchPacing()
         self._demand = InteractiveDemand(self.config.reserve_window)
         self.limit = self.static_limit
         self.stale = False
@@ -162,7 +171,7 @@ class Sizing:
             last = None
         self.last = reading
         self._started_since = self._ended_since = 0
-        self._batch_high *= _HIGH_DECAY
+        self._pacing.fade(_HIGH_DECAY)
         self.stale = False
         if not reading.sizable:
             return
@@ -252,11 +261,12 @@ class Sizing:
         assert budget is not None
         new = self._run_of(ticket, None, now)
         bound = self._runs.final(self._block) + new.final(self._block) + self._external
-        if bound + reserve_tokens <= budget:
-            return None  # even if all ended together it fits: no need for the peak
-        peak = self._peak(now, new)
-        if peak + reserve_tokens > budget:
-            return "kv" if peak > budget else "reserve"
+        if bound + reserve_tokens > budget:  # else it fits even if all ended together
+            peak = self._peak(now, new)
+            if peak + reserve_tokens > budget:
+                return "kv" if peak > budget else "reserve"
+        if not interactive and recent_interactive and self._pacing.put_off(now, self._runs):
+            return "spacing"
         return None
 
     def _static_hold(
@@ -277,10 +287,10 @@ class Sizing:
     @property
     def batch_spaced_until(self) -> float:
         """The earliest time the next batch request may start while interactive work is
-        recent (rule 4's spacing); ``-inf`` before a batch run time is measured."""
-        if self._batch_run is None or not self.sized:
+        recent (rule 4's pacing); ``-inf`` before a batch run time is measured."""
+        if not self.sized:
             return -math.inf
-        return self._batch_started + self._batch_run / max(1.0, self._batch_high)
+        return self._pacing.next_start(chats=self._runs.seqs[True] > 0)
 
     def start(self, ticket: Ticket, now: float, *, predicted: float | None) -> None:
         """``ticket`` starts; ``predicted``: its user's average answer, if known."""
@@ -294,8 +304,7 @@ class Sizing:
             self._typical_interactive += _EWMA * (footprint - self._typical_interactive)
             self._note_interactive(now)
         else:
-            self._batch_started = now
-            self._batch_high = max(self._batch_high, float(self._runs.seqs[False]))
+            self._pacing.started(now, self._runs.seqs[False], chats=self._runs.seqs[True] > 0)
 
     def finish(
         self,
@@ -311,11 +320,9 @@ class Sizing:
             return
         self.inflight_tokens -= ticket.price
         self._ended_since += 1
+        self._pacing.ended(run, now)
         if run.interactive:
             self._note_interactive(now)
-        else:
-            took, old = now - run.started, self._batch_run
-            self._batch_run = took if old is None else old + _EWMA * (took - old)
         if prompt_tokens is not None and ticket.prompt > 0:
             ratio = prompt_tokens / ticket.prompt
             self._prompt_ratio += _EWMA * (ratio - self._prompt_ratio)
@@ -365,7 +372,7 @@ class Sizing:
         """(sequences, KV tokens) batch leaves free for interactive work (rule 4)."""
         seqs, tokens = self._demand.peak(now) if recent else (0, 0.0)
         typical = tokens / seqs if seqs else self._typical_interactive
-        return seqs + 1, tokens + typical
+        return max(1, math.floor((seqs + 1) * _RESERVE_SHARE)), (tokens + typical) * _RESERVE_SHARE
 
     def _live_limit(self, now: float) -> int:
         """Requests the engine holds now: running, plus how many more of the typical

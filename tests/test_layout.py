@@ -149,7 +149,7 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     # Guards the reader itself: a relative, a lazy and a TYPE_CHECKING import are seen.
     assert "herdless._actions" in GRAPH["herdless._client"]
     assert "herdless.bench.herd" in GRAPH["herdless.bench.cli"]  # inside a function
-    assert "herdless._state" in GRAPH["herdless._call"]  # under TYPE_CHECKING
+    assert "herdless._state" in GRAPH["herdless._call.record"]  # under TYPE_CHECKING
     assert "herdless.errors" in GRAPH["herdless"]
 
 

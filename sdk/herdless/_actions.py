@@ -1,6 +1,6 @@
 """The sans-I/O protocol between the call flow (decisions) and the two drivers (I/O).
 
-The flow (``herdless._flow``) is a generator. It yields *actions*; the driver
+The flow (``herdless._call.flow``) is a generator. It yields *actions*; the driver
 performs each and sends back the *outcome*::
 
     action = next(flow)
@@ -11,7 +11,7 @@ performs each and sends back the *outcome*::
             action = flow.send(perform(action))
     # the flow ends with StopIteration(value=Accepted(...)) or raises a HerdlessError
 
-A hedged attempt (``herdless._race``) runs as ``Race`` actions: the driver starts a
+A hedged attempt (``herdless._call.race``) runs as ``Race`` actions: the driver starts a
 send without waiting for it, and reports whichever of its running sends ends first
 (``Ended``), or ``None`` when the race's time ran out first. Every send still running
 when the flow yields anything but a ``Race``, or ends, is cancelled (its connection
@@ -42,6 +42,7 @@ __all__ = [
     "Outcome",
     "Race",
     "Response",
+    "Resume",
     "Send",
     "Sleep",
     "SlotWait",
@@ -169,6 +170,7 @@ class TransportFailure:
 
 
 Outcome: TypeAlias = Response | TransportFailure
+"""What one ``Send`` came to."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -189,3 +191,8 @@ class Accepted:
     attempts: tuple[Any, ...]
     """The call's attempt records (``herdless.AttemptRecord``), oldest first."""
     fallback_reason: str | None = None
+
+
+Resume: TypeAlias = Outcome | Ended | None
+"""What the driver sends back into the flow: a ``Send``'s ``Outcome``; a ``Race``'s
+``Ended``, or ``None`` when its time ran out; ``None`` after a ``Sleep`` or ``SlotWait``."""

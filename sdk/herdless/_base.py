@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Outcome, Response, Send
 from herdless._backend import Backend, Timeouts
-from herdless._call import response_received
+from herdless._call.flow import CallFlow
+from herdless._call.record import response_received
 from herdless._clock import SYSTEM_CLOCK
 from herdless._config import ClientConfig, ClientOptions, derived_config
-from herdless._flow import CallFlow
 from herdless._request import Endpoints
 from herdless._state import ClientState
 from herdless._types import ChatResult

@@ -2,7 +2,7 @@
 ``herdless._async_client``).
 
 Every decision (retry, wait, breaker, budget, fallback, deadline) is made by the
-sans-I/O ``CallFlow`` (``herdless._flow``). A driver only performs what the flow yields:
+sans-I/O ``CallFlow`` (``herdless._call.flow``). A driver only performs what the flow yields:
 ``Send`` with httpx, ``Sleep`` with the injected ``sleep``, ``SlotWait`` on a thread
 event, ``Race`` on worker threads; it hands the flow's events to ``on_event`` after
 every step, so a hook hears of a wait before it starts. What both drivers share

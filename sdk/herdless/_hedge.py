@@ -2,7 +2,7 @@
 (``Hedging``: the hedge budget and the first-byte times behind ``after="auto"``).
 
 A hedge sends a late attempt's request again, to the next backend the call may use, and
-keeps whichever answers first (``herdless._race`` holds that rule). It trades a little
+keeps whichever answers first (``herdless._call.race`` holds that rule). It trades a little
 extra load for a shorter tail: "The Tail at Scale" (Dean and Barroso, 2013) defers the
 second request until the first has been outstanding longer than the 95th percentile of
 its kind, so that about 5 % of requests are sent twice.

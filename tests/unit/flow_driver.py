@@ -25,8 +25,8 @@ from herdless._actions import (
     TransportFailure,
 )
 from herdless._backend import Backend
+from herdless._call.flow import CallFlow
 from herdless._config import ClientConfig, ClientOptions
-from herdless._flow import CallFlow
 from herdless._state import ClientState
 from herdless.events import Event
 from herdless.testing import FakeClock

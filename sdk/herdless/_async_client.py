@@ -23,9 +23,8 @@ import httpx
 from herdless._actions import Ended, Outcome, Race, Send, SlotWait
 from herdless._backend import Backend
 from herdless._base import _BaseClient, hooks_of
-from herdless._config import ClientOptions, Priority
+from herdless._config import ChatOptions, ClientOptions
 from herdless._drive import adrive
-from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import AsyncSends
 from herdless._request import read_cookies_when_set
@@ -143,66 +142,26 @@ class AsyncClient(_BaseClient):
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[False] = ...,
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult: ...
     @overload
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[True],
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> AsyncStream: ...
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
         stream: bool = False,
-        deadline: float | None = None,
-        stream_deadline: float | None = None,
-        allow_fallback: bool = True,
-        priority: Priority | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult | AsyncStream:
         """Ask for a chat completion; see ``Client.chat``."""
-        headers = check_extra_headers(extra_headers) if extra_headers else None
-        flow, request_id, total = self._start(
-            messages,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stream=stream,
-            deadline=deadline,
-            stream_deadline=stream_deadline,
-            allow_fallback=allow_fallback,
-            priority=priority,
-            extra_body=extra_body,
-            extra=extra,
-        )
+        flow, request_id, total, headers = self._start(messages, stream, options)
         accepted = await adrive(flow.run(), _Performer(self, flow, headers))
         if stream:
             state = StreamState(flow, accepted, request_id, stream_deadline=total)

@@ -29,9 +29,8 @@ import httpx
 from herdless._actions import Ended, Outcome, Race, Send, SlotWait
 from herdless._backend import Backend
 from herdless._base import SyncHooks, _BaseClient, hooks_of, is_async_hook
-from herdless._config import ClientOptions, Priority
+from herdless._config import ChatOptions, ClientOptions
 from herdless._drive import drive
-from herdless._fields import check_extra_headers
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import SyncSends, Workers
 from herdless._request import read_cookies_when_set
@@ -186,59 +185,38 @@ class Client(_BaseClient):
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[False] = ...,
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult: ...
     @overload
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[True],
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> Stream: ...
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
         stream: bool = False,
-        deadline: float | None = None,
-        stream_deadline: float | None = None,
-        allow_fallback: bool = True,
-        priority: Priority | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult | Stream:
         """Ask for a chat completion (``POST {base_url}/chat/completions``).
 
         Args:
             messages: the conversation, e.g. ``[{"role": "user", "content": "Hi"}]``.
+            stream: return a ``Stream`` of chunks, once the first one arrived.
+            **options: ``ChatOptions``: herdless's own, below, and the OpenAI and vLLM
+                request fields herdless knows (``seed``, ``stop``, ``response_format``,
+                ``tools``, ``tool_choice``, ``top_p``, ``n``, ``user``, ``logit_bias``,
+                ``min_tokens``, ``ignore_eos``, ...), sent unchanged.
+
+        Other Parameters:
             model: this call's model for the primary (a fallback keeps its own).
             max_tokens: the most tokens to generate.
             temperature: sampling temperature.
-            stream: return a ``Stream`` of chunks, once the first one arrived.
             deadline: seconds for this call, waits included (the client's by default);
                 for a stream, until its first chunk.
             stream_deadline: seconds from this streamed call's start to the stream's end
@@ -255,10 +233,6 @@ class Client(_BaseClient):
             extra_headers: headers sent with every attempt of this call, to every
                 backend it tries; not ``Authorization`` (each backend has its key) nor
                 the headers herdless sets itself.
-            **extra: the OpenAI and vLLM request fields herdless knows (``seed``,
-                ``stop``, ``response_format``, ``tools``, ``tool_choice``, ``top_p``,
-                ``n``, ``user``, ``logit_bias``, ``min_tokens``, ``ignore_eos``, ...;
-                ``herdless._fields.BODY_FIELDS`` lists them), sent unchanged.
 
         Returns:
             A ``ChatResult``, or a ``Stream`` with ``stream=True``.
@@ -267,20 +241,7 @@ class Client(_BaseClient):
             TypeError: an unknown keyword argument (the message names the closest one).
             HerdlessError: a subclass saying what failed (``herdless.errors``).
         """
-        headers = check_extra_headers(extra_headers) if extra_headers else None
-        flow, request_id, total = self._start(
-            messages,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stream=stream,
-            deadline=deadline,
-            stream_deadline=stream_deadline,
-            allow_fallback=allow_fallback,
-            priority=priority,
-            extra_body=extra_body,
-            extra=extra,
-        )
+        flow, request_id, total, headers = self._start(messages, stream, options)
         accepted = drive(flow.run(), _Performer(self, flow, headers))
         if stream:
             state = StreamState(

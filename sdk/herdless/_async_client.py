@@ -174,8 +174,8 @@ class AsyncClient(_BaseClient):
         # The whole attempt (pool wait, connect, send, first answer) within the time the
         # flow gave it: httpx's limits are per operation, and under load their sum (a
         # crowded pool, then a slow connect, then the read) outlasted the deadline.
-        # asyncio.timeout's rule on a bare loop timer: its context manager doubled the
-        # timer's cost, about 1 % of an async call's CPU (herdless.bench.sdk_overhead).
+        # asyncio.timeout's rule, on a bare loop timer (its context manager costs more;
+        # herdless.bench.sdk_overhead measures it).
         task = asyncio.current_task()
         if task is None:  # not in a task (a bare coroutine driven by hand): no timer
             return await self._attempt(send, start, headers)

@@ -217,7 +217,7 @@ class _BaseClient:
                     raise ValueError(f"stream_deadline must be > 0 seconds, got {total!r}")
                 # The first chunk cannot come later than the end of the whole stream.
                 deadline = min(config.deadline if deadline is None else deadline, total)
-        # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
+        # 128 random bits: what uuid4().hex holds, without building a UUID.
         request_id = os.urandom(16).hex()
         flow = CallFlow(
             self._state,

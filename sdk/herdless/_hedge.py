@@ -35,8 +35,9 @@ _QUANTILE: Final = 0.95
 _SAMPLES: Final = 200
 """First-byte times kept per backend."""
 _REFRESH: Final = 20
-"""The quantile is computed again every this many new times (sorting 200 floats per
-answer would show in per-call CPU); at every new time while fewer are known."""
+"""The quantile is computed again every this many new times, not at every answer (a
+quantile that moves a little late is still the backend's); at every new time while
+fewer are known."""
 _WARMUP: Final = 5
 """Below this many first-byte times, ``"auto"`` uses ``_START``. A few suffice: until
 twenty are known the quantile is their maximum, the cautious side (fewer hedges)."""

@@ -43,8 +43,8 @@ __all__ = [
     "Verdict",
     "checks_for",
     "decide",
-    "give_up",
     "judge",
+    "move_on",
     "try_admit",
 ]
 
@@ -68,7 +68,7 @@ class Policy(NamedTuple):
     rng: random.Random
 
 
-def give_up(visit: Visit, reason: str, error: HerdlessError | None = None) -> Move | Fail:
+def move_on(visit: Visit, reason: str, error: HerdlessError | None = None) -> Move | Fail:
     """Leave the backend for ``reason``: the call ends there when it is the last one."""
     error = error or visit.last_error or visit.call.errors.deadline(visit.backend.name)
     return Fail(error) if visit.last else Move(reason, error)
@@ -80,15 +80,15 @@ def give_up(visit: Visit, reason: str, error: HerdlessError | None = None) -> Mo
 def hold(visit: Visit, now: float) -> Decision:
     """A drain or an outage the backend announced holds every call of the client."""
     call = visit.call
-    held, draining = call.state.holds.held(visit.backend.name, now)
-    if held <= 0:
+    left, draining = call.state.holds.held(visit.backend.name, now)
+    if left <= 0:
         return None
     why = "draining" if draining else "unavailable"
     if not visit.last:
         return Move(why, visit.last_error or call.errors.blocked(visit.backend.name))
-    delay = call.state.config.retry.after_server(held, call.state.rng)
+    delay = call.state.config.retry.after_server(left, call.state.rng)
     if not call.fits(now + delay, visit.end):
-        return give_up(visit, "retry_after_exceeds_deadline")
+        return move_on(visit, "retry_after_exceeds_deadline")
     return Wait(delay, "draining" if draining else "backpressure")
 
 
@@ -135,7 +135,7 @@ def window(visit: Visit, now: float) -> Decision:
         estimate = WaitEstimate(
             wait=wait, answer=answer, margin=margin, samples=samples, left=left, reserve=reserve
         )
-    return give_up(visit, "busy", call.errors.busy(visit.backend.name, estimate=estimate))
+    return move_on(visit, "busy", call.errors.busy(visit.backend.name, estimate=estimate))
 
 
 def budget(visit: Visit, now: float) -> Decision:
@@ -147,7 +147,7 @@ def budget(visit: Visit, now: float) -> Decision:
     state = visit.call.state
     delay = max(state.config.retry.backoff(visit.count_wait(), state.rng), _MIN_WAIT)
     if not visit.call.fits(now + delay, visit.end):
-        return give_up(visit, "deadline")
+        return move_on(visit, "deadline")
     return Wait(delay, "budget")
 
 
@@ -159,7 +159,7 @@ def pacing(visit: Visit, now: float) -> Decision:
     if delay <= 0:
         return None
     if not visit.call.fits(now + delay, visit.end):
-        return give_up(visit, "deadline")
+        return move_on(visit, "deadline")
     return Wait(delay, "pacing")
 
 
@@ -295,11 +295,11 @@ def decide(
     if verdict.backend_wide and not last:  # 1
         return Move("draining" if verdict.draining else "unavailable", error)
     if verdict.unattainable:  # 2
-        return give_up(visit, "deadline_unattainable", call.errors.busy(name, verdict.retry_after))
+        return move_on(visit, "deadline_unattainable", call.errors.busy(name, verdict.retry_after))
     if not verdict.fallback_may_help:  # 3
         raise error
     if not verdict.retryable:  # 4
-        return give_up(visit, "failed", error)
+        return move_on(visit, "failed", error)
     if verdict.timeout and not last:  # 5
         return Move("timeout", error)
     why = f"status_{verdict.status}" if verdict.status is not None else verdict.kind
@@ -313,10 +313,10 @@ def decide(
         if ra > (fallback.max_busy_wait or math.inf):  # 8
             return Move("busy", error)
     if not verdict.busy and visit.broken >= retry.max_attempts:  # 9
-        return give_up(visit, "retries_exhausted", error)
+        return move_on(visit, "retries_exhausted", error)
     delay = retry.after_server(ra, rng) if ra is not None else rng.uniform(0.0, visit.ceiling)
     if not call.fits(now + delay, visit.end):  # 10
-        return give_up(visit, "retry_after_exceeds_deadline" if ra is not None else "deadline")
+        return move_on(visit, "retry_after_exceeds_deadline" if ra is not None else "deadline")
     if ra is not None:  # 11
         return Wait(delay, why, retry=True, scheduled=True)
     if verdict.busy and config.window.enabled:  # 12

@@ -1,10 +1,11 @@
-"""THE call flow: every retry, wait, window, breaker, budget, fallback and deadline rule, once.
+"""The call flow: the route walk and the loop at each backend, for both clients, once.
 
 A ``CallFlow`` is one logical call. ``run()`` is a generator (``herdless._actions``
 describes the protocol): it yields ``Send`` / ``Sleep`` / ``SlotWait`` / ``Race``,
 receives what each came to (``Resume``), and returns ``Accepted`` or raises a
 ``HerdlessError``. Events go to an outbox the driver drains with ``take_events()`` after
-every step, so each event is delivered *before* the wait it announces. Read top to
+every step, so each event is delivered *before* the wait it announces. The rules it
+applies are ``herdless._call.checks``'s and ``herdless._call.race``'s. Read top to
 bottom, the layers are:
 
 - ``CallFlow.run``: the route walk. The call visits its route's backends in turn
@@ -104,7 +105,7 @@ class CallFlow(Call):
                         reason = previous[1]
                         result = replace(result, fallback_reason=reason)
                     if self.stream:
-                        self.served = (backend, reason)
+                        self.streaming = (backend, reason)
                     else:
                         self._finish(backend, reason)
                     return result
@@ -135,9 +136,9 @@ class CallFlow(Call):
         the call's ``CallFinished`` / ``CallFailed`` event is emitted now.
         """
         self.release_slot()
-        if self.served is None:
+        if self.streaming is None:
             return
-        (backend, reason), self.served = self.served, None
+        (backend, reason), self.streaming = self.streaming, None
         if ok:
             self._finish(backend, reason)
             return
@@ -163,7 +164,7 @@ class CallFlow(Call):
         now = state.clock.monotonic()
         latency = now - self.start
         state.counts.finished(backend.name, latency)
-        if self.public:
+        if self.watched:
             self.publish(
                 CallFinished(
                     call_id=self.request_id,

@@ -58,16 +58,16 @@ class Call:
         "body",
         "deadline",
         "deadline_at",
-        "held",
         "model",
         "priority",
-        "public",
         "records",
         "request_id",
-        "served",
         "start",
         "state",
         "stream",
+        "stream_slot",
+        "streaming",
+        "watched",
     )
 
     def __init__(
@@ -100,14 +100,14 @@ class Call:
         self.start = 0.0
         self.deadline_at = math.inf
         self.records: list[AttemptRecord] = []
-        self.public = False
+        self.watched = False
         """Whether the two events of every call are built (for the hook, or the log)."""
         self._attempt = 0  # HTTP attempts sent so far, across backends
         self._events: list[Event] = []
         self._errors: CallErrors | None = None
-        self.served: tuple[Backend, str | None] | None = None
+        self.streaming: tuple[Backend, str | None] | None = None
         """An accepted stream's backend and fallback reason, until the stream ends."""
-        self.held: tuple[Window, SlotTicket] | None = None
+        self.stream_slot: tuple[Window, SlotTicket] | None = None
         """An accepted stream's place in its backend's window, until the stream ends."""
 
     @property
@@ -137,8 +137,8 @@ class Call:
         state = self.state
         self.start = state.clock.monotonic()
         self.deadline_at = self.start + self.deadline
-        # Asked once a call: building the two events of every call showed in per-call CPU.
-        self.public = state.keep_events or logged(CallFinished)
+        # Asked once a call: the events nobody sees are counted, never built.
+        self.watched = state.keep_events or logged(CallFinished)
 
     def next_attempt(self) -> int:
         """Count one more attempt; return its number (1 for the call's first)."""
@@ -157,15 +157,15 @@ class Call:
         """Whether a wait until ``resume_at`` still leaves an attempt its minimum time."""
         return resume_at + self.state.config.fallback_policy.min_attempt <= end
 
-    def hold_slot(self, window: Window, ticket: SlotTicket) -> None:
+    def keep_slot(self, window: Window, ticket: SlotTicket) -> None:
         """Keep a visit's slot past the visit: an accepted stream occupies the backend
         until it ends (``release_slot``)."""
-        self.held = (window, ticket)
+        self.stream_slot = (window, ticket)
 
     def release_slot(self) -> None:
         """The accepted stream ended: its slot goes to the next waiting call."""
-        if self.held is not None:
-            (window, ticket), self.held = self.held, None
+        if self.stream_slot is not None:
+            (window, ticket), self.stream_slot = self.stream_slot, None
             window.release(ticket)
 
     def elapsed(self) -> float:
@@ -196,10 +196,10 @@ class Call:
     def attempt_started(
         self, backend: Backend, attempt: int, model: str | None, now: float
     ) -> None:
-        """An attempt is about to be sent: ``AttemptStarted`` (counted, built only when
-        someone would see it: building it showed in per-call CPU)."""
+        """An attempt is about to be sent: ``AttemptStarted`` (counted; built only when
+        someone would see it)."""
         self.state.counts.attempt(backend.name)
-        if self.public:
+        if self.watched:
             self.publish(
                 AttemptStarted(
                     call_id=self.request_id,
@@ -243,10 +243,10 @@ def response_received(
 ) -> None:
     """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
     the spend guard for an external backend), and emit ``ResponseReceived`` when someone
-    would see it (building it on every call showed in per-call CPU). The answer's id is
+    would see it (an event nobody sees is never built). The answer's id is
     ``response_id``, or read from its ``raw`` JSON only then."""
     state = call.state
-    if usage is None and not call.public:
+    if usage is None and not call.watched:
         return  # nothing to count, nobody to tell
     input_tokens = output_tokens = None
     cost = None
@@ -257,7 +257,7 @@ def response_received(
         if backend.external:
             state.spend.record_usage(input_tokens + output_tokens, cost)
     state.counts.response(backend.name, input_tokens, output_tokens, cost)
-    if call.public:
+    if call.watched:
         if response_id is None and raw is not None:
             ident = raw.get("id")
             response_id = ident if isinstance(ident, str) else None

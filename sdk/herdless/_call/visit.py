@@ -133,7 +133,7 @@ class Visit:
         """An accepted stream keeps the slot past the visit, until it ends
         (``Call.release_slot``)."""
         if self.slot is not None:
-            self.call.hold_slot(self.window, self.slot)
+            self.call.keep_slot(self.window, self.slot)
             self.slot = None
 
     def take_permit(self) -> bool:

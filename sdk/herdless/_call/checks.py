@@ -74,6 +74,14 @@ def move_on(visit: Visit, reason: str, error: HerdlessError | None = None) -> Mo
     return Fail(error) if visit.last else Move(reason, error)
 
 
+def _wait(visit: Visit, now: float, delay: float, why: str, late: str = "deadline") -> Decision:
+    """Wait ``delay`` seconds for ``why`` when the deadline still leaves an attempt its
+    time after it; else leave the backend for ``late``."""
+    if not visit.call.fits(now + delay, visit.end):
+        return move_on(visit, late)
+    return Wait(delay, why)
+
+
 # -- the checks, in order ------------------------------------------------------------------
 
 
@@ -83,13 +91,12 @@ def hold(visit: Visit, now: float) -> Decision:
     left, draining = call.state.holds.held(visit.backend.name, now)
     if left <= 0:
         return None
-    why = "draining" if draining else "unavailable"
     if not visit.last:
+        why = "draining" if draining else "unavailable"
         return Move(why, visit.last_error or call.errors.blocked(visit.backend.name))
     delay = call.state.config.retry.after_server(left, call.state.rng)
-    if not call.fits(now + delay, visit.end):
-        return move_on(visit, "retry_after_exceeds_deadline")
-    return Wait(delay, "draining" if draining else "backpressure")
+    why = "draining" if draining else "backpressure"
+    return _wait(visit, now, delay, why, "retry_after_exceeds_deadline")
 
 
 def window(visit: Visit, now: float) -> Decision:
@@ -146,9 +153,7 @@ def budget(visit: Visit, now: float) -> Decision:
         return None
     state = visit.call.state
     delay = max(state.config.retry.backoff(visit.count_wait(), state.rng), _MIN_WAIT)
-    if not visit.call.fits(now + delay, visit.end):
-        return move_on(visit, "deadline")
-    return Wait(delay, "budget")
+    return _wait(visit, now, delay, "budget")
 
 
 def pacing(visit: Visit, now: float) -> Decision:
@@ -156,11 +161,7 @@ def pacing(visit: Visit, now: float) -> Decision:
     if visit.paced:
         return None
     delay = visit.take_pace()
-    if delay <= 0:
-        return None
-    if not visit.call.fits(now + delay, visit.end):
-        return move_on(visit, "deadline")
-    return Wait(delay, "pacing")
+    return None if delay <= 0 else _wait(visit, now, delay, "pacing")
 
 
 def spend(visit: Visit, now: float) -> Decision:

@@ -8,6 +8,7 @@ is at its ceiling (``UpperRandom``), so every delay is exact.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -53,13 +54,12 @@ def _summary(decision: object) -> tuple[object, ...]:
 
 RETRY = RetryPolicy(base=0.5, cap=4.0, max_attempts=3)
 
-TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
-    # rule, outcome, last backend, options -> decision
-    ("1", 1, status(503, drain=True), False, {}, ("move", "draining")),
-    ("1", 1, status(503, error_code="upstream_loading"), False, {}, ("move", "unavailable")),
+TABLE: list[tuple[str, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
+    # rule (of decide's docstring), outcome, last backend, options -> decision
+    ("1", status(503, drain=True), False, {}, ("move", "draining")),
+    ("1", status(503, error_code="upstream_loading"), False, {}, ("move", "unavailable")),
     (
         "2",
-        2,
         status(429, error_code="deadline_unattainable"),
         False,
         {},
@@ -67,18 +67,16 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "2",
-        2,
         status(429, error_code="deadline_unattainable"),
         True,
         {},
         ("fail", "DeadlineExceeded"),
     ),
-    ("4", 4, status(500), False, {}, ("move", "failed")),
-    ("4", 4, failure("protocol"), True, {}, ("fail", "APIConnectionError")),
-    ("5", 5, failure("first_byte_timeout"), False, {}, ("move", "timeout")),
+    ("4", status(500), False, {}, ("move", "failed")),
+    ("4", failure("protocol"), True, {}, ("fail", "APIConnectionError")),
+    ("5", failure("first_byte_timeout"), False, {}, ("move", "timeout")),
     (
         "7",
-        7,
         status(429, retry_after=1.0),
         False,
         {"fallback_policy": FallbackPolicy(on_backpressure="fallback")},
@@ -86,7 +84,6 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "8",
-        8,
         status(429, retry_after=3.0),
         False,
         {"fallback_policy": FallbackPolicy(max_busy_wait=2.0)},
@@ -94,7 +91,6 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "9",
-        9,
         status(502),
         True,
         {"retry": RetryPolicy(max_attempts=1)},
@@ -102,17 +98,15 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "10",
-        10,
         status(429, retry_after=30.0),
         True,
         {},
         ("fail", "RateLimitError"),
     ),
-    ("11", 11, status(429, retry_after=1.0), True, {}, ("wait", "status_429", 1.25, True, False)),
-    ("12", 12, status(429), True, {"retry": RETRY}, ("wait", "status_429", 0.5, True, False)),
+    ("11", status(429, retry_after=1.0), True, {}, ("wait", "status_429", 1.25, True, False)),
+    ("12", status(429), True, {"retry": RETRY}, ("wait", "status_429", 0.5, True, False)),
     (
         "13 broken, another follows",
-        13,
         status(502),
         False,
         {"retry": RETRY},
@@ -120,7 +114,6 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "13 broken, last",
-        13,
         status(502),
         True,
         {"retry": RETRY},
@@ -132,7 +125,6 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
     ),
     (
         "13 busy, no window",
-        13,
         status(429),
         False,
         {"retry": RETRY, **NO_WINDOW},
@@ -146,12 +138,12 @@ TABLE: list[tuple[str, int, Outcome, bool, dict[str, Any], tuple[object, ...]]] 
 
 
 @pytest.mark.parametrize(
-    ("rule", "outcome", "last", "options", "expected"),
+    ("outcome", "last", "options", "expected"),
     [row[1:] for row in TABLE],
     ids=[row[0] for row in TABLE],
 )
 def test_decide(
-    rule: int, outcome: Outcome, last: bool, options: dict[str, Any], expected: tuple[object, ...]
+    outcome: Outcome, last: bool, options: dict[str, Any], expected: tuple[object, ...]
 ) -> None:
     assert _summary(_decided(outcome, last=last, **options)) == expected
 
@@ -175,3 +167,22 @@ def test_decide_writes_nothing_to_the_visit() -> None:
         decide(verdict, visit, Policy(state.config, state.rng), driver.clock.monotonic())
     assert {name: getattr(visit, name) for name in Visit.__slots__} == before
     assert isinstance(visit.last_error, HerdlessError)
+
+
+def test_decide_a_call_the_shrunk_window_took_back_is_requeued() -> None:
+    # Rule 6: two calls in a window of 2, one refused: the window shrinks to the one the
+    # backend still holds and takes the refused call back, first in its line.
+    driver = make(window=WindowPolicy(initial=2, minimum=1))
+    state = driver.policies
+    window = state.window(PRIMARY)
+    other = window.acquire(end=math.inf)
+    window.sent(other)
+    call = driver.start(deadline=10.0)
+    call.begin()
+    visit = Visit(call, PRIMARY, end=call.deadline_at, last=True)
+    visit.take_slot(math.inf, last=True)
+    visit.send(driver.clock.monotonic())
+    verdict = visit.record(status(429))
+    assert visit.phase == "requeued"
+    decision = decide(verdict, visit, Policy(state.config, state.rng), driver.clock.monotonic())
+    assert decision == Requeued("status_429")

@@ -60,6 +60,9 @@ MAX_LINES = 400
 ONE_CONCEPT = {
     "herdless.gateway.core.admission": "the admission state machine: every rule that moves a "
     "ticket between offered, queued, running and done reads and writes the same counters",
+    "herdless._window": "flow control at one backend: the window's size, its slots and the "
+    "line of calls waiting for one move together under one lock (every grant, release, "
+    "refusal, requeue and review reads and writes the same counters and tickets)",
 }
 # The gateway's pure admission core lives in gateway/core/ (admission, fair queue, sizing ...).
 

@@ -44,7 +44,7 @@ FIELDS = _fields()
 OTHERS = {
     "limit": "herdless._sockets.AttemptLimit.end",
     "state": "herdless._stream_state.StreamState.end",
-    "ticket": "herdless._window_wait.SlotTicket.sent",
+    "ticket": "herdless._window.SlotTicket.sent",
     "access": "herdless.gateway's access record .backend",
 }
 

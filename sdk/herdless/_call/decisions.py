@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from herdless.errors import HerdlessError
 
 if TYPE_CHECKING:
-    from herdless._window_wait import SlotTicket
+    from herdless._window import SlotTicket
 
 __all__ = ["Budgeted", "Decision", "Fail", "Move", "Queue", "Requeued", "Wait"]
 

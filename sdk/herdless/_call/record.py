@@ -30,8 +30,7 @@ from herdless.events import (
 if TYPE_CHECKING:
     from herdless._state import ClientState
     from herdless._types import Usage
-    from herdless._window import Window
-    from herdless._window_wait import SlotTicket
+    from herdless._window import SlotTicket, Window
 
 __all__ = ["Call", "response_received"]
 

@@ -40,7 +40,7 @@ from herdless.events import AttemptFailed, BackpressureReceived, WindowResized
 
 if TYPE_CHECKING:
     from herdless._call.record import Call
-    from herdless._window_wait import SlotTicket
+    from herdless._window import SlotTicket
     from herdless.errors import HerdlessError
 
 __all__ = ["Backup", "Phase", "Visit"]

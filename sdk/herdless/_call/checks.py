@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKS",
     "Check",
+    "Judged",
     "Policy",
-    "Verdict",
     "checks_for",
     "decide",
     "judge",

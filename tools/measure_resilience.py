@@ -30,8 +30,8 @@ import httpx
 
 from herdless import Backend, BreakerPolicy, Client, RetryPolicy, Timeouts
 from herdless._actions import Response
+from herdless._call.flow import CallFlow
 from herdless._config import ClientConfig
-from herdless._flow import CallFlow
 from herdless._state import ClientState
 from herdless.events import CallFinished, Event
 from herdless.launch.servers import ServerProcess, emulator_process

@@ -1,21 +1,16 @@
-"""The sans-I/O protocol between the call flow (decisions) and the two drivers (I/O).
+"""The sans-I/O protocol between the call flow (decisions) and the drivers (I/O).
 
-The flow (``herdless._flow``) is a generator. It yields *actions*; the driver
-performs each and sends back the *outcome*::
+The flow (``herdless._call.flow``) is a generator. It yields *actions* (``Action``) and
+is resumed with what each came to (``Resume``): a ``Send``'s ``Outcome``; for a
+``Race``, the ``Ended`` send, or ``None`` when its time ran out first; ``None`` after a
+``Sleep`` or a ``SlotWait``. It ends with ``StopIteration(value=Accepted(...))`` or
+raises a ``HerdlessError``. ``herdless._drive`` is the loop that runs it, once for both
+clients and the tests.
 
-    action = next(flow)
-    while True:
-        if isinstance(action, Sleep):
-            sleep(action.seconds); action = flow.send(None)
-        else:  # Send
-            action = flow.send(perform(action))
-    # the flow ends with StopIteration(value=Accepted(...)) or raises a HerdlessError
-
-A hedged attempt (``herdless._race``) runs as ``Race`` actions: the driver starts a
-send without waiting for it, and reports whichever of its running sends ends first
-(``Ended``), or ``None`` when the race's time ran out first. Every send still running
-when the flow yields anything but a ``Race``, or ends, is cancelled (its connection
-closed): the loser of a race is never read.
+A hedged attempt (``herdless._call.race``) runs as ``Race`` actions: the driver starts a
+send without waiting for it, and reports whichever of its running sends ends first.
+Every send still running when the flow yields anything but a ``Race``, or ends, is
+cancelled (its connection closed): the loser of a race is never read.
 
 ``Client`` performs the actions with ``httpx.Client`` and ``time.sleep``;
 ``AsyncClient`` with ``httpx.AsyncClient`` and ``asyncio.sleep``. Every rule
@@ -29,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from herdless._backend import Backend, Timeouts
+from herdless._types import AttemptRecord
 from herdless._wire import Completion
 
 __all__ = [
@@ -42,6 +38,7 @@ __all__ = [
     "Outcome",
     "Race",
     "Response",
+    "Resume",
     "Send",
     "Sleep",
     "SlotWait",
@@ -169,6 +166,7 @@ class TransportFailure:
 
 
 Outcome: TypeAlias = Response | TransportFailure
+"""What one ``Send`` came to."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -186,6 +184,11 @@ class Accepted:
 
     backend: Backend
     response: Response
-    attempts: tuple[Any, ...]
-    """The call's attempt records (``herdless.AttemptRecord``), oldest first."""
+    attempts: tuple[AttemptRecord, ...]
+    """The call's attempt records, oldest first."""
     fallback_reason: str | None = None
+
+
+Resume: TypeAlias = Outcome | Ended | None
+"""What the driver sends back into the flow: a ``Send``'s ``Outcome``; a ``Race``'s
+``Ended``, or ``None`` when its time ran out; ``None`` after a ``Sleep`` or ``SlotWait``."""

@@ -1,7 +1,8 @@
 """``AsyncClient``: the asyncio driver over the call flow (``Client``'s twin,
 ``herdless._client``).
 
-It performs what the sans-I/O ``CallFlow`` yields as ``Client`` does, with awaits:
+It performs what the sans-I/O ``CallFlow`` yields as ``Client`` does, in the same loop
+awaited (``herdless._drive.adrive``):
 ``Send`` with ``httpx.AsyncClient`` (the whole attempt bounded by one loop timer),
 ``Sleep`` with the injected async ``sleep``, ``SlotWait`` on a future woken from any
 thread, ``Race`` as tasks. Hooks may be coroutine functions (``events.EventHook``).
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 import httpx
 
-from herdless._actions import Accepted, Outcome, Race, Send, Sleep, SlotWait
+from herdless._actions import Ended, Outcome, Race, Send, SlotWait
 from herdless._backend import Backend
 from herdless._base import _BaseClient, hooks_of
-from herdless._config import ClientOptions, Priority
-from herdless._fields import check_extra_headers
+from herdless._config import ChatOptions, ClientOptions
+from herdless._drive import adrive
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import AsyncSends
 from herdless._request import read_cookies_when_set
@@ -34,6 +35,7 @@ from herdless._types import ChatResult
 if TYPE_CHECKING:
     from typing import Self
 
+    from herdless._call.flow import CallFlow
     from herdless.events import Event, EventHook
 
 __all__ = ["AsyncClient"]
@@ -63,6 +65,50 @@ async def _slot_wait(action: SlotWait) -> None:
     action.listen(wake_soon)
     with contextlib.suppress(TimeoutError):  # the flow looks at the place again and decides
         await asyncio.wait_for(woken, action.timeout)
+
+
+class _Performer:
+    """How ``AsyncClient`` performs the actions of one call (``herdless._drive``)."""
+
+    __slots__ = ("_client", "_flow", "_headers", "_hooked", "_sends")
+
+    def __init__(
+        self, client: AsyncClient, flow: CallFlow, headers: Mapping[str, str] | None
+    ) -> None:
+        self._client = client
+        self._flow = flow
+        self._headers = headers
+        self._hooked = bool(client._hooks)
+        self._sends: AsyncSends | None = None  # a hedge's race: its sends as tasks
+
+    async def deliver(self) -> None:
+        if self._hooked:
+            await self._client._dispatch(self._flow.take_events())
+
+    async def send(self, send: Send, /) -> Outcome:
+        outcome = await self._client._perform(send, self._headers)
+        self._client._answered(self._flow, send, outcome)
+        return outcome
+
+    async def sleep(self, seconds: float, /) -> None:
+        await self._client._sleep(seconds)
+
+    async def slot_wait(self, wait: SlotWait, /) -> None:
+        await _slot_wait(wait)
+
+    async def race(self, race: Race, /) -> Ended | None:
+        if self._sends is None:
+            self._sends = AsyncSends(
+                functools.partial(self._client._perform, headers=self._headers)
+            )
+        ended = await self._sends.race(race)
+        if ended is not None:
+            self._client._answered(self._flow, ended.send, ended.outcome)
+        return ended
+
+    async def cancel(self) -> None:
+        if self._sends is not None:
+            await self._sends.cancel()
 
 
 class AsyncClient(_BaseClient):
@@ -96,101 +142,27 @@ class AsyncClient(_BaseClient):
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[False] = ...,
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult: ...
     @overload
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[True],
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> AsyncStream: ...
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
         stream: bool = False,
-        deadline: float | None = None,
-        stream_deadline: float | None = None,
-        allow_fallback: bool = True,
-        priority: Priority | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult | AsyncStream:
         """Ask for a chat completion; see ``Client.chat``."""
-        headers = check_extra_headers(extra_headers) if extra_headers else None
-        flow, request_id, total = self._start(
-            messages,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stream=stream,
-            deadline=deadline,
-            stream_deadline=stream_deadline,
-            allow_fallback=allow_fallback,
-            priority=priority,
-            extra_body=extra_body,
-            extra=extra,
-        )
-        steps = flow.run()
-        hooked = bool(self._hooks)
-        sends: AsyncSends | None = None  # a hedge's race: its sends as tasks
-        try:
-            action = next(steps)
-            while True:
-                if hooked:
-                    await self._dispatch(flow.take_events())
-                if type(action) is Send:
-                    outcome = await self._perform(action, headers)
-                    self._answered(flow, action, outcome)
-                    action = steps.send(outcome)
-                elif isinstance(action, Sleep):
-                    await self._sleep(action.seconds)
-                    action = steps.send(None)
-                elif isinstance(action, SlotWait):
-                    await _slot_wait(action)
-                    action = steps.send(None)
-                else:
-                    if sends is None:
-                        sends = AsyncSends(functools.partial(self._perform, headers=headers))
-                    ended = await sends.race(action)  # type: ignore[arg-type]  # the last kind: Race
-                    if ended is not None:
-                        self._answered(flow, ended.send, ended.outcome)
-                    action = steps.send(ended)
-                    if not isinstance(action, Race):
-                        await sends.cancel()  # the flow waits for none of them any more
-        except StopIteration as stop:
-            accepted: Accepted = stop.value
-        finally:
-            if sends is not None:
-                await sends.cancel()
-            steps.close()  # cancelled mid-call: free what the flow holds
-            if hooked:
-                await self._dispatch(flow.take_events())
+        flow, request_id, total, headers = self._start(messages, stream, options)
+        accepted = await adrive(flow.run(), _Performer(self, flow, headers))
         if stream:
             state = StreamState(flow, accepted, request_id, stream_deadline=total)
             return AsyncStream(state, self._dispatch)
@@ -202,8 +174,8 @@ class AsyncClient(_BaseClient):
         # The whole attempt (pool wait, connect, send, first answer) within the time the
         # flow gave it: httpx's limits are per operation, and under load their sum (a
         # crowded pool, then a slow connect, then the read) outlasted the deadline.
-        # asyncio.timeout's rule on a bare loop timer: its context manager doubled the
-        # timer's cost, about 1 % of an async call's CPU (herdless.bench.sdk_overhead).
+        # asyncio.timeout's rule, on a bare loop timer (its context manager costs more;
+        # herdless.bench.sdk_overhead measures it).
         task = asyncio.current_task()
         if task is None:  # not in a task (a bare coroutine driven by hand): no timer
             return await self._attempt(send, start, headers)

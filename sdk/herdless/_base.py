@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from herdless._actions import Accepted, Outcome, Response, Send
 from herdless._backend import Backend, Timeouts
-from herdless._call import response_received
+from herdless._call.flow import CallFlow
+from herdless._call.record import response_received
 from herdless._clock import SYSTEM_CLOCK
-from herdless._config import ClientConfig, ClientOptions, derived_config
-from herdless._flow import CallFlow
+from herdless._config import ChatOptions, ClientConfig, ClientOptions, derived_config
+from herdless._fields import check_extra_headers
 from herdless._request import Endpoints
 from herdless._state import ClientState
 from herdless._types import ChatResult
@@ -188,28 +189,24 @@ class _BaseClient:
         return derived
 
     def _start(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        stream: bool,
-        deadline: float | None,
-        stream_deadline: float | None,
-        allow_fallback: bool,
-        extra_body: Mapping[str, Any] | None,
-        extra: Mapping[str, Any],
-        priority: str | None = None,
-    ) -> tuple[CallFlow, str, float | None]:
-        """The call's flow, request id and stream deadline."""
+        self, messages: Sequence[Mapping[str, Any]], stream: bool, options: ChatOptions
+    ) -> tuple[CallFlow, str, float | None, dict[str, str] | None]:
+        """The call's flow, request id, stream deadline and extra headers, from
+        ``chat()``'s arguments (``options`` is the call's own dict: taken apart here)."""
+        extra_headers = options.pop("extra_headers", None)
+        headers = check_extra_headers(extra_headers) if extra_headers else None
+        model = options.pop("model", None)
+        deadline = options.pop("deadline", None)
+        stream_deadline = options.pop("stream_deadline", None)
+        allow_fallback = options.pop("allow_fallback", True)
+        priority = options.pop("priority", None)
         body = build_body(
             messages,
-            max_tokens=max_tokens,
-            temperature=temperature,
+            max_tokens=options.pop("max_tokens", None),
+            temperature=options.pop("temperature", None),
             stream=stream,
-            extra=extra,
-            extra_body=extra_body,
+            extra_body=options.pop("extra_body", None),
+            extra=options,
         )
         total = None
         if stream:
@@ -220,7 +217,7 @@ class _BaseClient:
                     raise ValueError(f"stream_deadline must be > 0 seconds, got {total!r}")
                 # The first chunk cannot come later than the end of the whole stream.
                 deadline = min(config.deadline if deadline is None else deadline, total)
-        # 128 random bits, as uuid4().hex without building a UUID (it shows in per-call CPU).
+        # 128 random bits: what uuid4().hex holds, without building a UUID.
         request_id = os.urandom(16).hex()
         flow = CallFlow(
             self._state,
@@ -232,7 +229,7 @@ class _BaseClient:
             allow_fallback=allow_fallback and self._allow_fallback,
             priority=priority,
         )
-        return flow, request_id, (None if total == math.inf else total)
+        return flow, request_id, (None if total == math.inf else total), headers
 
     def _call_hook(self, hook: Hook, event: Event) -> Any:
         """Run one hook on one event; a hook that raises is logged, never breaks the call."""

@@ -2,10 +2,11 @@
 ``herdless._async_client``).
 
 Every decision (retry, wait, breaker, budget, fallback, deadline) is made by the
-sans-I/O ``CallFlow`` (``herdless._flow``). A driver only performs what the flow yields:
-``Send`` with httpx, ``Sleep`` with the injected ``sleep``, ``SlotWait`` on a thread
-event, ``Race`` on worker threads; it hands the flow's events to ``on_event`` after
-every step, so a hook hears of a wait before it starts. What both drivers share
+sans-I/O ``CallFlow`` (``herdless._call.flow``), run by the loop of ``herdless._drive``.
+A driver only says how it performs each action (its ``_Performer``): ``Send`` with
+httpx, ``Sleep`` with the injected ``sleep``, ``SlotWait`` on a thread event, ``Race``
+on worker threads; the flow's events go to ``on_event`` before every action, so a hook
+hears of a wait before it starts. What both drivers share
 (arguments, environment, request body, result building, hooks, ``with_options``, what
 an answer or an httpx error becomes) lives below them (``herdless._base``,
 ``herdless._request``, ``herdless._outcomes``); what differs is the ``await``, and that
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 import httpx
 
-from herdless._actions import Accepted, Outcome, Race, Send, Sleep, SlotWait
+from herdless._actions import Ended, Outcome, Race, Send, SlotWait
 from herdless._backend import Backend
 from herdless._base import SyncHooks, _BaseClient, hooks_of, is_async_hook
-from herdless._config import ClientOptions, Priority
-from herdless._fields import check_extra_headers
+from herdless._config import ChatOptions, ClientOptions
+from herdless._drive import drive
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import SyncSends, Workers
 from herdless._request import read_cookies_when_set
@@ -41,11 +42,56 @@ from herdless._types import ChatResult
 if TYPE_CHECKING:
     from typing import Self
 
+    from herdless._call.flow import CallFlow
     from herdless.events import Event
 
 __all__ = ["Client"]
 
 logger = logging.getLogger("herdless")
+
+
+class _Performer:
+    """How ``Client`` performs the actions of one call (``herdless._drive``)."""
+
+    __slots__ = ("_client", "_flow", "_headers", "_hooked", "_sends")
+
+    def __init__(self, client: Client, flow: CallFlow, headers: Mapping[str, str] | None) -> None:
+        self._client = client
+        self._flow = flow
+        self._headers = headers
+        self._hooked = bool(client._hooks)
+        self._sends: SyncSends | None = None  # a hedge's race: its sends on worker threads
+
+    def deliver(self) -> None:
+        if self._hooked:
+            self._client._dispatch(self._flow.take_events())
+
+    def send(self, send: Send, /) -> Outcome:
+        outcome = self._client._perform(send, self._headers)
+        self._client._answered(self._flow, send, outcome)
+        return outcome
+
+    def sleep(self, seconds: float, /) -> None:
+        self._client._sleep(seconds)
+
+    def slot_wait(self, wait: SlotWait, /) -> None:
+        woken = threading.Event()
+        wait.listen(woken.set)
+        woken.wait(wait.timeout)
+
+    def race(self, race: Race, /) -> Ended | None:
+        client = self._client
+        if self._sends is None:
+            perform = functools.partial(client._perform, headers=self._headers)
+            self._sends = SyncSends(perform, client._workers, client._limit)
+        ended = self._sends.race(race)
+        if ended is not None:
+            client._answered(self._flow, ended.send, ended.outcome)
+        return ended
+
+    def cancel(self) -> None:
+        if self._sends is not None:
+            self._sends.cancel()
 
 
 class Client(_BaseClient):
@@ -139,59 +185,38 @@ class Client(_BaseClient):
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[False] = ...,
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult: ...
     @overload
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float | None = ...,
         stream: Literal[True],
-        deadline: float | None = ...,
-        stream_deadline: float | None = ...,
-        allow_fallback: bool = ...,
-        priority: Priority | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> Stream: ...
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        model: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
         stream: bool = False,
-        deadline: float | None = None,
-        stream_deadline: float | None = None,
-        allow_fallback: bool = True,
-        priority: Priority | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        **extra: Any,
+        **options: Unpack[ChatOptions],
     ) -> ChatResult | Stream:
         """Ask for a chat completion (``POST {base_url}/chat/completions``).
 
         Args:
             messages: the conversation, e.g. ``[{"role": "user", "content": "Hi"}]``.
+            stream: return a ``Stream`` of chunks, once the first one arrived.
+            **options: ``ChatOptions``: herdless's own, below, and the OpenAI and vLLM
+                request fields herdless knows (``seed``, ``stop``, ``response_format``,
+                ``tools``, ``tool_choice``, ``top_p``, ``n``, ``user``, ``logit_bias``,
+                ``min_tokens``, ``ignore_eos``, ...), sent unchanged.
+
+        Other Parameters:
             model: this call's model for the primary (a fallback keeps its own).
             max_tokens: the most tokens to generate.
             temperature: sampling temperature.
-            stream: return a ``Stream`` of chunks, once the first one arrived.
             deadline: seconds for this call, waits included (the client's by default);
                 for a stream, until its first chunk.
             stream_deadline: seconds from this streamed call's start to the stream's end
@@ -208,10 +233,6 @@ class Client(_BaseClient):
             extra_headers: headers sent with every attempt of this call, to every
                 backend it tries; not ``Authorization`` (each backend has its key) nor
                 the headers herdless sets itself.
-            **extra: the OpenAI and vLLM request fields herdless knows (``seed``,
-                ``stop``, ``response_format``, ``tools``, ``tool_choice``, ``top_p``,
-                ``n``, ``user``, ``logit_bias``, ``min_tokens``, ``ignore_eos``, ...;
-                ``herdless._fields.BODY_FIELDS`` lists them), sent unchanged.
 
         Returns:
             A ``ChatResult``, or a ``Stream`` with ``stream=True``.
@@ -220,58 +241,8 @@ class Client(_BaseClient):
             TypeError: an unknown keyword argument (the message names the closest one).
             HerdlessError: a subclass saying what failed (``herdless.errors``).
         """
-        headers = check_extra_headers(extra_headers) if extra_headers else None
-        flow, request_id, total = self._start(
-            messages,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stream=stream,
-            deadline=deadline,
-            stream_deadline=stream_deadline,
-            allow_fallback=allow_fallback,
-            priority=priority,
-            extra_body=extra_body,
-            extra=extra,
-        )
-        steps = flow.run()
-        hooked = bool(self._hooks)
-        sends: SyncSends | None = None  # a hedge's race: its sends on worker threads
-        try:
-            action = next(steps)
-            while True:
-                if hooked:
-                    self._dispatch(flow.take_events())
-                if type(action) is Send:
-                    outcome = self._perform(action, headers)
-                    self._answered(flow, action, outcome)
-                    action = steps.send(outcome)
-                elif isinstance(action, Sleep):
-                    self._sleep(action.seconds)
-                    action = steps.send(None)
-                elif isinstance(action, SlotWait):
-                    woken = threading.Event()
-                    action.listen(woken.set)
-                    woken.wait(action.timeout)
-                    action = steps.send(None)
-                else:
-                    if sends is None:
-                        perform = functools.partial(self._perform, headers=headers)
-                        sends = SyncSends(perform, self._workers, self._limit)
-                    ended = sends.race(action)  # type: ignore[arg-type]  # the last kind: Race
-                    if ended is not None:
-                        self._answered(flow, ended.send, ended.outcome)
-                    action = steps.send(ended)
-                    if not isinstance(action, Race):
-                        sends.cancel()  # the flow waits for none of them any more
-        except StopIteration as stop:
-            accepted: Accepted = stop.value
-        finally:
-            if sends is not None:
-                sends.cancel()
-            steps.close()  # the driver stopped early (KeyboardInterrupt): free what the flow holds
-            if hooked:
-                self._dispatch(flow.take_events())
+        flow, request_id, total, headers = self._start(messages, stream, options)
+        accepted = drive(flow.run(), _Performer(self, flow, headers))
         if stream:
             state = StreamState(
                 flow, accepted, request_id, stream_deadline=total, limit=self._limit

@@ -1,4 +1,6 @@
-"""Time, injected: every policy reads a ``Clock``; nothing reads ``time`` directly."""
+"""Time, injected: every policy and the call flow read a ``Clock``. Only the drivers read
+``time`` themselves, for the real-time limits of their sockets (``herdless._sockets``),
+and ``ClientState`` the wall clock, for an HTTP-date ``Retry-After``."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
@@ -87,6 +87,88 @@ class ClientOptions(TypedDict, total=False):
     clock: Clock
     rng: random.Random | None
     env_file: str | Path | None
+
+
+class ChatOptions(TypedDict, total=False):
+    """The keyword arguments of ``chat()`` besides ``messages`` and ``stream``: herdless's
+    own options (``Client.chat`` says what each does), then the OpenAI and vLLM request
+    fields herdless knows (``herdless._fields.BODY_FIELDS``), sent unchanged. A field
+    herdless does not know goes in ``extra_body``; a misspelled name is a ``TypeError``
+    naming the closest one (and a type checker's error too).
+    """
+
+    model: str | None
+    max_tokens: int | None
+    temperature: float | None
+    deadline: float | None
+    stream_deadline: float | None
+    allow_fallback: bool
+    priority: Priority | None
+    extra_body: Mapping[str, Any] | None
+    extra_headers: Mapping[str, str] | None
+    # The OpenAI chat-completions fields (``herdless._fields.OPENAI_FIELDS``).
+    audio: Mapping[str, Any] | None
+    frequency_penalty: float | None
+    function_call: str | Mapping[str, Any] | None
+    functions: Sequence[Mapping[str, Any]] | None
+    logit_bias: Mapping[str, float] | None
+    logprobs: bool | None
+    max_completion_tokens: int | None
+    metadata: Mapping[str, str] | None
+    modalities: Sequence[str] | None
+    moderation: object
+    n: int | None
+    parallel_tool_calls: bool | None
+    prediction: Mapping[str, Any] | None
+    presence_penalty: float | None
+    prompt_cache_key: str | None
+    prompt_cache_options: object
+    prompt_cache_retention: str | None
+    reasoning_effort: str | None
+    response_format: Mapping[str, Any] | None
+    safety_identifier: str | None
+    seed: int | None
+    service_tier: str | None
+    stop: str | Sequence[str] | None
+    store: bool | None
+    stream_options: Mapping[str, Any] | None
+    tool_choice: str | Mapping[str, Any] | None
+    tools: Sequence[Mapping[str, Any]] | None
+    top_logprobs: int | None
+    top_p: float | None
+    user: str | None
+    verbosity: str | None
+    web_search_options: Mapping[str, Any] | None
+    # vLLM's own fields (``herdless._fields.VLLM_FIELDS``).
+    allowed_token_ids: Sequence[int] | None
+    bad_words: Sequence[str] | None
+    ignore_eos: bool
+    include_stop_str_in_output: bool
+    length_penalty: float
+    min_p: float
+    min_tokens: int
+    prompt_logprobs: int | None
+    repetition_penalty: float
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    stop_token_ids: Sequence[int] | None
+    top_k: int | None
+    truncate_prompt_tokens: int | None
+    use_beam_search: bool
+    add_generation_prompt: bool
+    add_special_tokens: bool
+    cache_salt: str | None
+    chat_template: str | None
+    chat_template_kwargs: Mapping[str, Any] | None
+    continue_final_message: bool
+    documents: Sequence[Mapping[str, Any]] | None
+    echo: bool
+    include_reasoning: bool
+    mm_processor_kwargs: Mapping[str, Any] | None
+    return_token_ids: bool | None
+    return_tokens_as_token_ids: bool | None
+    structured_outputs: Mapping[str, Any] | None
+    vllm_xargs: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,7 @@
 (``Hedging``: the hedge budget and the first-byte times behind ``after="auto"``).
 
 A hedge sends a late attempt's request again, to the next backend the call may use, and
-keeps whichever answers first (``herdless._race`` holds that rule). It trades a little
+keeps whichever answers first (``herdless._call.race`` holds that rule). It trades a little
 extra load for a shorter tail: "The Tail at Scale" (Dean and Barroso, 2013) defers the
 second request until the first has been outstanding longer than the 95th percentile of
 its kind, so that about 5 % of requests are sent twice.
@@ -35,8 +35,9 @@ _QUANTILE: Final = 0.95
 _SAMPLES: Final = 200
 """First-byte times kept per backend."""
 _REFRESH: Final = 20
-"""The quantile is computed again every this many new times (sorting 200 floats per
-answer would show in per-call CPU); at every new time while fewer are known."""
+"""The quantile is computed again every this many new times, not at every answer (a
+quantile that moves a little late is still the backend's); at every new time while
+fewer are known."""
 _WARMUP: Final = 5
 """Below this many first-byte times, ``"auto"`` uses ``_START``. A few suffice: until
 twenty are known the quantile is their maximum, the cautious side (fewer hedges)."""

@@ -1,6 +1,6 @@
 """The drivers' half of a hedge's race: a call's sends running side by side.
 
-The flow (``herdless._race``) decides; a driver only performs its ``Race`` actions
+The flow (``herdless._call.race``) decides; a driver only performs its ``Race`` actions
 (``herdless._actions``): start a send without waiting for it, report whichever of the
 running sends ends first (``Ended``), and cancel what is still running when the flow
 moves on. ``AsyncSends`` runs each send as an asyncio task; ``SyncSends`` on a worker

@@ -1,7 +1,7 @@
 """Retry decisions: which outcomes retry, how long to wait, what the server asked for.
 
 Everything here is pure: the random source and the wall-clock ``now`` (only for an
-HTTP-date ``Retry-After``) are passed in. The call flow (``herdless._flow``) asks;
+HTTP-date ``Retry-After``) are passed in. The call flow (``herdless._call.flow``) asks;
 it alone acts.
 
 The wait before retry number ``n`` (0 for the first retry) is **full jitter**::

@@ -5,7 +5,7 @@ backends, and the tokens and money external answers used over
 ``FallbackPolicy.spend_window``; ``FallbackPolicy`` sets the caps (the share of calls,
 their count per minute, the tokens, the cost priced by ``Backend.price``). A call that
 would pass a cap waits for a place if its deadline allows, or ends with
-``SpendLimitExceeded`` naming the cap (the ``spend`` check, ``herdless._checks``).
+``SpendLimitExceeded`` naming the cap (the ``spend`` check, ``herdless._call.checks``).
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from herdless._call import response_received
+from herdless._call.record import response_received
 from herdless._types import AttemptRecord, Chunk, FunctionCall, ToolCall, ToolCallDelta, Usage
 from herdless._wire import DONE, parse_chunk
 from herdless.errors import HerdlessError, StreamDeadlineExceeded, StreamInterrupted
 
 if TYPE_CHECKING:
     from herdless._actions import Accepted
-    from herdless._flow import CallFlow
+    from herdless._call.flow import CallFlow
     from herdless._outcomes import OpenStream
     from herdless._sockets import AttemptLimit
 

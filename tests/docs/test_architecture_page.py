@@ -35,24 +35,42 @@ def _defined(path: Path) -> set[str]:
 
 
 def _module(name: str) -> Path | None:
-    for path in (PACKAGE / f"{name}.py", PACKAGE / name / "__init__.py"):
+    """The file of a module of the package: ``_wire``, or ``_call.visit`` in a folder."""
+    base = PACKAGE.joinpath(*name.split("."))
+    for path in (base.with_name(base.name + ".py"), base / "__init__.py"):
         if path.exists():
             return path
     return None
 
 
+def _split(ref: str) -> tuple[str, list[str]]:
+    """``_call.visit.Visit.record`` -> the longest module prefix and the names after it."""
+    parts = ref.split(".")
+    size = 1
+    while size < len(parts) and _module(".".join(parts[: size + 1])) is not None:
+        size += 1
+    return ".".join(parts[:size]), parts[size:]
+
+
+# The core's private modules, each as the map names it: `_wire`, `_call.visit`.
+CORE = {p.stem for p in PACKAGE.glob("_*.py") if not p.stem.startswith("__")} | {
+    f"{p.parent.name}.{p.stem}"
+    for p in PACKAGE.glob("_*/*.py")
+    if p.parent.name != "__pycache__" and p.stem != "__init__"
+}
+
+
 def test_every_module_and_folder_on_the_map_exists() -> None:
     names = re.findall(r"(?m)^ +([a-z_]+(?:\.py|/))", MAP)
-    names += re.findall(r"(?<![\w.])(_[a-z][a-z_]*)\b", MAP)
+    names += re.findall(r"(?<![\w.])(_[a-z][a-z_]*(?:\.[a-z_]+)*)\b", MAP)
     assert len(names) > 40  # the map was read
     missing = [n for n in names if _module(n.removesuffix(".py").removesuffix("/")) is None]
     assert missing == []
 
 
 def test_every_module_of_the_sdk_core_is_on_the_map() -> None:
-    core = {p.stem for p in PACKAGE.glob("_*.py") if not p.stem.startswith("__")}
-    on_map = set(re.findall(r"(?<![\w.])(_[a-z][a-z_]*)\b", MAP))
-    assert sorted(core - on_map) == []
+    on_map = set(re.findall(r"(?<![\w.])(_[a-z][a-z_]*(?:\.[a-z_]+)*)\b", MAP))
+    assert sorted(CORE - on_map) == []
 
 
 def test_every_name_in_the_text_exists_where_it_says() -> None:
@@ -61,12 +79,13 @@ def test_every_name_in_the_text_exists_where_it_says() -> None:
     refs += re.findall(r"`(_[a-z][a-z_]*)((?:\.[A-Za-z_]+)*)`", TEXT.split("```", 2)[2])
     assert len(refs) > 25  # the text was read
     wrong = []
-    for module, attrs in refs:
+    for first, attrs in refs:
+        module, names = _split(first + attrs)
         path = _module(module)
         if path is None:
             wrong.append(module)
-        elif attrs and not set(attrs.strip(".").split(".")) <= _defined(path):
-            wrong.append(module + attrs)
+        elif names and not set(names) <= _defined(path):
+            wrong.append(first + attrs)
     assert wrong == []
 
 
@@ -74,15 +93,18 @@ def test_the_drivers_and_checks_it_walks_through_exist() -> None:
     # The bold steps of the call's path: `Client.chat`, `CallFlow.run`, ...
     steps = re.findall(r"\*\*`([A-Za-z_.]+)`\*\*", TEXT)
     assert len(steps) >= 6
-    everything = set().union(*(_defined(p) for p in PACKAGE.glob("_*.py")))
+    everything = set().union(
+        *(_defined(p) for p in [*PACKAGE.glob("_*.py"), *PACKAGE.glob("_*/*.py")])
+    )
     for step in steps:
         first, *rest = step.split(".")
-        if re.fullmatch(r"_[a-z][a-z_]*", first):  # `_module.name`
-            path = _module(first)
+        if re.fullmatch(r"_[a-z][a-z_]*", first):  # `_module.name`, `_folder.module.name`
+            module, names = _split(step)
+            path = _module(module)
             assert path is not None, step
-            assert set(rest) <= _defined(path), step
+            assert set(names) <= _defined(path), step
         else:  # `Class.method`, found in the core
             assert {first, *rest} <= everything, step
     checks = re.findall(r"`(hold|window|budget|pacing|spend|breaker)`", TEXT)
-    assert set(checks) <= _defined(PACKAGE / "_checks.py")
+    assert set(checks) <= _defined(PACKAGE / "_call" / "checks.py")
     assert len(set(checks)) == 6

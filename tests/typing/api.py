@@ -98,6 +98,8 @@ def sync_usage() -> None:
             seed=1,
             tools=[],
         )
+        # chat()'s options are ChatOptions: a misspelled one is the type checker's error.
+        client.chat([{"role": "user", "content": "hi"}], max_token=10)  # type: ignore[call-overload]
         calls: tuple[herdless.ToolCall, ...] = result.tool_calls
         if calls:
             function: herdless.FunctionCall = calls[0].function

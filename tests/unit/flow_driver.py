@@ -25,8 +25,9 @@ from herdless._actions import (
     TransportFailure,
 )
 from herdless._backend import Backend
+from herdless._call.flow import CallFlow
 from herdless._config import ClientConfig, ClientOptions
-from herdless._flow import CallFlow
+from herdless._drive import drive
 from herdless._state import ClientState
 from herdless.events import Event
 from herdless.testing import FakeClock
@@ -91,6 +92,7 @@ class Driver:
         self.race_timeouts: list[float | None] = []
         # Raced sends running: (when it ends, order, send, outcome).
         self._running: list[tuple[float, int, Send, Response | TransportFailure]] = []
+        self._flow: CallFlow | None = None  # the flow being driven
 
     def start(self, **call: Any) -> CallFlow:
         call.setdefault("request_id", f"req-{len(self.sends)}")
@@ -101,37 +103,32 @@ class Driver:
         return self.drive(self.start(**call))
 
     def drive(self, flow: CallFlow) -> Accepted:
-        steps = flow.run()
-        try:
-            action = next(steps)
-            while True:
-                self._take(flow)
-                if isinstance(action, Sleep):
-                    self.sleeps.append(action.seconds)
-                    self.log.append(action)
-                    self.clock.advance(action.seconds)
-                    action = steps.send(None)
-                elif isinstance(action, SlotWait):
-                    # One call at a time: nobody frees the slot meanwhile, so unless it is
-                    # decided already the wait lasts its whole timeout.
-                    woken: list[bool] = []
-                    action.listen(functools.partial(woken.append, True))
-                    self.log.append(action)
-                    if not woken:
-                        self.clock.advance(action.timeout)
-                    action = steps.send(None)
-                elif isinstance(action, Race):
-                    action = steps.send(self.race(action))
-                    if not isinstance(action, Race):
-                        self.cancel()
-                else:
-                    action = steps.send(self.perform(action))
-        except StopIteration as stop:
-            result: Accepted = stop.value
-            return result
-        finally:
-            self.cancel()
-            self._take(flow)
+        """Run ``flow`` with the clients' own loop (``herdless._drive.drive``)."""
+        self._flow = flow
+        return drive(flow.run(), self)
+
+    # -- the Performer: how each action is performed, in fake time --------------------------
+
+    def deliver(self) -> None:
+        if self._flow is not None:
+            self._take(self._flow)
+
+    def send(self, send: Send, /) -> Response | TransportFailure:
+        return self.perform(send)
+
+    def sleep(self, seconds: float, /) -> None:
+        self.sleeps.append(seconds)
+        self.log.append(Sleep(seconds=seconds))
+        self.clock.advance(seconds)
+
+    def slot_wait(self, wait: SlotWait, /) -> None:
+        # One call at a time: nobody frees the slot meanwhile, so unless it is decided
+        # already the wait lasts its whole timeout.
+        woken: list[bool] = []
+        wait.listen(functools.partial(woken.append, True))
+        self.log.append(wait)
+        if not woken:
+            self.clock.advance(wait.timeout)
 
     def race(self, action: Race) -> Ended | None:
         """Start ``action.send`` in fake time; end the first running send, or time out."""

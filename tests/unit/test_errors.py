@@ -8,8 +8,8 @@ import pytest
 
 import herdless
 from herdless._actions import Response, TransportFailure
-from herdless._attempt_errors import status_error, transport_error
 from herdless._backend import Backend
+from herdless._call.errors import status_error, transport_error
 from herdless._types import AttemptRecord
 from herdless.errors import (
     AllBackendsFailed,

@@ -17,8 +17,7 @@ import pytest
 from tests.unit._wait_traces import VLLM_30, VLLM_100
 
 from herdless._turnover import Turnover
-from herdless._window import Window, WindowPolicy
-from herdless._window_wait import SlotTicket
+from herdless._window import SlotTicket, Window, WindowPolicy
 from herdless.testing import FakeClock
 
 # A real vLLM's shape (continuous batching, 4 sequences, 16-token answers on a 2-core CPU,

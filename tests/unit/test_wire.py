@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herdless._fields import BODY_FIELDS, check_extra_headers, split_fields
+from herdless._config import ChatOptions
+from herdless._fields import BODY_FIELDS, CHAT_PARAMETERS, check_extra_headers, split_fields
 from herdless._types import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage
 from herdless._wire import (
     DONE,
@@ -114,6 +115,12 @@ def test_the_known_fields_cover_openai_and_vllm_sampling() -> None:
         assert name in BODY_FIELDS
     assert "model" not in BODY_FIELDS  # chat()'s own argument
     assert "priority" not in BODY_FIELDS  # vLLM's int priority is not herdless's
+
+
+def test_chat_options_list_every_parameter_and_known_field_once() -> None:
+    # chat()'s options are written once, as ChatOptions: herdless's own and BODY_FIELDS.
+    own = set(CHAT_PARAMETERS) - {"messages", "stream"}
+    assert set(ChatOptions.__annotations__) == own | BODY_FIELDS
 
 
 def test_the_known_fields_are_openais_own() -> None:

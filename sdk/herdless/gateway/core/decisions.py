@@ -1,6 +1,7 @@
 """What :class:`~herdless.gateway.core.admission.Admission` hands out: tickets and decisions.
 
-Plain data, no logic; re-exported by :mod:`herdless.gateway.core.admission`.
+Plain data, no logic; imported from here by the admission's modules and by the gate,
+the proxy and the refusals that read its answers.
 """
 
 from __future__ import annotations

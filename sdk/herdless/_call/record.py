@@ -1,10 +1,8 @@
-"""The records one call's rules read and write: ``Call`` (the whole call) and ``Stay``
-(its stay at one backend).
+"""The record of one call: ``Call`` (what it asks, its deadline, attempts and events).
 
-They sit below both the call flow (``herdless._flow``) and the per-backend checks
-(``herdless._checks``, ``herdless._visit``), so that neither imports the other's
-module. Events are counted for ``stats()`` here and kept for the driver's hook; a
-complete answer's tokens and cost too (``response_received``).
+Its visits to backends (``herdless._call.visit.Visit``) and the flow
+(``herdless._call.flow``) build on it. Events are counted for ``stats()`` here and kept
+for the driver's hook; a complete answer's tokens and cost too (``response_received``).
 """
 
 from __future__ import annotations
@@ -12,13 +10,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from herdless._backend import Backend, Timeouts
-from herdless._breaker import Permit, Transition
+from herdless._backend import Backend
+from herdless._breaker import Transition
+from herdless._call.errors import CallErrors
 from herdless._config import PRIORITIES
-from herdless._flow_errors import CallErrors
 from herdless._log import log_event, logged
 from herdless._types import AttemptRecord
 from herdless.events import (
@@ -32,14 +30,9 @@ from herdless.events import (
 if TYPE_CHECKING:
     from herdless._state import ClientState
     from herdless._types import Usage
-    from herdless._window import Window
-    from herdless._window_wait import SlotTicket
-    from herdless.errors import HerdlessError
+    from herdless._window import SlotTicket, Window
 
-__all__ = ["Backup", "Call", "Stay", "response_received"]
-
-Backup: TypeAlias = tuple[Backend, float, bool]
-"""A hedge's backend, and the ``end`` and ``last`` its stay would have in the route."""
+__all__ = ["Call", "response_received"]
 
 
 class Call:
@@ -64,16 +57,16 @@ class Call:
         "body",
         "deadline",
         "deadline_at",
-        "held",
         "model",
         "priority",
-        "public",
         "records",
         "request_id",
-        "served",
         "start",
         "state",
         "stream",
+        "stream_slot",
+        "streaming",
+        "watched",
     )
 
     def __init__(
@@ -106,14 +99,14 @@ class Call:
         self.start = 0.0
         self.deadline_at = math.inf
         self.records: list[AttemptRecord] = []
-        self.public = False
+        self.watched = False
         """Whether the two events of every call are built (for the hook, or the log)."""
         self._attempt = 0  # HTTP attempts sent so far, across backends
         self._events: list[Event] = []
         self._errors: CallErrors | None = None
-        self.served: tuple[Backend, str | None] | None = None
+        self.streaming: tuple[Backend, str | None] | None = None
         """An accepted stream's backend and fallback reason, until the stream ends."""
-        self.held: tuple[Window, SlotTicket] | None = None
+        self.stream_slot: tuple[Window, SlotTicket] | None = None
         """An accepted stream's place in its backend's window, until the stream ends."""
 
     @property
@@ -143,8 +136,8 @@ class Call:
         state = self.state
         self.start = state.clock.monotonic()
         self.deadline_at = self.start + self.deadline
-        # Asked once a call: building the two events of every call showed in per-call CPU.
-        self.public = state.keep_events or logged(CallFinished)
+        # Asked once a call: the events nobody sees are counted, never built.
+        self.watched = state.keep_events or logged(CallFinished)
 
     def next_attempt(self) -> int:
         """Count one more attempt; return its number (1 for the call's first)."""
@@ -163,16 +156,15 @@ class Call:
         """Whether a wait until ``resume_at`` still leaves an attempt its minimum time."""
         return resume_at + self.state.config.fallback_policy.min_attempt <= end
 
-    def hold_slot(self, stay: Stay) -> None:
-        """Keep ``stay``'s slot past the stay: an accepted stream occupies the backend
+    def keep_slot(self, window: Window, ticket: SlotTicket) -> None:
+        """Keep a visit's slot past the visit: an accepted stream occupies the backend
         until it ends (``release_slot``)."""
-        if stay.slot is not None:
-            self.held, stay.slot = (stay.window, stay.slot), None
+        self.stream_slot = (window, ticket)
 
     def release_slot(self) -> None:
         """The accepted stream ended: its slot goes to the next waiting call."""
-        if self.held is not None:
-            (window, ticket), self.held = self.held, None
+        if self.stream_slot is not None:
+            (window, ticket), self.stream_slot = self.stream_slot, None
             window.release(ticket)
 
     def elapsed(self) -> float:
@@ -203,10 +195,10 @@ class Call:
     def attempt_started(
         self, backend: Backend, attempt: int, model: str | None, now: float
     ) -> None:
-        """An attempt is about to be sent: ``AttemptStarted`` (counted, built only when
-        someone would see it: building it showed in per-call CPU)."""
+        """An attempt is about to be sent: ``AttemptStarted`` (counted; built only when
+        someone would see it)."""
         self.state.counts.attempt(backend.name)
-        if self.public:
+        if self.watched:
             self.publish(
                 AttemptStarted(
                     call_id=self.request_id,
@@ -230,82 +222,6 @@ class Call:
             )
 
 
-class Stay:
-    """One call's stay at one backend: what it holds there and how it went so far.
-
-    Args:
-        call: the call.
-        backend: the backend.
-        end: when the call must leave it (its deadline, less the reserve kept for the
-            backends after it).
-        last: whether no backend follows.
-    """
-
-    __slots__ = (
-        "admitted",
-        "attempt",
-        "backend",
-        "backup",
-        "breaker",
-        "broken",
-        "budget",
-        "ceiling",
-        "end",
-        "last",
-        "last_error",
-        "limits",
-        "paced",
-        "pacer",
-        "permit",
-        "queued_at",
-        "reserved",
-        "scheduled",
-        "sent",
-        "slot",
-        "waited",
-        "waits",
-        "window",
-    )
-
-    def __init__(self, call: Call, backend: Backend, *, end: float, last: bool) -> None:
-        state = call.state
-        self.backend = backend
-        self.end = end
-        self.last = last
-        # One lookup for the backend's objects (four method calls showed in per-call CPU).
-        self.breaker, self.budget, self.window, self.pacer = state.parts[backend.name]
-        self.limits: Timeouts = backend.timeouts or state.config.timeouts
-        self.sent = 0  # attempts sent here
-        self.attempt = 0  # the number of the last attempt sent here (across the call)
-        self.backup: Backup | None = None
-        """Where an attempt here may be hedged: the next backend, with the ``end`` and
-        ``last`` of its stay (``herdless._race``); ``None``: it is not."""
-        self.broken = 0  # of those, failures that say the backend is broken
-        self.ceiling = 0.0  # the last full-jitter ceiling of a retry here
-        self.waits = 0  # waits (not retries) here: grows their backoff
-        self.waited = 0.0  # seconds waited since the previous attempt
-        self.reserved = False  # a retry budget unit is held (waiting or in flight)
-        self.scheduled = False  # the next attempt is one the server gave a time for
-        self.admitted = not backend.external  # the spend guard let the call through
-        self.paced = self.pacer is None  # the next attempt holds a pacing slot
-        self.permit: Permit | None = None  # the breaker permit of the next or current attempt
-        self.slot: SlotTicket | None = None  # the call's place in the window
-        self.queued_at: float | None = None  # when it started waiting for a slot
-        self.last_error: HerdlessError | None = None
-
-    def leave(self) -> None:
-        """The call leaves: give back what it holds (a probe, a budget unit, its slot)."""
-        if self.permit is not None:  # the driver closed the flow mid-attempt: free a probe
-            self.breaker.release(self.permit)
-            self.permit = None
-        if self.reserved:  # leaving (fallback, error, or the driver closed us) with a unit
-            self.budget.cancel()
-            self.reserved = False
-        if self.slot is not None:
-            self.window.release(self.slot)
-            self.slot = None
-
-
 @functools.lru_cache(maxsize=64)
 def _address(base_url: str) -> tuple[str | None, int | None]:
     """``(host, port)`` of a base URL; the port implied by the scheme when not given."""
@@ -326,10 +242,10 @@ def response_received(
 ) -> None:
     """A call's answer from ``backend`` is complete: count its tokens and cost (stats, and
     the spend guard for an external backend), and emit ``ResponseReceived`` when someone
-    would see it (building it on every call showed in per-call CPU). The answer's id is
+    would see it (an event nobody sees is never built). The answer's id is
     ``response_id``, or read from its ``raw`` JSON only then."""
     state = call.state
-    if usage is None and not call.public:
+    if usage is None and not call.watched:
         return  # nothing to count, nobody to tell
     input_tokens = output_tokens = None
     cost = None
@@ -340,7 +256,7 @@ def response_received(
         if backend.external:
             state.spend.record_usage(input_tokens + output_tokens, cost)
     state.counts.response(backend.name, input_tokens, output_tokens, cost)
-    if call.public:
+    if call.watched:
         if response_id is None and raw is not None:
             ident = raw.get("id")
             response_id = ident if isinstance(ident, str) else None

@@ -1,56 +1,44 @@
-"""THE call flow: every retry, wait, window, breaker, budget, fallback and deadline rule, once.
+"""The call flow: the route walk and the loop at each backend, for both clients, once.
 
 A ``CallFlow`` is one logical call. ``run()`` is a generator (``herdless._actions``
-describes the protocol): it yields ``Send`` / ``Sleep`` / ``SlotWait``, receives each
-``Send``'s outcome, and returns ``Accepted`` or raises a ``HerdlessError``. Events go
-to an outbox the driver drains with ``take_events()`` after every step, so each event
-is delivered *before* the wait it announces::
+describes the protocol): it yields ``Send`` / ``Sleep`` / ``SlotWait`` / ``Race``,
+receives what each came to (``Resume``), and returns ``Accepted`` or raises a
+``HerdlessError``. Events go to an outbox the driver drains with ``take_events()`` after
+every step, so each event is delivered *before* the wait it announces. The rules it
+applies are ``herdless._call.checks``'s and ``herdless._call.race``'s. Read top to
+bottom, the layers are:
 
-    flow = CallFlow(state, request_id=rid, body=body, stream=False, ...)
-    steps = flow.run()
-    try:
-        action = next(steps)
-        while True:
-            dispatch(flow.take_events())
-            if isinstance(action, Sleep):
-                sleep(action.seconds); action = steps.send(None)
-            elif isinstance(action, SlotWait):
-                wait_until_woken(action.listen, action.timeout); action = steps.send(None)
-            else:
-                action = steps.send(perform(action))
-    except StopIteration as stop:
-        accepted = stop.value
-    finally:
-        dispatch(flow.take_events())
+- ``CallFlow.run``: the route walk. The call visits its route's backends in turn
+  (``herdless._routing``: primaries, then fallbacks, less what the data guard keeps
+  out) until one answers, the call must move on (the reason becomes
+  ``FallbackUsed.reason`` and ``ChatResult.fallback_reason``) or end. The deadline
+  covers the whole call: every backend but the last may use it less
+  ``FallbackPolicy.reserve``, so a hanging primary always leaves the fallback time.
+- ``_visit``: the loop at one backend. Ask the checks (``herdless._call.checks``); none
+  in the way: send the attempt (``Visit.send``; raced against a hedge at the next
+  backend, ``herdless._call.race``, when the client hedges and this is the route's first
+  backend) and ``judge`` its outcome; a wait: announce it (an event), then ``Sleep`` /
+  ``SlotWait``.
 
 A stream is accepted at its first chunk; the driver then reports its end with
 ``stream_ended(ok=...)`` so the breaker, the window and the stats see it.
-
-With a ``HedgePolicy``, an attempt at the route's first backend that is late is raced
-against a copy at the next backend (``herdless._race``); the driver then runs two sends
-at once (``Race`` actions) and closes the one the flow no longer waits for.
-
-The call walks its route (``herdless._routing``: primaries, then fallbacks, less what
-the data guard keeps out). At each backend it runs ``herdless._visit.serve`` until that
-backend answers, or the call must move on (the reason becomes ``FallbackUsed.reason``
-and ``ChatResult.fallback_reason``), or end. The deadline covers the whole call: every
-backend but the last may use it less ``FallbackPolicy.reserve``, so a hanging primary
-always leaves the fallback time to answer.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator
 from dataclasses import replace
 from typing import TypeAlias
 
-from herdless._actions import Accepted, Action, Ended, Outcome
+from herdless._actions import Accepted, Action, Resume, Sleep, SlotWait
 from herdless._backend import Backend
 from herdless._breaker import Permit
-from herdless._call import Call, Stay
-from herdless._checks import Fail
-from herdless._race import Handoff, awaiting
-from herdless._visit import serve
+from herdless._call.checks import Judged, checks_for, judge
+from herdless._call.decisions import Fail, Move, Queue, Requeued, Wait
+from herdless._call.race import Handoff, awaiting, outcome_of, race
+from herdless._call.record import Call
+from herdless._call.visit import Visit
 from herdless.errors import HerdlessError, SpendLimitExceeded
 from herdless.events import (
     AttemptFailed,
@@ -58,16 +46,18 @@ from herdless.events import (
     CallFinished,
     FallbackUsed,
     PrimaryDegraded,
+    RetryScheduled,
+    WaitScheduled,
 )
 
 __all__ = ["CallFlow"]
 
-Steps: TypeAlias = Generator[Action, Outcome | Ended | None, Accepted]
+Steps: TypeAlias = Generator[Action, Resume, Accepted]
 
 
 class CallFlow(Call):
     """One logical call's decisions, against the client's ``ClientState``; run once.
-    The arguments are ``herdless._call.Call``'s."""
+    The arguments are ``herdless._call.record.Call``'s."""
 
     __slots__ = ()
 
@@ -98,15 +88,16 @@ class CallFlow(Call):
                 last = index == len(backends) - 1
                 end = self.deadline_at if last else self.deadline_at - reserve
                 if handoff is not None:  # the hedge's attempt here is in flight
-                    result = yield from serve(self, handoff.stay, awaiting(self, handoff))
+                    result = yield from _visit(handoff.visit, awaiting(handoff))
                     handoff = None
                 else:
-                    stay = Stay(self, backend, end=end, last=last)
+                    backup = None
                     if hedging is not None and index == 0 and not last:
                         after_last = len(backends) == 2
                         after_end = self.deadline_at if after_last else end
-                        stay.backup = (backends[1], after_end, after_last)
-                    result = yield from serve(self, stay)
+                        backup = (backends[1], after_end, after_last)
+                    visit = Visit(self, backend, end=end, last=last, backup=backup)
+                    result = yield from _visit(visit)
                 if isinstance(result, Accepted):
                     backend = result.backend  # a hedge's, when it won
                     reason = result.fallback_reason
@@ -114,7 +105,7 @@ class CallFlow(Call):
                         reason = previous[1]
                         result = replace(result, fallback_reason=reason)
                     if self.stream:
-                        self.served = (backend, reason)
+                        self.streaming = (backend, reason)
                     else:
                         self._finish(backend, reason)
                     return result
@@ -145,9 +136,9 @@ class CallFlow(Call):
         the call's ``CallFinished`` / ``CallFailed`` event is emitted now.
         """
         self.release_slot()
-        if self.served is None:
+        if self.streaming is None:
             return
-        (backend, reason), self.served = self.served, None
+        (backend, reason), self.streaming = self.streaming, None
         if ok:
             self._finish(backend, reason)
             return
@@ -173,7 +164,7 @@ class CallFlow(Call):
         now = state.clock.monotonic()
         latency = now - self.start
         state.counts.finished(backend.name, latency)
-        if self.public:
+        if self.watched:
             self.publish(
                 CallFinished(
                     call_id=self.request_id,
@@ -191,3 +182,73 @@ class CallFlow(Call):
         degraded = state.served(backend, reason, now=now)
         if degraded is not None:
             self.emit(PrimaryDegraded, now, **degraded)
+
+
+def _visit(
+    visit: Visit, pending: Generator[Action, Resume, Judged] | None = None
+) -> Generator[Action, Resume, Accepted | Move | Fail]:
+    """The call's visit to ``visit.backend``, until it answers (``Accepted``), or the call
+    moves on (``Move``) or ends (``Fail``); raises at once for a request no backend can
+    serve.
+
+    ``pending``: the visit begins with an attempt already in flight (a hedge the call
+    moved to, ``herdless._call.race.awaiting``): its verdict comes first, then the loop."""
+    call = visit.call
+    clock = call.state.clock
+    hedging = call.state.hedging
+    checks = checks_for(visit)
+    accepted = False
+    try:
+        while True:
+            now = clock.monotonic()
+            decision: Judged | Queue | None = None
+            if pending is not None:
+                decision = yield from pending
+                pending = None
+            else:
+                for check in checks:
+                    decision = check(visit, now)
+                    if decision is not None:
+                        break
+                else:
+                    action = visit.send(now)
+                    if visit.backup is None or hedging is None:
+                        decision = judge(visit, outcome_of((yield action)))
+                    else:  # a client that hedges, at the route's first backend
+                        decision = yield from race(visit, action, hedging, visit.backup)
+            if isinstance(decision, Wait):
+                _announce(visit, decision.seconds, decision.why, retry=decision.retry)
+                if decision.until_release and visit.slot is not None:
+                    yield SlotWait(
+                        listen=functools.partial(visit.window.on_release, visit.slot),
+                        timeout=decision.seconds,
+                    )
+                    visit.waited_for(clock.monotonic() - now)
+                else:
+                    yield Sleep(seconds=decision.seconds)
+                    visit.waited_for(decision.seconds)
+            elif isinstance(decision, Queue):
+                yield SlotWait(
+                    listen=functools.partial(visit.window.listen, decision.ticket),
+                    timeout=max(0.0, decision.timeout),
+                )
+            elif isinstance(decision, Requeued):  # first in the window's line: retry at once
+                _announce(visit, 0.0, decision.why, retry=True)
+            elif decision is not None:
+                accepted = type(decision) is Accepted
+                return decision
+    finally:
+        if accepted and call.stream:
+            visit.hand_slot()  # a stream holds its slot until it ends
+        visit.leave()
+
+
+def _announce(visit: Visit, seconds: float, why: str, *, retry: bool) -> None:
+    """The event that announces a wait, before it starts."""
+    name = visit.backend.name
+    if retry:
+        visit.call.emit(
+            RetryScheduled, backend=name, attempt=visit.attempt, delay=seconds, reason=why
+        )
+    else:
+        visit.call.emit(WaitScheduled, backend=name, delay=seconds, reason=why)

@@ -36,6 +36,7 @@ from herdless._backend import Backend
 from herdless._breaker import Permit
 from herdless._call.checks import Judged, checks_for, judge
 from herdless._call.decisions import Fail, Move, Queue, Requeued, Wait
+from herdless._call.errors import final_error
 from herdless._call.race import Handoff, awaiting, outcome_of, race
 from herdless._call.record import Call
 from herdless._call.visit import Visit
@@ -117,7 +118,7 @@ class CallFlow(Call):
                 if isinstance(result, Handoff):
                     handoff = result
                 previous = (backend, result.reason)
-            raise self.errors.final(errors, route.refused)
+            raise final_error(self, errors, route.refused)
         except HerdlessError as error:
             self.emit(
                 CallFailed,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from herdless._actions import Accepted, Action, Ended, Outcome, Race, Response, Resume, Send
 from herdless._call.checks import Judged, judge, try_admit
 from herdless._call.decisions import Move
+from herdless._call.errors import deadline_error
 from herdless._call.visit import Backup, Visit
 from herdless.events import FallbackUsed, HedgeFinished, HedgeStarted
 
@@ -140,7 +141,7 @@ def race(visit: Visit, attempt: Send, hedging: Hedging, backup: Backup) -> Steps
             if mine is duel.first:
                 visit.leave()
                 handed = True
-                error = visit.last_error or call.errors.deadline(visit.backend.name)
+                error = visit.last_error or deadline_error(call, visit.backend.name)
                 return Handoff("hedge", error, hedge, visit.backend.name)
             hedge.leave()
             ended = _ended((yield Race(send=None, timeout=None)))

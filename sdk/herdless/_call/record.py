@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 from herdless._backend import Backend
 from herdless._breaker import Transition
-from herdless._call.errors import CallErrors
 from herdless._config import PRIORITIES
 from herdless._log import log_event, logged
 from herdless._types import AttemptRecord
@@ -51,7 +50,6 @@ class Call:
 
     __slots__ = (
         "_attempt",
-        "_errors",
         "_events",
         "allow_fallback",
         "body",
@@ -103,23 +101,10 @@ class Call:
         """Whether the two events of every call are built (for the hook, or the log)."""
         self._attempt = 0  # HTTP attempts sent so far, across backends
         self._events: list[Event] = []
-        self._errors: CallErrors | None = None
         self.streaming: tuple[Backend, str | None] | None = None
         """An accepted stream's backend and fallback reason, until the stream ends."""
         self.stream_slot: tuple[Window, SlotTicket] | None = None
         """An accepted stream's place in its backend's window, until the stream ends."""
-
-    @property
-    def errors(self) -> CallErrors:
-        """The call's error builders (made at the first error: most calls have none)."""
-        if self._errors is None:
-            self._errors = CallErrors(
-                request_id=self.request_id,
-                deadline=self.deadline,
-                allow_fallback=self.allow_fallback,
-                attempts=self.records,
-            )
-        return self._errors
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:

@@ -123,7 +123,7 @@ class CallFlow(Call):
             self.emit(
                 CallFailed,
                 backend=error.backend,
-                attempts=self.attempt,
+                attempts=self.sent,
                 latency=self.elapsed(),
                 error=type(error).__name__,
             )
@@ -148,14 +148,14 @@ class CallFlow(Call):
         self.emit(
             AttemptFailed,
             backend=backend.name,
-            attempt=self.attempt,
+            attempt=self.sent,
             kind="stream_cut",
             message=message,
         )
         self.emit(
             CallFailed,
             backend=backend.name,
-            attempts=self.attempt,
+            attempts=self.sent,
             latency=self.elapsed(),
             error="StreamInterrupted",
         )
@@ -171,7 +171,7 @@ class CallFlow(Call):
                     call_id=self.request_id,
                     backend=backend.name,
                     at=now,
-                    attempts=self.attempt,
+                    attempts=self.sent,
                     latency=latency,
                     fallback_reason=reason,
                 )

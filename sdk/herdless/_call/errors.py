@@ -228,14 +228,10 @@ def transport_error(
 class CallFacts(Protocol):
     """What an error says of its call (``herdless._call.record.Call`` has it all)."""
 
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def deadline(self) -> float: ...
-    @property
-    def allow_fallback(self) -> bool: ...
-    @property
-    def records(self) -> Sequence[AttemptRecord]: ...
+    request_id: str
+    deadline: float
+    allow_fallback: bool
+    records: list[AttemptRecord]
 
 
 def _context(call: CallFacts, name: str | None) -> dict[str, Any]:

@@ -178,13 +178,13 @@ class AsyncClient(_BaseClient):
         # herdless.bench.sdk_overhead measures it).
         task = asyncio.current_task()
         if task is None:  # not in a task (a bare coroutine driven by hand): no timer
-            return await self._attempt(send, start, headers)
+            return await self._exchange(send, start, headers)
         loop = asyncio.get_running_loop()
         cancelling = task.cancelling()
         fired: list[bool] = []
         timer = loop.call_at(loop.time() + limit, _expire, task, fired)
         try:
-            return await self._attempt(send, start, headers)
+            return await self._exchange(send, start, headers)
         except asyncio.CancelledError:
             # Ours, unless someone else cancelled the task too: then theirs wins.
             if fired and task.uncancel() <= cancelling:
@@ -194,7 +194,7 @@ class AsyncClient(_BaseClient):
         finally:
             timer.cancel()
 
-    async def _attempt(
+    async def _exchange(
         self, send: Send, start: float, headers: Mapping[str, str] | None = None
     ) -> Outcome:
         end = start + send.timeouts.first_byte  # the timer's limit, on the client's clock

@@ -28,6 +28,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from herdless._bounds import require
 from herdless._clock import Clock
 from herdless.events import BreakerState
 
@@ -61,14 +62,9 @@ class BreakerPolicy:
             raise ValueError(
                 f"BreakerPolicy.failure_rate must be in (0, 1], got {self.failure_rate!r}"
             )
-        for name in ("window", "open_for", "max_open_for"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"BreakerPolicy.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("min_calls", "consecutive_failures"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"BreakerPolicy.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.open_jitter < 0:
-            raise ValueError(f"BreakerPolicy.open_jitter must be >= 0, got {self.open_jitter!r}")
+        require(self, "> 0", "window", "open_for", "max_open_for")
+        require(self, ">= 1", "min_calls", "consecutive_failures")
+        require(self, ">= 0", "open_jitter")
         if self.max_open_for < self.open_for:
             raise ValueError("BreakerPolicy.max_open_for must be >= open_for")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from herdless._bounds import require
 from herdless._clock import Clock
 
 __all__ = ["Pacer", "PacingPolicy"]
@@ -41,11 +42,8 @@ class PacingPolicy:
     increase: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("rate", "min_rate", "increase"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"PacingPolicy.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.burst < 1:
-            raise ValueError(f"PacingPolicy.burst must be >= 1, got {self.burst!r}")
+        require(self, "> 0", "rate", "min_rate", "increase")
+        require(self, ">= 1", "burst")
         if not 0 < self.decrease < 1:
             raise ValueError(f"PacingPolicy.decrease must be in (0, 1), got {self.decrease!r}")
         if self.min_rate > self.rate:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
 from herdless._actions import Outcome, Response
+from herdless._bounds import require
 
 __all__ = [
     "CAPACITY_HEADER",
@@ -96,20 +97,17 @@ class RetryPolicy:
     budget_window: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts!r}")
-        for name in ("base", "cap", "max_retry_after", "budget_window"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"RetryPolicy.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in (
+        require(self, ">= 1", "max_attempts")
+        require(self, "> 0", "base", "cap", "max_retry_after", "budget_window")
+        require(
+            self,
+            ">= 0",
             "retry_after_jitter",
             "min_jitter",
             "max_jitter",
             "budget_ratio",
             "budget_floor",
-        ):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"RetryPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+        )
         if self.min_jitter > self.max_jitter:
             raise ValueError(
                 f"RetryPolicy.min_jitter ({self.min_jitter!r}) must be <= max_jitter "

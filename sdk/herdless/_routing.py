@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from herdless._backend import Backend
+from herdless._bounds import require
 
 __all__ = ["FallbackPolicy", "Route", "plan_route"]
 
@@ -86,24 +87,17 @@ class FallbackPolicy:
         share = self.max_external_share
         if share is not None and not 0 <= share <= 1:
             raise ValueError(f"FallbackPolicy.max_external_share must be in [0, 1], got {share!r}")
-        per_minute = self.max_external_per_minute
-        if per_minute is not None and per_minute < 0:
-            raise ValueError(
-                f"FallbackPolicy.max_external_per_minute must be >= 0, got {per_minute!r}"
-            )
-        if self.max_busy_wait is not None and not self.max_busy_wait >= 0:
-            raise ValueError(
-                f"FallbackPolicy.max_busy_wait must be >= 0, got {self.max_busy_wait!r}"
-            )
-        for name in ("max_external_tokens", "max_external_cost"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"FallbackPolicy.{name} must be >= 0, got {value!r}")
-        if not self.spend_window > 0:
-            raise ValueError(f"FallbackPolicy.spend_window must be > 0, got {self.spend_window!r}")
-        for name in ("min_attempt", "degraded_interval"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"FallbackPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+        require(
+            self,
+            ">= 0",
+            "max_external_per_minute",
+            "max_busy_wait",
+            "max_external_tokens",
+            "max_external_cost",
+            optional=True,
+        )
+        require(self, "> 0", "spend_window")
+        require(self, ">= 0", "min_attempt", "degraded_interval")
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,7 +158,7 @@ class StatsRecorder:
     def record(self, event: Event) -> None:
         """Count one event."""
         if isinstance(event, AttemptStarted):
-            self.attempt(event.backend or "-")
+            self.sent(event.backend or "-")
         elif isinstance(event, CallFinished):
             self.finished(event.backend or "-", event.latency)
         elif isinstance(event, ResponseReceived):
@@ -167,7 +167,7 @@ class StatsRecorder:
             with self._lock:
                 self._record(event)
 
-    def attempt(self, backend: str) -> None:
+    def sent(self, backend: str) -> None:
         """Count an ``AttemptStarted`` (the flow's fast path: the event may not exist)."""
         with self._lock:
             self._by_backend[backend]["attempts"] += 1

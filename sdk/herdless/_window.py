@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from herdless._bounds import require
 from herdless._clock import Clock
 from herdless._turnover import Turnover
 
@@ -132,9 +133,7 @@ class WindowPolicy:
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("initial", "minimum", "maximum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"WindowPolicy.{name} must be >= 1, got {getattr(self, name)!r}")
+        require(self, ">= 1", "initial", "minimum", "maximum")
         if not self.minimum <= self.initial <= self.maximum:
             raise ValueError(
                 "WindowPolicy needs minimum <= initial <= maximum, got "

@@ -18,6 +18,8 @@ Metrics (``herdless_client_`` prefix), labelled by backend:
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as error:  # pragma: no cover -- the extra is installed in the test envs
@@ -41,6 +43,14 @@ from herdless.events import (
 
 __all__ = ["PrometheusHook"]
 
+
+class _Where(TypedDict):
+    """Where every metric of one hook goes."""
+
+    namespace: str
+    registry: CollectorRegistry
+
+
 _STATE = {"closed": 0, "half_open": 1, "open": 2}
 # LLM calls last from tens of milliseconds (a refusal) to minutes (a long answer).
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120)
@@ -60,75 +70,46 @@ class PrometheusHook:
         self, registry: CollectorRegistry | None = None, *, namespace: str = "herdless_client"
     ) -> None:
         registry = REGISTRY if registry is None else registry
-        self.attempts = Counter(
-            "attempts", "HTTP attempts sent.", ["backend"], namespace=namespace, registry=registry
-        )
+        where = _Where(namespace=namespace, registry=registry)
+        self.attempts = Counter("attempts", "HTTP attempts sent.", ["backend"], **where)
         self.failures = Counter(
-            "attempt_failures",
-            "Attempts without a usable answer.",
-            ["backend", "kind"],
-            namespace=namespace,
-            registry=registry,
+            "attempt_failures", "Attempts without a usable answer.", ["backend", "kind"], **where
         )
-        self.calls = Counter(
-            "calls", "Calls ended.", ["backend", "outcome"], namespace=namespace, registry=registry
-        )
+        self.calls = Counter("calls", "Calls ended.", ["backend", "outcome"], **where)
         self.duration = Histogram(
             "call_duration_seconds",
             "Seconds from call start to result.",
             ["backend"],
             buckets=_BUCKETS,
-            namespace=namespace,
-            registry=registry,
+            **where,
         )
         self.fallbacks = Counter(
             "fallbacks",
             "Calls moved to another backend.",
             ["backend", "from_backend", "reason"],
-            namespace=namespace,
-            registry=registry,
+            **where,
         )
-        self.retries = Counter(
-            "retries",
-            "Retries scheduled.",
-            ["backend", "reason"],
-            namespace=namespace,
-            registry=registry,
-        )
+        self.retries = Counter("retries", "Retries scheduled.", ["backend", "reason"], **where)
         self.waits = Counter(
-            "waits_seconds",
-            "Seconds of waits scheduled.",
-            ["backend", "reason"],
-            namespace=namespace,
-            registry=registry,
+            "waits_seconds", "Seconds of waits scheduled.", ["backend", "reason"], **where
         )
         self.breaker = Gauge(
-            "breaker_state",
-            "0 closed, 1 half-open, 2 open.",
-            ["backend"],
-            namespace=namespace,
-            registry=registry,
+            "breaker_state", "0 closed, 1 half-open, 2 open.", ["backend"], **where
         )
         self.degraded = Counter(
-            "primary_degraded",
-            "PrimaryDegraded signals.",
-            ["backend"],
-            namespace=namespace,
-            registry=registry,
+            "primary_degraded", "PrimaryDegraded signals.", ["backend"], **where
         )
         self.tokens = Counter(
             "tokens",
             "Tokens of the answers, from their usage: input (prompt) or output (completion).",
             ["backend", "type"],
-            namespace=namespace,
-            registry=registry,
+            **where,
         )
         self.cost = Counter(
             "cost",
             "What the answers cost, at the backend's Price (its currency).",
             ["backend"],
-            namespace=namespace,
-            registry=registry,
+            **where,
         )
 
     def __call__(self, event: Event) -> None:

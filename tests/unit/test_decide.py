@@ -21,16 +21,25 @@ from herdless._call.visit import Visit
 from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._window import WindowPolicy
-from herdless.errors import BadRequestError, HerdlessError
+from herdless.errors import (
+    AuthenticationError,
+    BadRequestError,
+    HerdlessError,
+    NotFoundError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
 
 NO_WINDOW = {"window": WindowPolicy(enabled=False)}
 
 
 def _decided(outcome: Outcome, *, last: bool, **options: Any) -> object:
-    """One attempt at a fresh visit to the primary, recorded; then ``decide``."""
+    """One attempt at a fresh visit to the primary, recorded; then ``decide`` (the call's
+    deadline ``options["deadline"]``, 10 s unless given)."""
+    deadline = options.pop("deadline", 10.0)
     driver = make(**options)
     state = driver.policies
-    call = driver.start(deadline=10.0)
+    call = driver.start(deadline=deadline)
     call.begin()
     visit = Visit(call, PRIMARY, end=call.deadline_at, last=last)
     visit.send(driver.clock.monotonic())
@@ -53,6 +62,7 @@ def _summary(decision: object) -> tuple[object, ...]:
 
 
 RETRY = RetryPolicy(base=0.5, cap=4.0, max_attempts=3)
+NO_BUDGET = RetryPolicy(budget_floor=0, budget_ratio=0)
 
 TABLE: list[tuple[str, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
     # rule (of decide's docstring), outcome, last backend, options -> decision
@@ -77,7 +87,7 @@ TABLE: list[tuple[str, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
     ("5", failure("first_byte_timeout"), False, {}, ("move", "timeout")),
     (
         "7",
-        status(429, retry_after=1.0),
+        status(429, retry_after=2.0),
         False,
         {"fallback_policy": FallbackPolicy(on_backpressure="fallback")},
         ("move", "backpressure"),
@@ -97,14 +107,23 @@ TABLE: list[tuple[str, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
         ("fail", "InternalServerError"),
     ),
     (
-        "10",
-        status(429, retry_after=30.0),
-        True,
-        {},
-        ("fail", "RateLimitError"),
+        "10 another follows",
+        status(503, retry_after=30.0),
+        False,
+        {"deadline": 20.0},
+        ("move", "retry_after_exceeds_deadline"),
     ),
+    ("10 last", status(429, retry_after=30.0), True, {}, ("fail", "RateLimitError")),
     ("11", status(429, retry_after=1.0), True, {}, ("wait", "status_429", 1.25, True, False)),
     ("12", status(429), True, {"retry": RETRY}, ("wait", "status_429", 0.5, True, False)),
+    # A busy backend's retry spends no budget: with none at all, it still waits there.
+    (
+        "12 no budget",
+        status(503),
+        False,
+        {"retry": NO_BUDGET},
+        ("wait", "status_503", 0.5, True, False),
+    ),
     (
         "13 broken, another follows",
         status(502),
@@ -135,6 +154,17 @@ TABLE: list[tuple[str, Outcome, bool, dict[str, Any], tuple[object, ...]]] = [
         ),
     ),
 ]
+# No answer, no fallback behind: retried there (full jitter under the backoff's base).
+TABLE += [
+    (
+        f"13 {kind}, last",
+        failure(kind),
+        True,
+        {},
+        ("budgeted", ("wait", kind, 0.5, False, False), ("wait", "budget", 0.5, False, False)),
+    )
+    for kind in ("connect", "connect_timeout", "read", "first_byte_timeout")
+]
 
 
 @pytest.mark.parametrize(
@@ -148,10 +178,29 @@ def test_decide(
     assert _summary(_decided(outcome, last=last, **options)) == expected
 
 
-def test_decide_raises_at_once_for_a_request_no_backend_can_serve() -> None:
-    # Rule 3: a 400 would be refused by any backend: no move, the error itself.
-    with pytest.raises(BadRequestError):
-        _decided(status(400), last=False)
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (400, BadRequestError),
+        (404, NotFoundError),
+        (422, UnprocessableEntityError),
+        (401, AuthenticationError),
+    ],
+)
+def test_decide_raises_at_once_for_a_request_no_backend_can_serve(
+    code: int, error: type[HerdlessError]
+) -> None:
+    # Rule 3: a request any backend would refuse: no move, the error itself.
+    with pytest.raises(error):
+        _decided(status(code), last=False)
+
+
+def test_decide_a_wait_past_the_deadline_fails_with_the_servers_time() -> None:
+    # Rule 10 at the last backend: the error keeps the time the server gave.
+    decision = _decided(status(429, retry_after=30.0), last=True)
+    assert isinstance(decision, Fail)
+    assert isinstance(decision.error, RateLimitError)
+    assert decision.error.retry_after == 30.0
 
 
 def test_decide_writes_nothing_to_the_visit() -> None:

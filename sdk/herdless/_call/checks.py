@@ -27,6 +27,13 @@ from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from herdless._actions import Accepted, Outcome, Response
 from herdless._call.decisions import Budgeted, Decision, Fail, Move, Queue, Requeued, Wait
+from herdless._call.errors import (
+    blocked_error,
+    breaker_open_error,
+    busy_error,
+    deadline_error,
+    spend_error,
+)
 from herdless._call.visit import Visit
 from herdless._types import AttemptRecord, WaitEstimate
 from herdless.events import SlotAwaited
@@ -70,7 +77,7 @@ class Policy(NamedTuple):
 
 def move_on(visit: Visit, reason: str, error: HerdlessError | None = None) -> Move | Fail:
     """Leave the backend for ``reason``: the call ends there when it is the last one."""
-    error = error or visit.last_error or visit.call.errors.deadline(visit.backend.name)
+    error = error or visit.last_error or deadline_error(visit.call, visit.backend.name)
     return Fail(error) if visit.last else Move(reason, error)
 
 
@@ -93,7 +100,7 @@ def hold(visit: Visit, now: float) -> Decision:
         return None
     if not visit.last:
         why = "draining" if draining else "unavailable"
-        return Move(why, visit.last_error or call.errors.blocked(visit.backend.name))
+        return Move(why, visit.last_error or blocked_error(call, visit.backend.name))
     delay = call.state.config.retry.after_server(left, call.state.rng)
     why = "draining" if draining else "backpressure"
     return _wait(visit, now, delay, why, "retry_after_exceeds_deadline")
@@ -142,7 +149,7 @@ def window(visit: Visit, now: float) -> Decision:
         estimate = WaitEstimate(
             wait=wait, answer=answer, margin=margin, samples=samples, left=left, reserve=reserve
         )
-    return move_on(visit, "busy", call.errors.busy(visit.backend.name, estimate=estimate))
+    return move_on(visit, "busy", busy_error(call, visit.backend.name, estimate=estimate))
 
 
 def budget(visit: Visit, now: float) -> Decision:
@@ -173,7 +180,7 @@ def spend(visit: Visit, now: float) -> Decision:
         return None
     call = visit.call
     if not call.fits(now + delay, visit.end):
-        return Fail(call.errors.spend(visit.backend.name, call.state.spend))
+        return Fail(spend_error(call, visit.backend.name, call.state.spend))
     return Wait(delay, "spend")
 
 
@@ -184,7 +191,7 @@ def breaker(visit: Visit, now: float) -> Decision:
     call, name = visit.call, visit.backend.name
     if not visit.last:
         call.records.append(AttemptRecord(backend=name, attempt=0, kind="skipped_breaker_open"))
-        return Move("breaker_open", visit.last_error or call.errors.breaker_open(name))
+        return Move("breaker_open", visit.last_error or breaker_open_error(call, name))
     # The last backend: wait for its probe time (or, while another call probes, a
     # jittered moment) when the deadline allows.
     retry, rng = call.state.config.retry, call.state.rng
@@ -192,7 +199,7 @@ def breaker(visit: Visit, now: float) -> Decision:
     delay = retry.after_server(open_left, rng) if open_left else retry.backoff(waits, rng)
     delay = max(delay, _MIN_WAIT)
     if not call.fits(now + delay, visit.end):
-        return Fail(visit.last_error or call.errors.breaker_open(name))
+        return Fail(visit.last_error or breaker_open_error(call, name))
     return Wait(delay, "breaker_open")
 
 
@@ -296,7 +303,7 @@ def decide(
     if verdict.backend_wide and not last:  # 1
         return Move("draining" if verdict.draining else "unavailable", error)
     if verdict.unattainable:  # 2
-        return move_on(visit, "deadline_unattainable", call.errors.busy(name, verdict.retry_after))
+        return move_on(visit, "deadline_unattainable", busy_error(call, name, verdict.retry_after))
     if not verdict.fallback_may_help:  # 3
         raise error
     if not verdict.retryable:  # 4

@@ -1,10 +1,12 @@
 """The errors one call raises, built with its context (request id, attempts so far).
 
-What to say is kept apart from how to decide. ``CallErrors`` builds each error of one
-call; the error one failed attempt stands for is ``status_error`` (a status mapped to
-its class, as openai-python's ``_make_status_error`` does, with what to do) or
-``transport_error`` (``APIConnectionError`` or ``APITimeoutError``). Every message says
-what happened and what to do; none contains an API key: what a server echoes is
+What to say is kept apart from how to decide. A function here builds each error of one
+call from the call's facts (``CallFacts``: its request id, deadline, data guard and
+attempts) and what went wrong; the error one failed attempt stands for is
+``status_error`` (a status mapped to its class, as openai-python's
+``_make_status_error`` does, with what to do) or ``transport_error``
+(``APIConnectionError`` or ``APITimeoutError``). Every message says what happened and
+what to do; none contains an API key: what a server echoes is
 redacted, and at most ``_MAX_SERVER_MESSAGE`` characters of it kept.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from herdless._actions import Outcome, Response, TransportFailure
@@ -41,7 +43,18 @@ from herdless.errors import (
 if TYPE_CHECKING:
     from herdless._spend import SpendGuard
 
-__all__ = ["CallErrors", "status_error", "transport_error"]
+__all__ = [
+    "CallFacts",
+    "attempt_error",
+    "blocked_error",
+    "breaker_open_error",
+    "busy_error",
+    "deadline_error",
+    "final_error",
+    "spend_error",
+    "status_error",
+    "transport_error",
+]
 
 # An error body is for a human; a megabyte of HTML from a proxy is not worth keeping.
 _MAX_SERVER_MESSAGE = 500
@@ -212,132 +225,129 @@ def transport_error(
     )
 
 
-class CallErrors:
-    """Error builders for one call.
+class CallFacts(Protocol):
+    """What an error says of its call (``herdless._call.record.Call`` has it all)."""
 
-    Args:
-        request_id: the call's ``X-Request-ID``.
-        deadline: the call's deadline, seconds.
-        allow_fallback: the call's data-guard flag (to say why a fallback was refused).
-        attempts: the call's attempt records, a live list the flow appends to.
-    """
+    request_id: str
+    deadline: float
+    allow_fallback: bool
+    records: list[AttemptRecord]
 
-    __slots__ = ("_allow_fallback", "_attempts", "_deadline", "_request_id")
 
-    def __init__(
-        self,
-        *,
-        request_id: str,
-        deadline: float,
-        allow_fallback: bool,
-        attempts: Sequence[AttemptRecord],
-    ) -> None:
-        self._request_id = request_id
-        self._deadline = deadline
-        self._allow_fallback = allow_fallback
-        self._attempts = attempts
+def _context(call: CallFacts, name: str | None) -> dict[str, Any]:
+    return {"request_id": call.request_id, "attempts": tuple(call.records), "backend": name}
 
-    def _context(self, name: str | None) -> dict[str, Any]:
-        return {"request_id": self._request_id, "attempts": tuple(self._attempts), "backend": name}
 
-    def attempt(self, backend: Backend, outcome: Outcome, verdict: Verdict) -> HerdlessError:
-        """The error one failed attempt stands for (status or transport)."""
-        request_id, attempts = self._request_id, tuple(self._attempts)
-        if isinstance(outcome, Response):
-            return status_error(
-                outcome,
-                backend=backend,
-                request_id=request_id,
-                attempts=attempts,
-                retry_after=verdict.retry_after,
-            )
-        return transport_error(outcome, backend=backend, request_id=request_id, attempts=attempts)
-
-    def deadline(self, name: str) -> DeadlineExceeded:
-        """No time was left to (re)try ``name``."""
-        return DeadlineExceeded(
-            f"The call's {self._deadline:g} s deadline does not leave time to try {name} "
-            "again. Raise the deadline or add a fallback.",
-            deadline=self._deadline,
-            **self._context(name),
+def attempt_error(
+    call: CallFacts, backend: Backend, outcome: Outcome, verdict: Verdict
+) -> HerdlessError:
+    """The error one failed attempt stands for (status or transport)."""
+    request_id, attempts = call.request_id, tuple(call.records)
+    if isinstance(outcome, Response):
+        return status_error(
+            outcome,
+            backend=backend,
+            request_id=request_id,
+            attempts=attempts,
+            retry_after=verdict.retry_after,
         )
+    return transport_error(outcome, backend=backend, request_id=request_id, attempts=attempts)
 
-    def busy(
-        self, name: str, expected: float | None = None, *, estimate: WaitEstimate | None = None
-    ) -> DeadlineExceeded:
-        """``name`` is busy and the call's wait for it no longer fits its deadline:
-        ``estimate``, the client's numbers; ``expected``, the server's predicted wait."""
-        if estimate is not None:
-            why = estimate.describe()
-        elif expected is not None:
-            why = f"it would wait about {expected:.1f} s for its turn"
-        else:
-            why = "it ran out of time waiting for its turn"
-        return DeadlineExceeded(
-            f"{name} is busy: {why}, against a {self._deadline:g} s deadline, so it was not "
-            "sent. Raise the deadline, add a fallback, or add capacity.",
-            deadline=self._deadline,
-            estimate=estimate,
-            **self._context(name),
-        )
 
-    def blocked(self, name: str) -> APIConnectionError:
-        """``name`` was left alone because of a Retry-After or drain window."""
-        return APIConnectionError(
-            f"{name} asked clients to wait (Retry-After or drain); the call did not send to it.",
-            kind="backpressure",
-            **self._context(name),
-        )
+def deadline_error(call: CallFacts, name: str) -> DeadlineExceeded:
+    """No time was left to (re)try ``name``."""
+    return DeadlineExceeded(
+        f"The call's {call.deadline:g} s deadline does not leave time to try {name} "
+        "again. Raise the deadline or add a fallback.",
+        deadline=call.deadline,
+        **_context(call, name),
+    )
 
-    def breaker_open(self, name: str) -> APIConnectionError:
-        """``name``'s breaker is open and its probe comes too late."""
-        return APIConnectionError(
-            f"{name}'s circuit breaker is open (it failed recently) and its next probe "
-            "comes too late for this call's deadline; nothing was sent.",
-            kind="breaker_open",
-            **self._context(name),
-        )
 
-    def spend(self, name: str, guard: SpendGuard | None = None) -> SpendLimitExceeded:
-        """The spend guard kept the call off the external ``name``; ``guard`` says which
-        of its caps did."""
-        blocking = guard.blocking() if guard is not None else None
-        if blocking is None:
-            return SpendLimitExceeded(
-                f"The spend limit for external backends is reached; the call was not sent to "
-                f"{name}. Raise the FallbackPolicy.max_external_* cap, or add primary "
-                "capacity.",
-                **self._context(name),
-            )
-        limit, why = blocking
+def busy_error(
+    call: CallFacts,
+    name: str,
+    expected: float | None = None,
+    *,
+    estimate: WaitEstimate | None = None,
+) -> DeadlineExceeded:
+    """``name`` is busy and the call's wait for it no longer fits its deadline:
+    ``estimate``, the client's numbers; ``expected``, the server's predicted wait."""
+    if estimate is not None:
+        why = estimate.describe()
+    elif expected is not None:
+        why = f"it would wait about {expected:.1f} s for its turn"
+    else:
+        why = "it ran out of time waiting for its turn"
+    return DeadlineExceeded(
+        f"{name} is busy: {why}, against a {call.deadline:g} s deadline, so it was not "
+        "sent. Raise the deadline, add a fallback, or add capacity.",
+        deadline=call.deadline,
+        estimate=estimate,
+        **_context(call, name),
+    )
+
+
+def blocked_error(call: CallFacts, name: str) -> APIConnectionError:
+    """``name`` was left alone because of a Retry-After or drain window."""
+    return APIConnectionError(
+        f"{name} asked clients to wait (Retry-After or drain); the call did not send to it.",
+        kind="backpressure",
+        **_context(call, name),
+    )
+
+
+def breaker_open_error(call: CallFacts, name: str) -> APIConnectionError:
+    """``name``'s breaker is open and its probe comes too late."""
+    return APIConnectionError(
+        f"{name}'s circuit breaker is open (it failed recently) and its next probe "
+        "comes too late for this call's deadline; nothing was sent.",
+        kind="breaker_open",
+        **_context(call, name),
+    )
+
+
+def spend_error(call: CallFacts, name: str, guard: SpendGuard | None = None) -> SpendLimitExceeded:
+    """The spend guard kept the call off the external ``name``; ``guard`` says which of
+    its caps did."""
+    blocking = guard.blocking() if guard is not None else None
+    if blocking is None:
         return SpendLimitExceeded(
-            f"The spend limit for external backends is reached ({why}); the call was not "
-            f"sent to {name}. Raise that cap, or add primary capacity.",
-            limit=limit,
-            **self._context(name),
+            f"The spend limit for external backends is reached; the call was not sent to "
+            f"{name}. Raise the FallbackPolicy.max_external_* cap, or add primary "
+            "capacity.",
+            **_context(call, name),
         )
+    limit, why = blocking
+    return SpendLimitExceeded(
+        f"The spend limit for external backends is reached ({why}); the call was not "
+        f"sent to {name}. Raise that cap, or add primary capacity.",
+        limit=limit,
+        **_context(call, name),
+    )
 
-    def final(
-        self, errors: Mapping[str, HerdlessError], refused: tuple[Backend, ...]
-    ) -> HerdlessError:
-        """What the call raises when no backend served: the one error, all of them, or the
-        data guard's refusal when only a refused backend was left."""
-        if refused:
-            names = ", ".join(b.name for b in refused)
-            why = (
-                "this call has allow_fallback=False"
-                if not self._allow_fallback
-                else "the client's FallbackPolicy has allow_external=False"
-            )
-            tried = "; ".join(f"{n}: {e.message}" for n, e in errors.items()) or "none"
-            return FallbackNotAllowed(
-                f"No allowed backend could serve, and {names} may not be used because {why}. "
-                f"Tried: {tried}",
-                **self._context(next(iter(errors), None)),
-            )
-        if len(errors) == 1:
-            return next(iter(errors.values()))
-        summary = "; ".join(f"{n}: {e.message}" for n, e in errors.items())
-        return AllBackendsFailed(
-            f"Every backend failed. {summary}", errors=errors, **self._context(None)
+
+def final_error(
+    call: CallFacts, errors: Mapping[str, HerdlessError], refused: tuple[Backend, ...]
+) -> HerdlessError:
+    """What the call raises when no backend served: the one error, all of them, or the
+    data guard's refusal when only a refused backend was left."""
+    if refused:
+        names = ", ".join(b.name for b in refused)
+        why = (
+            "this call has allow_fallback=False"
+            if not call.allow_fallback
+            else "the client's FallbackPolicy has allow_external=False"
         )
+        tried = "; ".join(f"{n}: {e.message}" for n, e in errors.items()) or "none"
+        return FallbackNotAllowed(
+            f"No allowed backend could serve, and {names} may not be used because {why}. "
+            f"Tried: {tried}",
+            **_context(call, next(iter(errors), None)),
+        )
+    if len(errors) == 1:
+        return next(iter(errors.values()))
+    summary = "; ".join(f"{n}: {e.message}" for n, e in errors.items())
+    return AllBackendsFailed(
+        f"Every backend failed. {summary}", errors=errors, **_context(call, None)
+    )

@@ -36,6 +36,7 @@ from herdless._backend import Backend
 from herdless._breaker import Permit
 from herdless._call.checks import Judged, checks_for, judge
 from herdless._call.decisions import Fail, Move, Queue, Requeued, Wait
+from herdless._call.errors import final_error
 from herdless._call.race import Handoff, awaiting, outcome_of, race
 from herdless._call.record import Call
 from herdless._call.visit import Visit
@@ -117,12 +118,12 @@ class CallFlow(Call):
                 if isinstance(result, Handoff):
                     handoff = result
                 previous = (backend, result.reason)
-            raise self.errors.final(errors, route.refused)
+            raise final_error(self, errors, route.refused)
         except HerdlessError as error:
             self.emit(
                 CallFailed,
                 backend=error.backend,
-                attempts=self.attempt,
+                attempts=self.sent,
                 latency=self.elapsed(),
                 error=type(error).__name__,
             )
@@ -147,14 +148,14 @@ class CallFlow(Call):
         self.emit(
             AttemptFailed,
             backend=backend.name,
-            attempt=self.attempt,
+            attempt=self.sent,
             kind="stream_cut",
             message=message,
         )
         self.emit(
             CallFailed,
             backend=backend.name,
-            attempts=self.attempt,
+            attempts=self.sent,
             latency=self.elapsed(),
             error="StreamInterrupted",
         )
@@ -170,7 +171,7 @@ class CallFlow(Call):
                     call_id=self.request_id,
                     backend=backend.name,
                     at=now,
-                    attempts=self.attempt,
+                    attempts=self.sent,
                     latency=latency,
                     fallback_reason=reason,
                 )

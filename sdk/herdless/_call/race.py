@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from herdless._actions import Accepted, Action, Ended, Outcome, Race, Response, Resume, Send
 from herdless._call.checks import Judged, judge, try_admit
 from herdless._call.decisions import Move
+from herdless._call.errors import deadline_error
 from herdless._call.visit import Backup, Visit
 from herdless.events import FallbackUsed, HedgeFinished, HedgeStarted
 
@@ -93,19 +94,19 @@ def _answered(outcome: Outcome) -> bool:
     return type(outcome) is Response and 200 <= outcome.status < 300
 
 
-def race(visit: Visit, attempt: Send, hedging: Hedging, backup: Backup) -> Steps:
-    """Send ``attempt`` (at ``visit``, which may hedge to ``backup``); hedge it when it is
+def race(visit: Visit, send: Send, hedging: Hedging, backup: Backup) -> Steps:
+    """Send ``send`` (at ``visit``, which may hedge to ``backup``); hedge it when it is
     late. Returns what ``judge`` would (``Handoff`` when the call moves on to the
     hedge's attempt)."""
     call = visit.call
     clock = call.state.clock
     sent_at = clock.monotonic()
     after = hedging.delay(visit.backend.name)
-    if after >= attempt.timeouts.first_byte or not _holds(visit, backup, sent_at + after):
+    if after >= send.timeouts.first_byte or not _holds(visit, backup, sent_at + after):
         # The attempt's own limit ends first (then the usual fallback follows), or the
         # deadline could not hold a hedge by then: a plain attempt.
-        return _alone(hedging, visit, outcome_of((yield attempt)))
-    resumed = yield Race(send=attempt, timeout=after)
+        return _alone(hedging, visit, outcome_of((yield send)))
+    resumed = yield Race(send=send, timeout=after)
     if resumed is not None:  # in time: no hedge
         return _alone(hedging, visit, _ended(resumed).outcome)
     now = clock.monotonic()
@@ -115,7 +116,7 @@ def race(visit: Visit, attempt: Send, hedging: Hedging, backup: Backup) -> Steps
         return _alone(hedging, visit, ended.outcome)
     visit.take_backup()  # once per call
     hedge_send = hedge.send(now)
-    duel = _Duel((visit, attempt, sent_at), (hedge, hedge_send, now))
+    duel = _Duel((visit, send, sent_at), (hedge, hedge_send, now))
     call.emit(
         HedgeStarted,
         now,
@@ -140,7 +141,7 @@ def race(visit: Visit, attempt: Send, hedging: Hedging, backup: Backup) -> Steps
             if mine is duel.first:
                 visit.leave()
                 handed = True
-                error = visit.last_error or call.errors.deadline(visit.backend.name)
+                error = visit.last_error or deadline_error(call, visit.backend.name)
                 return Handoff("hedge", error, hedge, visit.backend.name)
             hedge.leave()
             ended = _ended((yield Race(send=None, timeout=None)))

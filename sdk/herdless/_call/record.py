@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 from herdless._backend import Backend
 from herdless._breaker import Transition
-from herdless._call.errors import CallErrors
 from herdless._config import PRIORITIES
 from herdless._log import log_event, logged
 from herdless._types import AttemptRecord
@@ -50,9 +49,8 @@ class Call:
     """
 
     __slots__ = (
-        "_attempt",
-        "_errors",
         "_events",
+        "_sent",
         "allow_fallback",
         "body",
         "deadline",
@@ -101,25 +99,12 @@ class Call:
         self.records: list[AttemptRecord] = []
         self.watched = False
         """Whether the two events of every call are built (for the hook, or the log)."""
-        self._attempt = 0  # HTTP attempts sent so far, across backends
+        self._sent = 0  # attempts sent so far, across backends
         self._events: list[Event] = []
-        self._errors: CallErrors | None = None
         self.streaming: tuple[Backend, str | None] | None = None
         """An accepted stream's backend and fallback reason, until the stream ends."""
         self.stream_slot: tuple[Window, SlotTicket] | None = None
         """An accepted stream's place in its backend's window, until the stream ends."""
-
-    @property
-    def errors(self) -> CallErrors:
-        """The call's error builders (made at the first error: most calls have none)."""
-        if self._errors is None:
-            self._errors = CallErrors(
-                request_id=self.request_id,
-                deadline=self.deadline,
-                allow_fallback=self.allow_fallback,
-                attempts=self.records,
-            )
-        return self._errors
 
     @property
     def attempts(self) -> tuple[AttemptRecord, ...]:
@@ -127,9 +112,9 @@ class Call:
         return tuple(self.records)
 
     @property
-    def attempt(self) -> int:
-        """HTTP attempts sent so far, across backends."""
-        return self._attempt
+    def sent(self) -> int:
+        """How many attempts the call sent so far, across backends."""
+        return self._sent
 
     def begin(self) -> None:
         """The call starts now: its deadline runs from here."""
@@ -141,8 +126,8 @@ class Call:
 
     def next_attempt(self) -> int:
         """Count one more attempt; return its number (1 for the call's first)."""
-        self._attempt += 1
-        return self._attempt
+        self._sent += 1
+        return self._sent
 
     def model_for(self, backend: Backend) -> str | None:
         """The model name sent to ``backend``."""
@@ -197,7 +182,7 @@ class Call:
     ) -> None:
         """An attempt is about to be sent: ``AttemptStarted`` (counted; built only when
         someone would see it)."""
-        self.state.counts.attempt(backend.name)
+        self.state.counts.sent(backend.name)
         if self.watched:
             self.publish(
                 AttemptStarted(

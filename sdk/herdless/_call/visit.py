@@ -34,6 +34,7 @@ from herdless._actions import (
 )
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import Permit
+from herdless._call.errors import attempt_error
 from herdless._retry import Verdict, classify, parse_capacity
 from herdless._types import AttemptRecord
 from herdless.events import AttemptFailed, BackpressureReceived, WindowResized
@@ -287,7 +288,7 @@ class Visit:
                 call.transition(backend, self.breaker.record_refusal(permit, answer_time=answer))
             else:
                 call.transition(backend, self.breaker.record_success(permit))
-        self.last_error = call.errors.attempt(backend, outcome, verdict)
+        self.last_error = attempt_error(call, backend, outcome, verdict)
         call.emit(
             AttemptFailed,
             backend=name,

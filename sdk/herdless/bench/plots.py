@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from herdless.bench.report import ScenarioResult
@@ -66,12 +66,7 @@ def rate_panels(
     )
     axes[-1].set_xlabel(f"seconds ({legend})")
     axes[-1].set_xlim(0, end)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title, fontsize=10)
 
 
 def service_panels(
@@ -126,12 +121,7 @@ def service_panels(
             ax.legend(fontsize=7, loc="upper left")
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("weighted tokens served (thousands)")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title, fontsize=9)
 
 
 def table_bars(result: ScenarioResult, path: Path) -> Path | None:
@@ -169,7 +159,14 @@ def table_bars(result: ScenarioResult, path: Path) -> Path | None:
         ax.tick_params(labelsize=7)
     for ax in flat[len(panels) :]:
         ax.set_visible(False)
-    fig.suptitle(f"{result.name}: {result.title}", fontsize=9)
+    return _save(fig, path, f"{result.name}: {result.title}", fontsize=9)
+
+
+def _save(fig: Any, path: Path, title: str, *, fontsize: int) -> Path:
+    """Title ``fig``, write it to ``path`` (a PNG) and free it."""
+    import matplotlib.pyplot as plt  # loaded already: ``fig`` is one of its figures
+
+    fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)

@@ -36,6 +36,7 @@ __all__ = [
     "Call",
     "Failure",
     "Reply",
+    "library_options",
     "parse_call",
     "reply_for_error",
     "reply_for_result",
@@ -53,6 +54,17 @@ DONE = b"data: [DONE]\n\n"
 # backend has its own), so these only have to be valid.
 PLACEHOLDER_URL = "http://herdless.invalid/v1"
 PLACEHOLDER_KEY = "unused-herdless-uses-each-backends-key"
+
+
+def library_options(kwargs: dict[str, Any], *, url_key: str = "base_url") -> None:
+    """Complete the arguments of an OpenAI library's client for herdless: the key and
+    base URL it requires (placeholders, unless given; ``url_key`` names the URL's
+    argument) and no retries of its own (herdless retries; always 0)."""
+    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
+    kwargs.setdefault(url_key, PLACEHOLDER_URL)
+    kwargs["max_retries"] = 0
+
+
 # The library must never retry on top of herdless: openai-python obeys this header
 # even when the app left its own max_retries above zero.
 _NO_RETRY = {"x-should-retry": "false"}

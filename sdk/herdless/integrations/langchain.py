@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
+from herdless.integrations._bridge import library_options
 from herdless.integrations._extras import import_extra
 from herdless.integrations._frameworks import framework_http_clients
 
@@ -67,9 +67,7 @@ def chat_openai(
         keys=("http_client", "http_async_client"),
         methods=("invoke/stream/batch", "ainvoke/astream/abatch"),
     )
-    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", PLACEHOLDER_URL)
+    library_options(kwargs)
     kwargs.setdefault("model", "herdless")
-    kwargs["max_retries"] = 0
     chat: ChatOpenAI = langchain_openai.ChatOpenAI(**kwargs)
     return chat

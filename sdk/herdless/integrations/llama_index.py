@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from herdless.integrations._bridge import PLACEHOLDER_KEY, PLACEHOLDER_URL
+from herdless.integrations._bridge import library_options
 from herdless.integrations._extras import import_extra
 from herdless.integrations._frameworks import framework_http_clients
 
@@ -64,8 +64,6 @@ def openai_llm(
         keys=("http_client", "async_http_client"),
         methods=("complete/chat/stream_*", "acomplete/achat/astream_*"),
     )
-    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
-    kwargs.setdefault("api_base", PLACEHOLDER_URL)
-    kwargs["max_retries"] = 0
+    library_options(kwargs, url_key="api_base")
     llm: OpenAI = llms_openai.OpenAI(**kwargs)
     return llm

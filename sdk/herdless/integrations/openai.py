@@ -46,11 +46,10 @@ import httpx
 from herdless.errors import HerdlessError, StreamInterrupted
 from herdless.integrations._bridge import (
     DONE,
-    PLACEHOLDER_KEY,
-    PLACEHOLDER_URL,
     Call,
     Failure,
     Reply,
+    library_options,
     parse_call,
     reply_for_error,
     reply_for_result,
@@ -326,9 +325,7 @@ def openai_client(client: Client, *, pass_model: bool = False, **kwargs: Any) ->
         ImportError: openai is not installed (``pip install 'herdless[openai]'``).
     """
     mod = import_extra("openai", package="openai", extra="openai", needed_by="openai_client()")
-    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", PLACEHOLDER_URL)
-    kwargs["max_retries"] = 0
+    library_options(kwargs)
     # Typed loosely: openai 2.x wants an httpx client, 3.x an httpx2 one.
     http: Any = http_client(client, pass_model=pass_model, flavor=native_flavor())
     built: openai.OpenAI = mod.OpenAI(http_client=http, **kwargs)
@@ -346,9 +343,7 @@ def async_openai_client(
     mod = import_extra(
         "openai", package="openai", extra="openai", needed_by="async_openai_client()"
     )
-    kwargs.setdefault("api_key", PLACEHOLDER_KEY)
-    kwargs.setdefault("base_url", PLACEHOLDER_URL)
-    kwargs["max_retries"] = 0
+    library_options(kwargs)
     http: Any = async_http_client(client, pass_model=pass_model, flavor=native_flavor())
     built: openai.AsyncOpenAI = mod.AsyncOpenAI(http_client=http, **kwargs)
     return built

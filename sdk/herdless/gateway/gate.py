@@ -15,7 +15,8 @@ import logging
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
-from herdless.gateway.core.limits import CLASSES, Priority
+from herdless.gateway.core.keys import KeyLimits
+from herdless.gateway.core.limits import CLASSES, AdmissionConfig, Priority
 from herdless.gateway.core.sizing import Sizing
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.metrics import Fairness, SizingFigures
@@ -133,6 +134,16 @@ class Gate:
         self.admission.resume()
         self._dispatch()
 
+    def reconfigure(self, config: AdmissionConfig, keys: dict[str, KeyLimits]) -> None:
+        """New limits (a reload, see :meth:`Admission.reconfigure`); whoever now fits
+        starts.
+
+        Raises:
+            ValueError: a limit that cannot change while running changed.
+        """
+        self.admission.reconfigure(config, keys)
+        self._dispatch()
+
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
         """Record the upstream's readiness; a ready upstream may start waiters.
 
@@ -143,7 +154,17 @@ class Gate:
         state = "ready" if ready else code.removeprefix("upstream_")
         if state != self._upstream_state:
             level = logging.WARNING if state == "unavailable" else logging.INFO
-            event(LOG, level, f"upstream {state}", state=state, previous=self._upstream_state)
+            more = {}
+            if ready and self._upstream_state is not None:
+                more["load_time"] = self.admission.load_time
+            event(
+                LOG,
+                level,
+                f"upstream {state}",
+                state=state,
+                previous=self._upstream_state,
+                **more,
+            )
             self._upstream_state = state
         if ready:
             self._dispatch()
@@ -179,6 +200,21 @@ class Gate:
         return self.admission.inflight
 
     @property
+    def load_time(self) -> float | None:
+        """Seconds the upstream took to load, last measured (see
+        :attr:`Admission.load_time`); ``herdless maintain`` sets what it measured."""
+        return self.admission.load_time
+
+    @load_time.setter
+    def load_time(self, seconds: float) -> None:
+        self.admission.load_time = seconds
+
+    @property
+    def upstream_out(self) -> bool:
+        """Whether the upstream is out now (health polls then come closer together)."""
+        return not self.admission.upstream_ready
+
+    @property
     def sizing(self) -> Sizing:
         """The sizing rule and what it learned of the engine (read only)."""
         return self.admission.sizing
@@ -192,16 +228,22 @@ class Gate:
             "upstream_ready": adm.upstream_ready,
             "inflight": adm.inflight,
             "queue_depth": adm.queue_depth,
+            "load_time": adm.load_time,
         }
 
     def gauges(self) -> dict[str, float]:
         """The queue and in-flight gauges of ``/metrics``."""
         adm = self.admission
-        return {
+        gauges: dict[str, float] = {
             "queue_depth": adm.queue_depth,
             "inflight": adm.inflight,
             "inflight_tokens": adm.inflight_tokens,
+            "draining": int(adm.draining),
+            "upstream_ready": int(adm.upstream_ready),
         }
+        if adm.load_time is not None:
+            gauges["upstream_load_seconds"] = round(adm.load_time, 3)
+        return gauges
 
     def fairness(self) -> Fairness:
         """The fair-share figures of ``/metrics``."""

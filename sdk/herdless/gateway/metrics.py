@@ -59,6 +59,9 @@ _GAUGES = {
     "queue_depth": "Requests waiting in the admission queue.",
     "inflight": "Requests running upstream.",
     "inflight_tokens": "Tokens (prompt + max_tokens) of the running requests.",
+    "draining": "1 while the gateway drains for maintenance (POST /admin/drain).",
+    "upstream_ready": "1 while the upstream answers its health polls.",
+    "upstream_load_seconds": "Seconds the upstream took to load, last measured.",
 }
 _HISTOGRAMS = {
     "queue_wait": ("queue_wait_seconds", "Time spent in the admission queue."),
@@ -135,6 +138,7 @@ class GatewayMetrics:
         "duration",
         "fairness",
         "gauges",
+        "held",
         "queue_wait",
         "rejections",
         "requests",
@@ -157,6 +161,8 @@ class GatewayMetrics:
         self.fairness = fairness
         self.sizing = sizing
         self.top = top
+        self.held = 0
+        """Requests that waited in the queue and then ran."""
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
@@ -184,6 +190,7 @@ class GatewayMetrics:
             "reason",
             dict(sorted(self.rejections.items())),
         )
+        out.one(p + "held_total", "counter", "Requests that waited, then ran.", self.held)
         out.by(
             p + "connections_closed_total",
             "counter",

@@ -88,6 +88,11 @@ class Admission:
         self._drain_until: float | None = None  # the announced window's end, clock time
         self._ready = True
         self._not_ready_code = "upstream_loading"
+        self._out_since: float | None = None  # when the upstream was last seen going out
+        self.load_time: float | None = None
+        """Seconds the upstream took to load, last measured (``None``: never measured):
+        by the gateway from its going out to ready again, or as ``herdless maintain``
+        reported it; what Retry-After promises while it is out."""
 
     # -- observation ------------------------------------------------------------------
 
@@ -193,10 +198,51 @@ class Admission:
         """Whether the upstream is ready and the gateway admits."""
         return self._ready and not self._draining
 
+    @property
+    def out_for(self) -> float | None:
+        """Seconds since the upstream went out (``None`` while it is ready)."""
+        if self._ready or self._out_since is None:
+            return None
+        return self._clock.monotonic() - self._out_since
+
+    def _back_at(self) -> float | None:
+        """When the upstream out now is expected back: its going out plus the last load
+        time; ``None`` when ready, never measured, or already past it."""
+        if self._ready or self._out_since is None or self.load_time is None:
+            return None
+        at = self._out_since + self.load_time
+        return at if at > self._clock.monotonic() else None
+
     # -- state changes ------------------------------------------------------------------
 
+    def reconfigure(self, config: AdmissionConfig, keys: Mapping[str, KeyLimits]) -> None:
+        """Replace the limits (a reload): the queue, its counters, the running requests,
+        the key budgets and the reservations stay; what the new limits change applies
+        from the next decision. ``scheduler``, ``sizing``, ``max_users``, ``fair_window``
+        and ``reserve_window`` must be unchanged (they shape state already built)."""
+        for name in ("scheduler", "sizing", "max_users", "fair_window", "reserve_window"):
+            if getattr(config, name) != getattr(self.config, name):
+                raise ValueError(f"{name} cannot change while running (restart the gateway)")
+        self.config = config
+        self._keys.reconfigure(config, keys, self._clock.monotonic())
+        self._queue.reconfigure(config)
+        self._reservations.reconfigure(config)
+        self._sizing.config = config  # read at every decision; the learned state stays
+        if not self._sizing.sized:
+            self._sizing.limit = self._sizing.static_limit
+        self._resized()
+
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
-        """Record the upstream's readiness; ``code`` names why it is not ready."""
+        """Record the upstream's readiness; ``code`` names why it is not ready.
+
+        Going out starts the outage's clock; ready again after one measures the load time
+        (:attr:`load_time`)."""
+        now = self._clock.monotonic()
+        if not ready and self._ready:
+            self._out_since = now
+        elif ready and not self._ready and self._out_since is not None:
+            self.load_time = now - self._out_since
+            self._out_since = None
         self._switch(draining=self._draining, ready=ready, code=code)
 
     def drain(self, expect: float | None = None) -> list[tuple[Ticket, Refuse]]:
@@ -416,6 +462,7 @@ class Admission:
             gap=1 / self.drain_rate(),
             deadline=deadline,
             until=self._drain_until,
+            back_at=self._back_at(),
         )
 
     # -- helpers ------------------------------------------------------------------------

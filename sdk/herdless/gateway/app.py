@@ -37,6 +37,7 @@ from herdless.gateway.reload import HEALTH_CONNECTIONS, ConfigError, Reloader, S
 from herdless.gateway.routes import ROUTES
 from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
+from herdless.gateway.sleep import Sleeper
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.watcher import Watcher
@@ -61,7 +62,8 @@ def create_app(
 ) -> Starlette:
     """Build a gateway app; its parts live on ``app.state.runtime`` (the engine
     watcher, when the gateway sizes itself, on ``app.state.watcher``; what reloads the
-    settings on ``app.state.reloader``).
+    settings on ``app.state.reloader``; what puts the engine to sleep, with
+    ``upstream_sleep``, on ``app.state.sleeper``).
 
     Args:
         settings: the gateway's settings (default: from the environment).
@@ -89,13 +91,17 @@ def create_app(
             runtime.upstream, runtime.gate, interval=settings.metrics_interval, now=clock.monotonic
         )
     reloader = Reloader(runtime, layers, settings)
+    sleeper = None
+    if settings.upstream_sleep is not None:
+        idle = settings.upstream_sleep
+        sleeper = Sleeper(runtime.upstream, runtime.gate, idle=idle, now=clock.monotonic)
     routes = _Routes(
         runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock), reloader
     )
     app = Starlette(
         routes=routes.table(),
         exception_handlers={404: routes.not_found, 405: routes.not_allowed},
-        lifespan=_lifespan(runtime, watcher, shown),
+        lifespan=_lifespan(runtime, watcher, shown, sleeper),
     )
     # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
     # redirect that a client following it would send its body (and key) through.
@@ -103,6 +109,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.watcher = watcher
     app.state.reloader = reloader
+    app.state.sleeper = sleeper
     return app
 
 
@@ -163,7 +170,7 @@ def _runtime(
 
 
 def _lifespan(
-    runtime: Runtime, watcher: Watcher | None, shown: dict[str, object]
+    runtime: Runtime, watcher: Watcher | None, shown: dict[str, object], sleeper: Sleeper | None
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """Start: log the config, poll the upstream's health (and read its metrics) once,
     then keep polling; stop: the tasks, the pool, and a line saying how it ended."""
@@ -176,6 +183,8 @@ def _lifespan(
         if watcher is not None:
             await watcher.read_once()  # sized before the first request where it can be
             tasks.append(asyncio.create_task(watcher.run()))
+        if sleeper is not None:
+            tasks.append(asyncio.create_task(sleeper.run()))
         try:
             yield
         finally:

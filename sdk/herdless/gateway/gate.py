@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -36,7 +37,7 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission")
+    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission", "on_held")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
@@ -47,6 +48,8 @@ class Gate:
         # drained between its offer and its wait); taken by wait(), dropped by release().
         self._early: dict[int, Refuse] = {}
         self._timer: asyncio.TimerHandle | None = None  # the next spaced batch start
+        self.on_held: Callable[[], None] | None = None
+        """Called when a request waits because the engine sleeps (the sleeper wakes it)."""
 
     def offer(
         self,
@@ -66,6 +69,8 @@ class Gate:
         if type(decision) is Enqueued:
             for ticket, refused in decision.displaced:
                 self._wake(ticket, refused)
+            if self.admission.paused and self.on_held is not None:
+                self.on_held()
         return decision
 
     async def wait(self, ticket: Ticket, *, deadline: float | None = None) -> Refuse | None:
@@ -132,6 +137,20 @@ class Gate:
     def resume(self) -> None:
         """Admit again; the requests held through the drain start as room allows."""
         self.admission.resume()
+        self._dispatch()
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the engine sleeps (nothing starts; arrivals wait for the wake)."""
+        return self.admission.paused
+
+    def pause(self) -> None:
+        """The engine is going to sleep: nothing starts from now on."""
+        self.admission.paused = True
+
+    def unpause(self) -> None:
+        """The engine is awake: the requests held meanwhile start as room allows."""
+        self.admission.paused = False
         self._dispatch()
 
     def reconfigure(self, config: AdmissionConfig, keys: dict[str, KeyLimits]) -> None:
@@ -240,6 +259,7 @@ class Gate:
             "inflight_tokens": adm.inflight_tokens,
             "draining": int(adm.draining),
             "upstream_ready": int(adm.upstream_ready),
+            "upstream_asleep": int(adm.paused),
         }
         if adm.load_time is not None:
             gauges["upstream_load_seconds"] = round(adm.load_time, 3)

@@ -61,6 +61,7 @@ _GAUGES = {
     "inflight_tokens": "Tokens (prompt + max_tokens) of the running requests.",
     "draining": "1 while the gateway drains for maintenance (POST /admin/drain).",
     "upstream_ready": "1 while the upstream answers its health polls.",
+    "upstream_asleep": "1 while the gateway has put the engine to sleep (--upstream-sleep).",
     "upstream_load_seconds": "Seconds the upstream took to load, last measured.",
 }
 _HISTOGRAMS = {

@@ -102,6 +102,9 @@ class GatewaySettings(BaseSettings):
     """Retry-After while vLLM is not ready, seconds"""
     health_interval: float = Field(default=1.0, gt=0)
     """seconds between polls of vLLM's /health"""
+    upstream_sleep: float | None = Field(default=None, gt=0)
+    """seconds idle before vLLM is put to sleep (/sleep?level=1), woken by the next request, held
+    meanwhile; needs vLLM's --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1 (unset: never)"""
     connect_timeout: float = Field(default=2.0, gt=0)
     """seconds to connect to vLLM"""
     read_timeout: float = Field(default=600.0, gt=0)
@@ -211,12 +214,9 @@ class GatewaySettings(BaseSettings):
 
     def without_secrets(self) -> GatewaySettings:
         """A copy without the client keys, the admin token, the key-id secret and the
-        hosted API's key.
-
-        The gateway keeps only their digests (:class:`ApiKeys`, :func:`secret_digest`)
-        once started, so a heap dump or a stray ``repr`` cannot reveal them. The
-        upstream key stays: it must be sent as is (and the hosted API's lives in the
-        fallback's client).
+        hosted API's key: the gateway keeps only their digests (:class:`ApiKeys`,
+        :func:`secret_digest`), so a heap dump or a stray ``repr`` cannot reveal them. The
+        upstream key stays: it is sent as is (the hosted API's lives in the fallback's client).
         """
         gone = {
             "api_keys": None,

@@ -194,6 +194,14 @@ class Upstream:
             return ""
         return response.text if response.status_code == 200 else None
 
+    async def command(self, path: str, *, within: float) -> int | None:
+        """``POST path`` (``/sleep?level=1``, ``/wake_up``): its status, ``None`` for no answer."""
+        try:
+            response = await self._client.post(path, headers=self._auth, timeout=within)
+        except httpx.TransportError:
+            return None
+        return response.status_code
+
     async def aclose(self) -> None:
         """Close the connection pool (and any a resize retired)."""
         for client in (*self._retired, self._client):

@@ -88,6 +88,8 @@ class Admission:
         self._drain_until: float | None = None  # the announced window's end, clock time
         self._ready = True
         self._not_ready_code = "upstream_loading"
+        self.paused = False
+        """Nothing starts while set (the engine sleeps): arrivals wait (their hold) instead."""
         self._out_since: float | None = None  # when the upstream was last seen going out
         self.load_time: float | None = None
         """Seconds the upstream took to load, last measured (``None``: never measured):
@@ -378,7 +380,7 @@ class Admission:
         queue = self._queue
         recent = self._recent_interactive(now)
         self.held = None
-        while not self._draining:
+        while not self._draining and not self.paused:
             ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
                 break
@@ -482,7 +484,7 @@ class Admission:
 
     def _startable(self, ticket: Ticket, now: float) -> bool:
         """Rule 5: may a new request start without waiting?"""
-        if self._draining or self._queue.depth("interactive"):
+        if self._draining or self.paused or self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
         if ticket.priority == "batch" and self._queue.depth("batch"):
             return False

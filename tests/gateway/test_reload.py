@@ -58,7 +58,8 @@ def test_a_key_whose_rate_changes_keeps_no_more_than_it_had() -> None:
 
 def test_the_retry_after_while_out_is_the_time_left_of_the_last_load() -> None:
     clock = FakeClock()
-    adm = Admission(AdmissionConfig(upstream_retry_after=2), clock=clock)
+    # A hold (2 s) shorter than the load's time left: refused with that time.
+    adm = Admission(AdmissionConfig(upstream_retry_after=2, queue_timeout=2), clock=clock)
     adm.set_upstream(ready=False)
     clock.advance(8.0)
     adm.set_upstream(ready=True)
@@ -70,6 +71,23 @@ def test_the_retry_after_while_out_is_the_time_left_of_the_last_load() -> None:
     assert refused.retry_after == pytest.approx(5.0, abs=0.5)  # type: ignore[union-attr]
     clock.advance(6.0)  # past the expected end: back to the configured guess
     assert adm.offer("b", 10).retry_after >= 2.0  # type: ignore[union-attr]
+
+
+def test_a_request_whose_hold_outlasts_the_load_waits_for_the_upstream() -> None:
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(queue_timeout=30), clock=clock)
+    adm.set_upstream(ready=False)
+    clock.advance(8.0)
+    adm.set_upstream(ready=True)
+    adm.set_upstream(ready=False)  # out again: expected back in 8 s
+    held = adm.offer("a", 10)
+    assert isinstance(held, Enqueued)  # held, not refused
+    assert adm.dispatch() == []  # nothing starts on an upstream that is out
+    hasty = adm.offer("b", 10, deadline=1.0)
+    assert hasty.__class__.__name__ == "Refuse"  # a caller's deadline: refused at once
+    clock.advance(7.5)
+    adm.set_upstream(ready=True)
+    assert adm.dispatch() == [held.ticket]
 
 
 # -- the file ------------------------------------------------------------------------------

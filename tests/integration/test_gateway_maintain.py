@@ -90,6 +90,7 @@ def test_a_window_swaps_the_engine_and_the_patient_wait_it_out(
         upstream=old.url, key_policies=keys, health_interval=0.25, env=ENV
     ) as gateway:
         patient = [Traffic(gateway.url, "sk-patient") for _ in range(3)]
+        hasty = Traffic(gateway.url, "sk-hasty")  # one attempt each, may not wait 8 s
 
         def restart(argv: object) -> int:
             old.stop()
@@ -97,12 +98,14 @@ def test_a_window_swaps_the_engine_and_the_patient_wait_it_out(
             return 0
 
         time.sleep(0.5)
+        before = counters(httpx.get(gateway.url + "/metrics").text)
         settings = MaintainSettings(
             gateway=gateway.url, upstream=old.url, expect=8, admin_token=TOKEN
         )  # type: ignore[arg-type]
         report = maintain(settings, ["restart"], run=restart)
         time.sleep(0.5)
         codes = [code for client in patient for code in client.stop()]
+        hasty_codes = hasty.stop()
         assert report.changed, report
         assert report.outcome == "done"
         assert report.load_time is not None
@@ -115,9 +118,13 @@ def test_a_window_swaps_the_engine_and_the_patient_wait_it_out(
         assert models.json()["data"][0]["id"] == "new"
         status = httpx.get(gateway.url + "/readyz").json()
         assert status["load_time"] == pytest.approx(report.load_time, abs=0.5)
-        # The report's counts are the gateway's own counters over the window.
+        # The report's counts are the gateway's own counters over the window: outside it
+        # nothing is refused, spilled, or held through a drain.
         after = counters(httpx.get(gateway.url + "/metrics").text)
-        assert after["held"] >= report.held
+        assert report.held == after["held"] - before["held"]
+        assert report.refused == after["refused"] - before["refused"]
+        assert report.refused == hasty_codes.count(503) > 0  # the hasty ones, refused
+        assert report.spilled == 0  # no fallback configured here
 
 
 def test_a_failing_command_resumes_on_the_old_upstream(
@@ -159,7 +166,9 @@ def test_the_next_outage_promises_the_time_left_of_the_last_load(
 ) -> None:
     port, started = engine
     load = 0.0  # the load time the gateway measured, after the first round
-    with gateway_process(upstream=started[0].url, health_interval=0.25) as gateway:
+    # A hold (1 s) shorter than the load: refused with the time left, not held through it.
+    options = {"health_interval": 0.25, "queue_timeout": 1}
+    with gateway_process(upstream=started[0].url, **options) as gateway:
         for round_ in range(2):
             started[-1].stop()
             out_at = time.monotonic()

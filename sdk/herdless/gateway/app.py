@@ -279,6 +279,8 @@ class _Routes:
                 return _json_error(400, "invalid_request", message)
             if load is not None:
                 self._rt.gate.load_time = load
+            if self._rt.gate.draining:  # those waiting now were held through the window
+                self._rt.metrics.drain_held += self._rt.gate.admission.queue_depth
             self._rt.gate.resume()
             return {} if load is None else {"load_time": load}
 

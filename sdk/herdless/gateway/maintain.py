@@ -76,7 +76,8 @@ class MaintenanceReport:
             drain timeout: resumed, the command not run) or ``refused`` (no drain).
         window: seconds from the drain to the resume (or to the end, when drained).
         load_time: seconds from the command's start to the upstream ready (``None``: not).
-        held: requests that waited in the gateway's queue through the window, then ran.
+        held: requests held in the gateway's queue through the window (waiting at the
+            resume, ``herdless_gateway_drain_held_total``).
         spilled: requests answered by the hosted fallback during the window.
         refused: requests refused (429 or 503) during the window.
         message: one line saying what happened.
@@ -108,7 +109,7 @@ class MaintenanceReport:
 def counters(metrics: str) -> dict[str, int]:
     """``held``, ``spilled`` and ``refused`` so far, from the gateway's /metrics text."""
     names = {
-        "herdless_gateway_held_total": "held",
+        "herdless_gateway_drain_held_total": "held",
         "herdless_gateway_spills_total": "spilled",
         "herdless_gateway_rejections_total": "refused",
     }

@@ -136,6 +136,7 @@ class GatewayMetrics:
 
     __slots__ = (
         "connections_closed",
+        "drain_held",
         "duration",
         "fairness",
         "gauges",
@@ -164,6 +165,8 @@ class GatewayMetrics:
         self.top = top
         self.held = 0
         """Requests that waited in the queue and then ran."""
+        self.drain_held = 0
+        """Requests still waiting when a drain ended (held through the window)."""
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
@@ -192,6 +195,12 @@ class GatewayMetrics:
             dict(sorted(self.rejections.items())),
         )
         out.one(p + "held_total", "counter", "Requests that waited, then ran.", self.held)
+        out.one(
+            p + "drain_held_total",
+            "counter",
+            "Requests held through a maintenance window, waiting at its resume.",
+            self.drain_held,
+        )
         out.by(
             p + "connections_closed_total",
             "counter",

@@ -12,7 +12,8 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
 1. draining -> 503 ``draining``, unless the request names no deadline and its key's hold
    outlasts the announced maintenance window: it waits for the resume; upstream not
-   ready -> 503 ``upstream_*``.
+   ready -> 503 ``upstream_*``, unless its load time was measured and the request (no
+   deadline) holds longer than the time left of it: it waits for the upstream.
 2. requests per second per key (:mod:`herdless.gateway.core.keys`) -> 429 ``rate_limited``.
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
@@ -268,6 +269,13 @@ class Admission:
         """Rule 1: may a request that waits until ``held_until`` wait out the drain?"""
         return patient and self._drain_until is not None and held_until >= self._drain_until
 
+    def _holds_through_load(self, deadline: float | None, held_until: float) -> bool:
+        """Rule 1: may a request wait out an upstream that is out (loading)? When its load
+        time was measured, the request names no deadline and its hold outlasts the time
+        left of it."""
+        back = self._back_at()
+        return deadline is None and back is not None and held_until >= back
+
     def resume(self) -> None:
         """Admit again after :meth:`drain` (the caller then calls :meth:`dispatch`)."""
         self._drain_until = None
@@ -299,7 +307,7 @@ class Admission:
         key = self._keys.get(key_id, now)
         if self._draining and not self._holds_through(deadline is None, now + key.limits.hold):
             return self.unavailable("draining")
-        if not self._ready:
+        if not self._ready and not self._holds_through_load(deadline, now + key.limits.hold):
             return self.unavailable(self._not_ready_code, deadline=deadline)
         if key.rate is not None and not key.rate.allows(now, 1):
             return self._reservations.bucket(key.rate, now, 1, "rate_limited")
@@ -380,7 +388,7 @@ class Admission:
         queue = self._queue
         recent = self._recent_interactive(now)
         self.held = None
-        while not self._draining and not self.paused:
+        while not self._draining and not self.paused and self._ready:
             ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
                 break
@@ -484,7 +492,7 @@ class Admission:
 
     def _startable(self, ticket: Ticket, now: float) -> bool:
         """Rule 5: may a new request start without waiting?"""
-        if self._draining or self.paused or self._queue.depth("interactive"):
+        if self._draining or self.paused or not self._ready or self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
         if ticket.priority == "batch" and self._queue.depth("batch"):
             return False

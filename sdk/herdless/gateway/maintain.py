@@ -291,7 +291,10 @@ def _window(
         )
         return report(False, "drained", message, None)
     load = w.clock() - began
-    w.admin("resume", load_time=round(max(load, 0.001), 3))
+    resumed = w.admin("resume", load_time=round(max(load, 0.001), 3))
+    if resumed.status_code != 200:
+        message = f"the upstream is back but the gateway refused the resume: {resumed.text[:200]}"
+        return report(False, "drained", message, load)
     return report(True, "done", "the change went in: resumed", load)
 
 

@@ -217,10 +217,11 @@ class Reloader:
             raise ConfigError(f"key_policies: {exc}") from exc
         old = rt.settings
         digests = _digests(new)
+        in_file = self._layers.file_values()
         ignored = {
             name: f"set by {source}; the file's value is ignored"
             for name, source in self._layers.pinned().items()
-            if name in self._layers.file_values()
+            if name in in_file
         }
         keep: dict[str, object] = {}
         for name in GatewaySettings.model_fields:

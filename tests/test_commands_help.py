@@ -20,6 +20,7 @@ from herdless.demo.settings import DemoSettings
 from herdless.emulator import cli as emulator_cli
 from herdless.emulator.settings import EmulatorSettings
 from herdless.gateway import cli as gateway_cli
+from herdless.gateway import maintain as maintain_cli
 from herdless.gateway.settings import GatewaySettings
 
 pytestmark = [pytest.mark.server]
@@ -41,6 +42,8 @@ COMMANDS = [
             "abc"),
     Command("emulate", EmulatorSettings, emulator_cli.help_text, emulator_cli.main, (), "speed",
             "fast"),
+    Command("maintain", maintain_cli.MaintainSettings, maintain_cli.help_text, maintain_cli.main,
+            (), "expect", "soon"),
     Command("demo", DemoSettings, demo_cli.help_text, demo_cli.main, (), "crowd", "0"),
     Command("bench", BenchSettings, bench_cli.help_text, bench_cli.main, ("herd",), "n", "x"),
 ]  # fmt: skip

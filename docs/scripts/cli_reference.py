@@ -19,6 +19,7 @@ MARKER = "<!-- herdless:cli -->"
 COMMANDS = {
     "herdless serve": "herdless.gateway.cli",
     "herdless emulate": "herdless.emulator.cli",
+    "herdless maintain": "herdless.gateway.maintain",
     "herdless demo": "herdless.demo.cli",
     "herdless bench": "herdless.bench.cli",
 }

@@ -1,4 +1,4 @@
-"""The ``herdless`` command: ``serve``, ``emulate``, ``demo`` and ``bench``.
+"""The ``herdless`` command: ``serve``, ``emulate``, ``maintain``, ``demo`` and ``bench``.
 
 Each subcommand lives next to the code it runs and exposes
 ``main(argv: list[str]) -> int``; this module only dispatches, importing the
@@ -17,6 +17,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, extra that provides its dependencies, one-line help)
     "serve": ("herdless.gateway.cli", "server", "run the admission gateway in front of vLLM"),
     "emulate": ("herdless.emulator.cli", "server", "run an emulated vLLM server (no GPU needed)"),
+    "maintain": (
+        "herdless.gateway.maintain",
+        "server",
+        "drain, run a command (restart vLLM), wait until it answers, resume",
+    ),
     "demo": (
         "herdless.demo.cli",
         "demo",

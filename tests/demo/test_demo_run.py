@@ -37,6 +37,7 @@ def test_short_day_ends_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     words = " ".join(out.split())  # the console wraps long lines
     assert "the day, accounted for" in out
+    assert "maintenance window (herdless maintain)" in words
     assert "all accounted for; none ended after the 20 s deadline" in words
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert f"timeline: {(tmp_path / 'timeline.png').resolve()}" in out.replace("\n", "")
@@ -62,6 +63,11 @@ def test_json_writes_the_accounting_to_stdout_and_the_rest_to_stderr(
     assert frontend["started"] == sum(frontend[k] for k in ("gpu", "held", "spilled", "refused"))
     assert frontend["refused"] == 0
     assert summary["timeline"] == str((tmp_path / "timeline.png").resolve())
+    # The model swap ran through herdless maintain: the window as it reported it.
+    window = summary["maintenance"]
+    assert window["changed"] is True
+    assert window["outcome"] == "done"
+    assert window["window"] >= 0.9  # the day's 20 % of 5 s, drain to resume
     # The human summary went to stderr, with the same figures.
     words = " ".join(captured.err.split())
     served = " + ".join(f"{n} by {name}" for name, n in summary["served"].items())

@@ -355,7 +355,8 @@ def test_the_503_gap_follows_the_measured_service_time(clock: FakeClock) -> None
 
 
 def test_serving_again_hands_the_outage_horizon_to_the_queue(clock: FakeClock) -> None:
-    adm = make(clock, max_concurrency=1, max_queue=0, upstream_retry_after=2)
+    # A hold shorter than the load measured: refused, not held through the outage.
+    adm = make(clock, max_concurrency=1, max_queue=0, upstream_retry_after=2, queue_timeout=0.25)
     adm.set_upstream(ready=False)
     assert waits(adm, 3) == [2.0, 3.0, 4.0]  # promised up to t=4
     clock.advance(0.5)
@@ -363,9 +364,10 @@ def test_serving_again_hands_the_outage_horizon_to_the_queue(clock: FakeClock) -
     admit(adm)
     # A full queue sends the next caller after those promised a time (t=4 + 1 s).
     assert refuse(adm).retry_after == 4.5
-    # A new outage starts its reservations afresh from its own delay.
+    # A new outage starts its reservations afresh from its own delay: the load time
+    # measured over the last one (0.5 s), no longer the configured guess.
     adm.set_upstream(ready=False)
-    assert waits(adm, 2) == [2.0, 3.0]
+    assert waits(adm, 2) == [0.5, 1.5]
 
 
 def test_a_drain_staggers_its_waiters_and_new_callers(clock: FakeClock) -> None:

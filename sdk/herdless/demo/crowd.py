@@ -6,7 +6,7 @@ front-end, sends each question once with the front-end's key and never retries (
 Open WebUI's backend does): the gateway holds or spills it. The employee is
 active while its index is below :meth:`Day.active`, thinks for a random while
 (exponential, mean ``think`` seconds), then asks a question of realistic
-length. The operator's side of the day (the maintenance drain and resume, the
+length. The operator's side of the day (the model swap by ``herdless maintain``, the
 gateway's queue gauge) runs beside the crowd. Everything random comes from
 one seeded ``random.Random`` per employee.
 """
@@ -19,7 +19,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +28,7 @@ import herdless
 from herdless.demo.day import Day
 from herdless.demo.stack import Stack
 from herdless.demo.tally import Tally
+from herdless.gateway.maintain import MaintainSettings, maintain
 
 __all__ = ["FALLBACK", "PRIMARY", "Crowd"]
 
@@ -198,16 +199,28 @@ class Crowd:
             self.tally.frontend[_outcome(answer)] += 1
 
     async def _operator(self, stop: asyncio.Event) -> None:
-        """Drains the gateway for the model swap and resumes it, on the day's schedule."""
+        """Runs the model swap with ``herdless maintain`` on the day's schedule: drain
+        (the window announced), wait until idle, the swap, the GPU probed, resume."""
         drain_at, resume_at = self.day.maintenance
-        auth = {"authorization": f"Bearer {self.stack.admin_token}"}
-        drain = f"/admin/drain?expect={resume_at - drain_at:g}"  # the window, announced
-        async with httpx.AsyncClient(base_url=self.stack.gateway, headers=auth) as admin:
-            for at, path in ((drain_at, drain), (resume_at, "/admin/resume")):
-                await _pause(stop, at - (time.monotonic() - self.tally.start))
-                if stop.is_set():
-                    return
-                (await admin.post(path)).raise_for_status()
+        await _pause(stop, drain_at - (time.monotonic() - self.tally.start))
+        if stop.is_set():
+            return
+        settings = MaintainSettings(
+            gateway=self.stack.gateway,  # type: ignore[arg-type]
+            upstream=self.stack.gpu,  # type: ignore[arg-type]
+            expect=resume_at - drain_at,
+            admin_token=self.stack.admin_token,  # type: ignore[arg-type]
+        )
+        end = self.tally.start + resume_at
+
+        def swap(argv: Sequence[str]) -> int:  # the swap: the GPU is busy until the resume
+            time.sleep(max(0.0, end - time.monotonic()))
+            return 0
+
+        report = await asyncio.to_thread(
+            maintain, settings, ["swap-model"], say=lambda line: None, run=swap
+        )
+        self.tally.maintenance = report.as_dict()
 
     async def _gauges(self, stop: asyncio.Event) -> None:
         """Polls the gateway's queue depth and running requests for the live view, and

@@ -47,7 +47,8 @@ def day_summary(
         (attempts, by HTTP status), ``retries``, ``latency_s`` of served calls (p50,
         p95, p99, max), ``deadline_s``, ``late`` and ``late_by_s``, ``attempts`` (mean,
         max), ``phases`` (per phase: served by backend, hosted share, the GPU's busy
-        share overall and while spilling), and ``timeline`` (a path, or ``None``).
+        share overall and while spilling), ``maintenance`` (the window as ``herdless
+        maintain`` reported it, or ``None``), and ``timeline`` (a path, or ``None``).
     """
     backends = [primary] + ([fallback] if fallback else [])
     failed = sum(tally.failed_by.values())
@@ -96,5 +97,6 @@ def day_summary(
             },
         },
         "phases": phases,
+        "maintenance": tally.maintenance,
         "timeline": None if timeline is None else str(timeline.resolve()),
     }

@@ -81,6 +81,8 @@ class Tally:
     gpu_busy: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     frontend_started: int = 0
     frontend: Counter[str] = field(default_factory=Counter)
+    maintenance: dict[str, object] | None = None
+    """The maintenance window as ``herdless maintain`` reported it (``None``: none ran)."""
     _breaker_of: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def record(self, event: Event, *, client: int = 0) -> None:

@@ -82,6 +82,11 @@ def summary_table(
         table.add_row(f"ended after the {tally.deadline:g} s deadline", late)
     table.add_row("attempts per request (mean)", _number(tally.mean_attempts()))
     table.add_row("attempts per request (max)", str(max(tally.attempts, default=0)))
+    window = tally.maintenance
+    if window is not None:
+        table.add_row("maintenance window (herdless maintain)", f"{window['window']:.1f} s")
+        for count in ("held", "spilled", "refused"):
+            table.add_row(f"  requests {count} during it", str(window[count]))
     if tally.frontend_started:
         asked = tally.frontend_started
         table.add_row("chat front-end: asked once each, never retried", str(asked))

@@ -3,7 +3,9 @@
 Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/embeddings`` (emulated vectors), ``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``
-(which the ``metrics_error_for`` and ``metrics_stall_for`` faults fail or stall);
+(which the ``metrics_error_for`` and ``metrics_stall_for`` faults fail or stall); vLLM's
+sleep mode ``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` (see
+:mod:`herdless.emulator.sleep`; ``GET /_emulator/sleep`` counts what reached it asleep);
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
 affects (``refuse_for`` and ``maintenance_for`` close the serving port: use the
 control port, ``--control-port``, to reach them meanwhile).
@@ -31,6 +33,7 @@ from herdless.emulator.faults import parse_faults
 from herdless.emulator.metrics import render
 from herdless.emulator.responses import json_response, until_disconnect
 from herdless.emulator.settings import EmulatorSettings
+from herdless.emulator.sleep import GENERATION_PATHS
 from herdless.emulator.state import Control, EmulatorState, exit_now
 
 __all__ = ["create_app"]
@@ -60,6 +63,8 @@ class _FaultGate:
             body = wire.error_body("The model is being loaded.", "Service Unavailable", 503)
             await json_response(body, 503)(scope, receive, send)
         else:
+            if scope["path"] in GENERATION_PATHS:
+                await self.state.sleep.hold()  # a sleeping vLLM hangs the request
             await self.app(scope, receive, send)
 
     def _on_control_port(self, scope: Scope) -> bool:
@@ -88,6 +93,7 @@ async def _metrics(request: Request) -> Response:
     await state.metrics_back()  # the stall fault: held until it ends (at once if off)
     settings = state.settings
     text = render(state.engine, settings.model, max_model_len=settings.max_model_len)
+    text += state.sleep.metrics(settings.model)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -164,6 +170,10 @@ def create_app(
         Route("/ping", _health, methods=["GET", "POST"]),
         Route("/version", _version),
         Route("/metrics", _metrics),
+        Route("/sleep", state.sleep.sleep, methods=["POST"]),
+        Route("/wake_up", state.sleep.wake_up, methods=["POST"]),
+        Route("/is_sleeping", state.sleep.is_sleeping),
+        Route("/_emulator/sleep", state.sleep.report),
         Route("/_emulator/faults", _get_faults, methods=["GET"]),
         Route("/_emulator/faults", _post_faults, methods=["POST"]),
         Route("/_emulator/faults", _delete_faults, methods=["DELETE"]),

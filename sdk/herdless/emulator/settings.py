@@ -65,6 +65,11 @@ class EmulatorSettings(BaseSettings):
     startup_delay: float = Field(
         default=0.0, ge=0, description="seconds of model loading before the port is bound"
     )
+    wake_time: float = Field(
+        default=0.5,
+        ge=0,
+        description="seconds POST /wake_up takes after POST /sleep (vLLM's sleep mode)",
+    )
     speed: float = Field(
         default=1.0, gt=0, description="time scale: 10 runs the GPU ten times faster"
     )

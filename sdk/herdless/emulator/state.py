@@ -17,6 +17,7 @@ from herdless.emulator.driver import Driver
 from herdless.emulator.engine import Engine
 from herdless.emulator.faults import FaultActions, Faults, MetricsOutage
 from herdless.emulator.settings import EmulatorSettings
+from herdless.emulator.sleep import Sleep
 
 __all__ = ["Control", "EmulatorState", "NoListener", "exit_now"]
 
@@ -90,6 +91,8 @@ class EmulatorState:
         self.control: Control = control or NoListener()
         self.crash = crash
         self.serving = True
+        self.sleep = Sleep(settings.wake_time)
+        """vLLM's sleep mode (``/sleep``, ``/wake_up``, ``/is_sleeping``)."""
         self.control_port: int | None = None  # serves /_emulator/ only; set by server.py
         self._resume: asyncio.TimerHandle | None = None
         # The /metrics fault in progress: "error", "stall" or None; set when it begins,

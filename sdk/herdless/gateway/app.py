@@ -4,9 +4,10 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` and
 ``POST /v1/embeddings`` (admitted, see :mod:`herdless.gateway.proxy` and
 :mod:`herdless.gateway.routes`), ``GET /v1/models`` (authenticated like chat, shared and cached, see
 :mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``,
-``GET /metrics``, ``POST /admin/drain`` and ``POST /admin/resume`` (audited on
-``herdless.gateway.audit``). Any other path, a trailing slash included, is a
-JSON 404 (405 for a known path and another method): never a redirect, whose
+``GET /metrics``, ``POST /admin/drain``, ``POST /admin/resume`` and ``POST /admin/reload``
+(audited on ``herdless.gateway.audit``; the reload is :mod:`herdless.gateway.reload`).
+Any other path, a trailing slash included, is a JSON 404 (405 for a known path and
+another method): never a redirect, whose
 ``Location`` would be built from the client's ``Host`` header. A 404 under ``/v1/``
 names the routes the gateway serves. What is logged is in :mod:`herdless.gateway.logs`.
 """
@@ -32,9 +33,11 @@ from herdless.gateway.logs import LOG, effective_config, event
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import AdmittedProxy
+from herdless.gateway.reload import HEALTH_CONNECTIONS, ConfigError, Reloader, SettingsLayers
 from herdless.gateway.routes import ROUTES
 from herdless.gateway.runtime import Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
+from herdless.gateway.sleep import Sleeper
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import SLOW, Upstream, UpstreamUnavailable
 from herdless.gateway.watcher import Watcher
@@ -42,8 +45,8 @@ from herdless.gateway.wire import error_body, refusal_headers
 
 __all__ = ["create_app"]
 
-_HEALTH_CONNECTIONS = 4  # beyond max_concurrency: /health and /metrics polls, /v1/models
 _SLOW_POLLS = 3  # health polls in a row without an answer before the upstream counts as down
+_OUT_POLL = 0.25  # seconds between health polls at most while the upstream is out
 _MAX_EXPECT = 86_400  # seconds: a maintenance window announced longer is a typo
 _PATH_SHOWN = 100  # characters of an unknown path echoed in a 404 (error bodies are cached)
 _SERVED = ", ".join(f"POST {route.path}" for route in ROUTES) + " and GET /v1/models"
@@ -55,20 +58,31 @@ def create_app(
     clock: Clock = SYSTEM_CLOCK,
     transport: httpx.AsyncBaseTransport | None = None,
     fallback_transport: httpx.AsyncBaseTransport | None = None,
+    layers: SettingsLayers | None = None,
 ) -> Starlette:
-    """Build a gateway app; its parts live on ``app.state.runtime`` (and the engine
-    watcher, when the gateway sizes itself, on ``app.state.watcher``).
+    """Build a gateway app; its parts live on ``app.state.runtime`` (the engine
+    watcher, when the gateway sizes itself, on ``app.state.watcher``; what reloads the
+    settings on ``app.state.reloader``; what puts the engine to sleep, with
+    ``upstream_sleep``, on ``app.state.sleeper``).
 
     Args:
         settings: the gateway's settings (default: from the environment).
         clock: the admission clock (tests inject a fake one).
         transport: httpx transport to the upstream (tests inject an in-process one).
         fallback_transport: httpx transport to the hosted fallback (tests).
+        layers: where ``settings`` came from, for a reload (default: what ``settings``
+            set explicitly counts as flags, over the file ``settings.config``, read here).
 
     Raises:
+        ConfigError: the settings file is invalid (its line and field named).
         PolicyError: the key policy file is invalid (its line and field named).
     """
     settings = settings or GatewaySettings()
+    if layers is None:
+        given = {n: getattr(settings, n) for n in settings.model_fields_set if n != "config"}
+        layers = SettingsLayers(flags=given, file=settings.config)
+        if settings.config is not None:
+            settings = layers.read()  # the file, under what was set explicitly
     shown = effective_config(settings)  # while the secrets are here to say "set"
     runtime = _runtime(settings, clock, transport, fallback_transport)
     watcher = None
@@ -76,19 +90,26 @@ def create_app(
         watcher = Watcher(
             runtime.upstream, runtime.gate, interval=settings.metrics_interval, now=clock.monotonic
         )
+    reloader = Reloader(runtime, layers, settings)
+    sleeper = None
+    if settings.upstream_sleep is not None:
+        idle = settings.upstream_sleep
+        sleeper = Sleeper(runtime.upstream, runtime.gate, idle=idle, now=clock.monotonic)
     routes = _Routes(
-        runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock)
+        runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock), reloader
     )
     app = Starlette(
         routes=routes.table(),
         exception_handlers={404: routes.not_found, 405: routes.not_allowed},
-        lifespan=_lifespan(runtime, watcher, shown),
+        lifespan=_lifespan(runtime, watcher, shown, sleeper),
     )
     # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
     # redirect that a client following it would send its body (and key) through.
     app.router.redirect_slashes = False
     app.state.runtime = runtime
     app.state.watcher = watcher
+    app.state.reloader = reloader
+    app.state.sleeper = sleeper
     return app
 
 
@@ -129,7 +150,7 @@ def _runtime(
         upstream=Upstream(
             str(settings.upstream),
             api_key=settings.upstream_api_key,
-            max_connections=None if cap is None else cap + _HEALTH_CONNECTIONS,
+            max_connections=None if cap is None else cap + HEALTH_CONNECTIONS,
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
             transport=transport,
@@ -149,7 +170,7 @@ def _runtime(
 
 
 def _lifespan(
-    runtime: Runtime, watcher: Watcher | None, shown: dict[str, object]
+    runtime: Runtime, watcher: Watcher | None, shown: dict[str, object], sleeper: Sleeper | None
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """Start: log the config, poll the upstream's health (and read its metrics) once,
     then keep polling; stop: the tasks, the pool, and a line saying how it ended."""
@@ -162,6 +183,8 @@ def _lifespan(
         if watcher is not None:
             await watcher.read_once()  # sized before the first request where it can be
             tasks.append(asyncio.create_task(watcher.run()))
+        if sleeper is not None:
+            tasks.append(asyncio.create_task(sleeper.run()))
         try:
             yield
         finally:
@@ -181,9 +204,10 @@ def _lifespan(
 class _Routes:
     """The routes that are not admitted: health, metrics, models, admin, and the 404s."""
 
-    def __init__(self, runtime: Runtime, model_list: ModelList) -> None:
+    def __init__(self, runtime: Runtime, model_list: ModelList, reloader: Reloader) -> None:
         self._rt = runtime
         self._models = model_list
+        self._reloader = reloader
 
     def table(self) -> list[Route]:
         return [
@@ -194,6 +218,7 @@ class _Routes:
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/admin/drain", self.drain, methods=["POST"]),
             Route("/admin/resume", self.resume, methods=["POST"]),
+            Route("/admin/reload", self.reload, methods=["POST"]),
         ]
 
     async def healthz(self, request: Request) -> Response:
@@ -243,11 +268,41 @@ class _Routes:
         return self._admin(request, "drain", act)
 
     async def resume(self, request: Request) -> Response:
-        def act() -> dict[str, object]:
+        """``POST /admin/resume[?load_time=SECONDS]``: ``load_time``, what the upstream took
+        to load as measured by ``herdless maintain``, is what the next outage promises."""
+        text = request.query_params.get("load_time")
+
+        def act() -> dict[str, object] | Response:
+            load = None if text is None else _seconds(text)
+            if text is not None and load is None:
+                message = f"load_time must be seconds in (0, {_MAX_EXPECT}], got {text[:40]!r}"
+                return _json_error(400, "invalid_request", message)
+            if load is not None:
+                self._rt.gate.load_time = load
+            if self._rt.gate.draining:  # those waiting now were held through the window
+                self._rt.metrics.drain_held += self._rt.gate.admission.queue_depth
             self._rt.gate.resume()
-            return {}
+            return {} if load is None else {"load_time": load}
 
         return self._admin(request, "resume", act)
+
+    async def reload(self, request: Request) -> Response:
+        """``POST /admin/reload``: re-read the settings file and the key policies (as
+        ``SIGHUP``); 200 with what changed and what did not, or 400 naming the field."""
+        report: dict[str, object] = {}
+
+        def act() -> dict[str, object] | Response:
+            try:
+                done = self._reloader.reload()
+            except ConfigError as exc:
+                return _json_error(400, "invalid_config", str(exc))
+            report.update(done.as_dict())
+            return {"changed": ",".join(sorted(done.changed)) or "nothing"}
+
+        answer = self._admin(request, "reload", act)
+        if answer.status_code == 200:
+            return _json(200, {**self._rt.gate.status(), **report})
+        return answer
 
     def _admin(
         self, request: Request, action: str, act: Callable[[], dict[str, object] | Response]
@@ -295,9 +350,14 @@ async def _poll_once(runtime: Runtime, slow_in_a_row: int = 0) -> int:
 
 
 async def _poll_forever(runtime: Runtime) -> None:
+    """Poll every ``health_interval``; closer together while the upstream is out, so that
+    its load time is measured to a quarter of a second."""
     slow = 0
     while True:
-        await asyncio.sleep(runtime.settings.health_interval)
+        interval = runtime.settings.health_interval
+        if runtime.gate.upstream_out:
+            interval = min(interval, _OUT_POLL)
+        await asyncio.sleep(interval)
         slow = await _poll_once(runtime, slow)
 
 
@@ -307,7 +367,7 @@ def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None
             403,
             "admin_disabled",
             "admin is off on this gateway: set HERDLESS_GATEWAY_ADMIN_TOKEN and restart it "
-            "to use /admin/drain and /admin/resume",
+            "to use /admin/drain, /admin/resume and /admin/reload",
         )
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:

@@ -5,6 +5,10 @@ each is also ``HERDLESS_GATEWAY_<NAME>``; a flag wins over the environment.
 Secrets (``API_KEYS``, ``ADMIN_TOKEN``, ``UPSTREAM_API_KEY``, ``FALLBACK_API_KEY``) are
 environment only: a command line is visible to every user of the machine (``ps``).
 
+``--config FILE`` reads the settings from a TOML file too (under the flags and the
+variables); SIGHUP re-reads it and the key policies without a restart (see
+:mod:`herdless.gateway.reload`).
+
 SIGTERM (or Ctrl-C) drains first: waiting requests get 503 ``draining`` at once,
 running ones finish (up to ``--shutdown-grace`` seconds), then the process exits.
 
@@ -19,6 +23,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -31,10 +36,11 @@ from herdless.gateway.connections import ConnectionGuard, raise_file_limit
 from herdless.gateway.logs import LOG, configure, event
 from herdless.gateway.policies import PolicyError
 from herdless.gateway.protocol import guarded_protocol
+from herdless.gateway.reload import ConfigError, Reloader, SettingsLayers
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.settings import GatewaySettings
 
-__all__ = ["drain_on_signal", "help_text", "load_settings", "main"]
+__all__ = ["drain_on_signal", "help_text", "load_layers", "load_settings", "main"]
 
 _COMMAND = SettingsCommand(
     GatewaySettings,
@@ -50,19 +56,38 @@ def help_text() -> str:
 
 
 def load_settings(argv: Sequence[str]) -> GatewaySettings:
-    """Settings from flags over ``HERDLESS_GATEWAY_*`` over the defaults.
+    """Settings from flags over ``HERDLESS_GATEWAY_*`` over the settings file (``--config``)
+    over the defaults.
 
     Raises:
-        SystemExit: ``--help`` (status 0), or a bad flag or variable (status 2, the
-            error on stderr naming the flag or the variable the user set).
+        SystemExit: ``--help`` (status 0), or a bad flag, variable or file (status 2, the
+            error on stderr naming the flag, the variable or the file's line).
     """
-    return _COMMAND.parse(argv)[0]
+    return load_layers(argv)[0]
+
+
+def load_layers(argv: Sequence[str]) -> tuple[GatewaySettings, SettingsLayers]:
+    """The settings and where they came from (for a reload); see :func:`load_settings`.
+
+    Raises:
+        SystemExit: as :func:`load_settings`.
+    """
+    settings, namespace = _COMMAND.parse(argv)
+    flags = {k: v for k, v in vars(namespace).items() if k in GatewaySettings.model_fields}
+    flags.pop("config", None)
+    layers = SettingsLayers(flags=flags, file=settings.config)
+    if settings.config is None:
+        return settings, layers
+    try:
+        return layers.read(), layers
+    except ConfigError as exc:
+        _COMMAND.parser.error(f"--config: {exc}")
 
 
 def main(argv: Sequence[str]) -> int:
     """Run ``herdless serve``; returns the exit status (2 for bad settings)."""
     try:
-        settings = load_settings(argv)
+        settings, layers = load_layers(argv)
     except SystemExit as exc:
         return exit_status(exc)
 
@@ -71,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
     if after != before:
         event(LOG, logging.INFO, "open-file limit raised", before=before, after=after)
     try:
-        app = create_app(settings)
+        app = create_app(settings, layers=layers)
     except PolicyError as exc:
         print(f"herdless serve: --key-policies: {exc}", file=sys.stderr)
         return 2
@@ -92,17 +117,34 @@ def main(argv: Sequence[str]) -> int:
         timeout_graceful_shutdown=int(settings.shutdown_grace) or None,
         lifespan="on",
     )
-    server = _DrainingServer(config, on_exit=lambda sig: drain_on_signal(runtime, sig))
+    server = _DrainingServer(
+        config,
+        on_exit=lambda sig: drain_on_signal(runtime, sig),
+        reloader=app.state.reloader,
+    )
     server.run()
     return 0
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, which drains the gateway before its graceful shutdown."""
+    """uvicorn's server, which drains the gateway before its graceful shutdown and
+    reloads its settings on SIGHUP."""
 
-    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[int], None]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, *, on_exit: Callable[[int], None], reloader: Reloader
+    ) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self._reloader = reloader
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if hasattr(signal, "SIGHUP"):  # (not on Windows)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload)
+
+    def _reload(self) -> None:
+        with contextlib.suppress(ConfigError):  # logged with its field; the old ones stay
+            self._reloader.reload()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler runs between two bytecodes of the loop's thread:

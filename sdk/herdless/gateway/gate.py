@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
-from herdless.gateway.core.limits import CLASSES, Priority
+from herdless.gateway.core.keys import KeyLimits
+from herdless.gateway.core.limits import CLASSES, AdmissionConfig, Priority
 from herdless.gateway.core.sizing import Sizing
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.metrics import Fairness, SizingFigures
@@ -35,7 +37,7 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission")
+    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission", "on_held")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
@@ -46,6 +48,8 @@ class Gate:
         # drained between its offer and its wait); taken by wait(), dropped by release().
         self._early: dict[int, Refuse] = {}
         self._timer: asyncio.TimerHandle | None = None  # the next spaced batch start
+        self.on_held: Callable[[], None] | None = None
+        """Called when a request waits because the engine sleeps (the sleeper wakes it)."""
 
     def offer(
         self,
@@ -65,6 +69,8 @@ class Gate:
         if type(decision) is Enqueued:
             for ticket, refused in decision.displaced:
                 self._wake(ticket, refused)
+            if self.admission.paused and self.on_held is not None:
+                self.on_held()
         return decision
 
     async def wait(self, ticket: Ticket, *, deadline: float | None = None) -> Refuse | None:
@@ -133,6 +139,30 @@ class Gate:
         self.admission.resume()
         self._dispatch()
 
+    @property
+    def asleep(self) -> bool:
+        """Whether the engine sleeps (nothing starts; arrivals wait for the wake)."""
+        return self.admission.paused
+
+    def pause(self) -> None:
+        """The engine is going to sleep: nothing starts from now on."""
+        self.admission.paused = True
+
+    def unpause(self) -> None:
+        """The engine is awake: the requests held meanwhile start as room allows."""
+        self.admission.paused = False
+        self._dispatch()
+
+    def reconfigure(self, config: AdmissionConfig, keys: dict[str, KeyLimits]) -> None:
+        """New limits (a reload, see :meth:`Admission.reconfigure`); whoever now fits
+        starts.
+
+        Raises:
+            ValueError: a limit that cannot change while running changed.
+        """
+        self.admission.reconfigure(config, keys)
+        self._dispatch()
+
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
         """Record the upstream's readiness; a ready upstream may start waiters.
 
@@ -143,7 +173,17 @@ class Gate:
         state = "ready" if ready else code.removeprefix("upstream_")
         if state != self._upstream_state:
             level = logging.WARNING if state == "unavailable" else logging.INFO
-            event(LOG, level, f"upstream {state}", state=state, previous=self._upstream_state)
+            more = {}
+            if ready and self._upstream_state is not None:
+                more["load_time"] = self.admission.load_time
+            event(
+                LOG,
+                level,
+                f"upstream {state}",
+                state=state,
+                previous=self._upstream_state,
+                **more,
+            )
             self._upstream_state = state
         if ready:
             self._dispatch()
@@ -179,6 +219,21 @@ class Gate:
         return self.admission.inflight
 
     @property
+    def load_time(self) -> float | None:
+        """Seconds the upstream took to load, last measured (see
+        :attr:`Admission.load_time`); ``herdless maintain`` sets what it measured."""
+        return self.admission.load_time
+
+    @load_time.setter
+    def load_time(self, seconds: float) -> None:
+        self.admission.load_time = seconds
+
+    @property
+    def upstream_out(self) -> bool:
+        """Whether the upstream is out now (health polls then come closer together)."""
+        return not self.admission.upstream_ready
+
+    @property
     def sizing(self) -> Sizing:
         """The sizing rule and what it learned of the engine (read only)."""
         return self.admission.sizing
@@ -192,16 +247,23 @@ class Gate:
             "upstream_ready": adm.upstream_ready,
             "inflight": adm.inflight,
             "queue_depth": adm.queue_depth,
+            "load_time": adm.load_time,
         }
 
     def gauges(self) -> dict[str, float]:
         """The queue and in-flight gauges of ``/metrics``."""
         adm = self.admission
-        return {
+        gauges: dict[str, float] = {
             "queue_depth": adm.queue_depth,
             "inflight": adm.inflight,
             "inflight_tokens": adm.inflight_tokens,
+            "draining": int(adm.draining),
+            "upstream_ready": int(adm.upstream_ready),
+            "upstream_asleep": int(adm.paused),
         }
+        if adm.load_time is not None:
+            gauges["upstream_load_seconds"] = round(adm.load_time, 3)
+        return gauges
 
     def fairness(self) -> Fairness:
         """The fair-share figures of ``/metrics``."""

@@ -59,6 +59,10 @@ _GAUGES = {
     "queue_depth": "Requests waiting in the admission queue.",
     "inflight": "Requests running upstream.",
     "inflight_tokens": "Tokens (prompt + max_tokens) of the running requests.",
+    "draining": "1 while the gateway drains for maintenance (POST /admin/drain).",
+    "upstream_ready": "1 while the upstream answers its health polls.",
+    "upstream_asleep": "1 while the gateway has put the engine to sleep (--upstream-sleep).",
+    "upstream_load_seconds": "Seconds the upstream took to load, last measured.",
 }
 _HISTOGRAMS = {
     "queue_wait": ("queue_wait_seconds", "Time spent in the admission queue."),
@@ -132,9 +136,11 @@ class GatewayMetrics:
 
     __slots__ = (
         "connections_closed",
+        "drain_held",
         "duration",
         "fairness",
         "gauges",
+        "held",
         "queue_wait",
         "rejections",
         "requests",
@@ -157,6 +163,10 @@ class GatewayMetrics:
         self.fairness = fairness
         self.sizing = sizing
         self.top = top
+        self.held = 0
+        """Requests that waited in the queue and then ran."""
+        self.drain_held = 0
+        """Requests still waiting when a drain ended (held through the window)."""
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
@@ -183,6 +193,13 @@ class GatewayMetrics:
             "Refused requests by reason.",
             "reason",
             dict(sorted(self.rejections.items())),
+        )
+        out.one(p + "held_total", "counter", "Requests that waited, then ran.", self.held)
+        out.one(
+            p + "drain_held_total",
+            "counter",
+            "Requests held through a maintenance window, waiting at its resume.",
+            self.drain_held,
         )
         out.by(
             p + "connections_closed_total",

@@ -294,6 +294,7 @@ class AdmittedProxy:
                     return await self._spilled(send, spill, raw, refused, access)
                 await send_refusal(send, refused)
                 return refused.status, refused.code
+            rt.metrics.held += 1
         rt.metrics.queue_wait.observe(ticket.queue_wait)
         started = time.perf_counter()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -47,6 +48,9 @@ class GatewaySettings(BaseSettings):
         env_prefix="HERDLESS_GATEWAY_", extra="forbid", use_attribute_docstrings=True
     )
 
+    config: Path | None = None
+    """TOML file of these settings by name (max_queue = 128), under flags and variables; SIGHUP
+    and POST /admin/reload re-read it and the key policies (unset: none)"""
     host: str = "127.0.0.1"
     """interface to listen on"""
     port: int = Field(default=8080, ge=0, le=65535)
@@ -98,6 +102,9 @@ class GatewaySettings(BaseSettings):
     """Retry-After while vLLM is not ready, seconds"""
     health_interval: float = Field(default=1.0, gt=0)
     """seconds between polls of vLLM's /health"""
+    upstream_sleep: float | None = Field(default=None, gt=0)
+    """seconds idle before vLLM is put to sleep (/sleep?level=1), woken by the next request, held
+    meanwhile; needs vLLM's --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1 (unset: never)"""
     connect_timeout: float = Field(default=2.0, gt=0)
     """seconds to connect to vLLM"""
     read_timeout: float = Field(default=600.0, gt=0)
@@ -207,12 +214,9 @@ class GatewaySettings(BaseSettings):
 
     def without_secrets(self) -> GatewaySettings:
         """A copy without the client keys, the admin token, the key-id secret and the
-        hosted API's key.
-
-        The gateway keeps only their digests (:class:`ApiKeys`, :func:`secret_digest`)
-        once started, so a heap dump or a stray ``repr`` cannot reveal them. The
-        upstream key stays: it must be sent as is (and the hosted API's lives in the
-        fallback's client).
+        hosted API's key: the gateway keeps only their digests (:class:`ApiKeys`,
+        :func:`secret_digest`), so a heap dump or a stray ``repr`` cannot reveal them. The
+        upstream key stays: it is sent as is (the hosted API's lives in the fallback's client).
         """
         gone = {
             "api_keys": None,
@@ -274,18 +278,25 @@ class GatewaySettings(BaseSettings):
         secret = self.key_id_secret
         return UserIds(None if secret is None else secret.get_secret_value().encode())
 
-    def api_key_table(self, named: Mapping[str, str] | None = None) -> ApiKeys | None:
+    def api_key_table(
+        self, named: Mapping[str, str] | None = None, *, before: ApiKeys | None = None
+    ) -> ApiKeys | None:
         """The configured API keys, hashed, or ``None`` when the gateway is open.
 
         ``named``: the key policies' keys (secret -> name), accepted too, each with its
         name as its id. Other key ids are keyed with ``key_id_secret``, or with a random
         per-process secret when it is unset (ids then change when the gateway restarts).
+        ``before``: the table this one replaces (a reload): a key in both keeps its id.
         """
         if self.api_keys is None and not named:
             return None
         keys = [] if self.api_keys is None else _split(self.api_keys.get_secret_value())
-        secret = None if self.key_id_secret is None else self.key_id_secret.get_secret_value()
-        return ApiKeys(keys, id_secret=None if secret is None else secret.encode(), named=named)
+        secret = self.key_id_secret
+        id_secret = None if secret is None else secret.get_secret_value().encode()
+        return ApiKeys(keys, id_secret=id_secret, named=named, before=before)
+
+
+_HASHED = re.compile(r"key-[0-9a-f]{8}")  # a hashed key id, not a key policy's name
 
 
 def _split(raw: str) -> list[str]:
@@ -310,9 +321,11 @@ class ApiKeys:
         keys: the keys (at least one here or in ``named``).
         id_secret: the secret that keys the ids (default: 32 random bytes).
         named: keys whose id is a name (the key policies' keys: secret -> name).
+        before: the table this one replaces (a reload): its keys keep their ids.
     """
 
     __slots__ = ("_table",)
+    _table: list[tuple[bytes, str]]
 
     def __init__(
         self,
@@ -320,12 +333,14 @@ class ApiKeys:
         *,
         id_secret: bytes | None = None,
         named: Mapping[str, str] | None = None,
+        before: ApiKeys | None = None,
     ) -> None:
         if not keys and not named:
             raise ValueError("keys must not be empty")
         secret = os.urandom(32) if id_secret is None else id_secret
-        self._table = [(_digest(key), key_id(key, secret)) for key in keys]
-        self._table += [(_digest(key), name) for key, name in (named or {}).items()]
+        kept = {d: i for d, i in before._table if _HASHED.fullmatch(i)} if before else {}
+        table = [(d := _digest(key), kept.get(d) or key_id(key, secret)) for key in keys]
+        self._table = table + [(_digest(key), name) for key, name in (named or {}).items()]
 
     def identify(self, presented: str) -> str | None:
         """The id of ``presented``, or ``None``: every entry is compared, equal or not."""

@@ -85,16 +85,33 @@ class Upstream:
         self._auth = (
             {} if api_key is None else {"authorization": f"Bearer {api_key.get_secret_value()}"}
         )
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY,
-            ),
-            transport=transport,
-        )
+
+        def make(most: int | None) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=base_url,
+                timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+                limits=httpx.Limits(
+                    max_connections=most,
+                    max_keepalive_connections=most,
+                    keepalive_expiry=KEEPALIVE_EXPIRY,
+                ),
+                transport=transport,
+            )
+
+        self._make = make
+        self.max_connections = max_connections
+        """The pool's size now (``None``: unbounded)."""
+        self._client = self._make(max_connections)
+        self._retired: list[httpx.AsyncClient] = []
+
+    def resize(self, max_connections: int | None) -> None:
+        """A pool of another size for the requests from now on (a reload). The old pool
+        keeps the responses it is streaming and is closed with this one."""
+        if max_connections == self.max_connections:
+            return
+        self._retired.append(self._client)
+        self._client = self._make(max_connections)
+        self.max_connections = max_connections
 
     async def open(
         self,
@@ -177,9 +194,18 @@ class Upstream:
             return ""
         return response.text if response.status_code == 200 else None
 
+    async def command(self, path: str, *, within: float) -> int | None:
+        """``POST path`` (``/sleep?level=1``, ``/wake_up``): its status, ``None`` for no answer."""
+        try:
+            response = await self._client.post(path, headers=self._auth, timeout=within)
+        except httpx.TransportError:
+            return None
+        return response.status_code
+
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._client.aclose()
+        """Close the connection pool (and any a resize retired)."""
+        for client in (*self._retired, self._client):
+            await client.aclose()
 
 
 class UsageSniffer:

@@ -39,6 +39,7 @@ SIGNALS: Final = {
     "vllm:generation_tokens_total": "generation_tokens",
 }
 """The series read, and the :class:`Reading` field each feeds."""
+_AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} 0', re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -125,8 +126,12 @@ class Watcher:
 
     async def read_once(self) -> Reading | None:
         """One read: the reading handed to the gate, or ``None`` when it failed."""
-        text = await self._upstream.metrics(within=max(0.5, 2 * self._interval))
         gate = self._gate
+        if self._asleep():
+            return None  # a sleeping engine's empty KV cache is no room
+        text = await self._upstream.metrics(within=max(0.5, 2 * self._interval))
+        if self._asleep() or (text is not None and _sleeping(text)):
+            return None
         if text is None:
             self.failures += 1
             if gate.readings_failed():
@@ -137,6 +142,9 @@ class Watcher:
         gate.observe(reading)
         self._say("sized" if reading.sizable else "static", reading)
         return reading
+
+    def _asleep(self) -> bool:
+        return self._gate.asleep
 
     def _say(self, state: str, reading: Reading | None = None) -> None:
         """Log a change of state once: sized (with what was found), static, stale."""
@@ -172,3 +180,8 @@ class Watcher:
                 "engine publishes no KV capacity on /metrics: static limits",
                 max_concurrency=sizing.static_limit,
             )
+
+
+def _sleeping(text: str) -> bool:
+    """Whether the engine says it sleeps (``vllm:engine_sleep_state{sleep_state="awake"} 0``)."""
+    return "vllm:engine_sleep_state" in text and _AWAKE.search(text) is not None

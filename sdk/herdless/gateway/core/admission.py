@@ -12,7 +12,8 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
 1. draining -> 503 ``draining``, unless the request names no deadline and its key's hold
    outlasts the announced maintenance window: it waits for the resume; upstream not
-   ready -> 503 ``upstream_*``.
+   ready -> 503 ``upstream_*``, unless its load time was measured and the request (no
+   deadline) holds longer than the time left of it: it waits for the upstream.
 2. requests per second per key (:mod:`herdless.gateway.core.keys`) -> 429 ``rate_limited``.
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
@@ -88,6 +89,13 @@ class Admission:
         self._drain_until: float | None = None  # the announced window's end, clock time
         self._ready = True
         self._not_ready_code = "upstream_loading"
+        self.paused = False
+        """Nothing starts while set (the engine sleeps): arrivals wait (their hold) instead."""
+        self._out_since: float | None = None  # when the upstream was last seen going out
+        self.load_time: float | None = None
+        """Seconds the upstream took to load, last measured (``None``: never measured):
+        by the gateway from its going out to ready again, or as ``herdless maintain``
+        reported it; what Retry-After promises while it is out."""
 
     # -- observation ------------------------------------------------------------------
 
@@ -193,10 +201,51 @@ class Admission:
         """Whether the upstream is ready and the gateway admits."""
         return self._ready and not self._draining
 
+    @property
+    def out_for(self) -> float | None:
+        """Seconds since the upstream went out (``None`` while it is ready)."""
+        if self._ready or self._out_since is None:
+            return None
+        return self._clock.monotonic() - self._out_since
+
+    def _back_at(self) -> float | None:
+        """When the upstream out now is expected back: its going out plus the last load
+        time; ``None`` when ready, never measured, or already past it."""
+        if self._ready or self._out_since is None or self.load_time is None:
+            return None
+        at = self._out_since + self.load_time
+        return at if at > self._clock.monotonic() else None
+
     # -- state changes ------------------------------------------------------------------
 
+    def reconfigure(self, config: AdmissionConfig, keys: Mapping[str, KeyLimits]) -> None:
+        """Replace the limits (a reload): the queue, its counters, the running requests,
+        the key budgets and the reservations stay; what the new limits change applies
+        from the next decision. ``scheduler``, ``sizing``, ``max_users``, ``fair_window``
+        and ``reserve_window`` must be unchanged (they shape state already built)."""
+        for name in ("scheduler", "sizing", "max_users", "fair_window", "reserve_window"):
+            if getattr(config, name) != getattr(self.config, name):
+                raise ValueError(f"{name} cannot change while running (restart the gateway)")
+        self.config = config
+        self._keys.reconfigure(config, keys, self._clock.monotonic())
+        self._queue.reconfigure(config)
+        self._reservations.reconfigure(config)
+        self._sizing.config = config  # read at every decision; the learned state stays
+        if not self._sizing.sized:
+            self._sizing.limit = self._sizing.static_limit
+        self._resized()
+
     def set_upstream(self, *, ready: bool, code: str = "upstream_loading") -> None:
-        """Record the upstream's readiness; ``code`` names why it is not ready."""
+        """Record the upstream's readiness; ``code`` names why it is not ready.
+
+        Going out starts the outage's clock; ready again after one measures the load time
+        (:attr:`load_time`)."""
+        now = self._clock.monotonic()
+        if not ready and self._ready:
+            self._out_since = now
+        elif ready and not self._ready and self._out_since is not None:
+            self.load_time = now - self._out_since
+            self._out_since = None
         self._switch(draining=self._draining, ready=ready, code=code)
 
     def drain(self, expect: float | None = None) -> list[tuple[Ticket, Refuse]]:
@@ -219,6 +268,13 @@ class Admission:
     def _holds_through(self, patient: bool, held_until: float) -> bool:
         """Rule 1: may a request that waits until ``held_until`` wait out the drain?"""
         return patient and self._drain_until is not None and held_until >= self._drain_until
+
+    def _holds_through_load(self, deadline: float | None, held_until: float) -> bool:
+        """Rule 1: may a request wait out an upstream that is out (loading)? When its load
+        time was measured, the request names no deadline and its hold outlasts the time
+        left of it."""
+        back = self._back_at()
+        return deadline is None and back is not None and held_until >= back
 
     def resume(self) -> None:
         """Admit again after :meth:`drain` (the caller then calls :meth:`dispatch`)."""
@@ -251,7 +307,7 @@ class Admission:
         key = self._keys.get(key_id, now)
         if self._draining and not self._holds_through(deadline is None, now + key.limits.hold):
             return self.unavailable("draining")
-        if not self._ready:
+        if not self._ready and not self._holds_through_load(deadline, now + key.limits.hold):
             return self.unavailable(self._not_ready_code, deadline=deadline)
         if key.rate is not None and not key.rate.allows(now, 1):
             return self._reservations.bucket(key.rate, now, 1, "rate_limited")
@@ -332,7 +388,7 @@ class Admission:
         queue = self._queue
         recent = self._recent_interactive(now)
         self.held = None
-        while not self._draining:
+        while not self._draining and not self.paused and self._ready:
             ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
                 break
@@ -416,6 +472,7 @@ class Admission:
             gap=1 / self.drain_rate(),
             deadline=deadline,
             until=self._drain_until,
+            back_at=self._back_at(),
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -435,7 +492,7 @@ class Admission:
 
     def _startable(self, ticket: Ticket, now: float) -> bool:
         """Rule 5: may a new request start without waiting?"""
-        if self._draining or self._queue.depth("interactive"):
+        if self._draining or self.paused or not self._ready or self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
         if ticket.priority == "batch" and self._queue.depth("batch"):
             return False

@@ -173,6 +173,12 @@ class FairQueue:
         self.served_tokens: dict[Priority, int] = dict.fromkeys(CLASSES, 0)
         """Tokens (prompt + completion) of the finished requests, per class."""
 
+    def reconfigure(self, config: AdmissionConfig) -> None:
+        """New weights (a reload); the flows, their counters and the waiters stay."""
+        self._config = config
+        self._wp = config.prompt_weight
+        self._wq = config.completion_weight
+
     # -- observation ---------------------------------------------------------------------
 
     def depth(self, priority: Priority) -> int:

@@ -100,6 +100,24 @@ class KeyBudgets:
         self._limits = dict(limits or {})
         self._keys: dict[str, KeyBudget] = {}
 
+    def reconfigure(
+        self, config: AdmissionConfig, limits: Mapping[str, KeyLimits], now: float
+    ) -> None:
+        """New limits (a reload). A key whose limits changed gets buckets of the new size
+        holding no more than it had (a reload frees no budget); its waiters stay counted."""
+        self._default = KeyLimits.of(config)
+        self._limits = dict(limits)
+        for key_id, old in list(self._keys.items()):
+            lim = self.limits(key_id)
+            if lim == old.limits:
+                continue
+            del self._keys[key_id]
+            new = self.get(key_id, now)
+            new.queued = old.queued
+            for mine, theirs in ((new.rate, old.rate), (new.tokens, old.tokens)):
+                if mine is not None and theirs is not None:
+                    mine.settle(min(0.0, theirs.level(now) - mine.capacity))
+
     def limits(self, key_id: str) -> KeyLimits:
         """The limits of ``key_id``."""
         return self._limits.get(key_id, self._default)

@@ -130,6 +130,7 @@ class Reservations:
         gap: float,
         deadline: float | None = None,
         until: float | None = None,
+        back_at: float | None = None,
     ) -> Refuse:
         """A 503: not serving now (``draining``, ``upstream_loading``, ``upstream_unavailable``).
 
@@ -140,7 +141,9 @@ class Reservations:
         (``until``, clock time), else the configured ``drain_retry_after`` (a drain's wait
         then capped at ``2 x delay``: its callers go to their fallback meanwhile) or
         ``upstream_retry_after``. When the window has more left than the cap, coming back
-        at the cap cannot help: the refusal says so (``retry=False``).
+        at the cap cannot help: the refusal says so (``retry=False``). ``back_at`` (clock
+        time): when an upstream that is out is expected back, by its last measured load
+        time; the delay is then the time left of it.
         """
         cfg = self._config
         draining = code == "draining"
@@ -159,6 +162,8 @@ class Reservations:
                 retry=left <= cfg.max_retry_after,
             )
         delay = cfg.drain_retry_after if draining else cfg.upstream_retry_after
+        if not draining and back_at is not None and back_at > now:
+            delay = back_at - now  # measured, not guessed
         # Relative to now, so that the cap holds exactly despite float rounding.
         wait = min(max(delay, self._outage_horizon + gap - now), cfg.max_retry_after)
         if draining:
@@ -178,6 +183,10 @@ class Reservations:
             drain=draining,
             capacity=self.capacity,
         )
+
+    def reconfigure(self, config: AdmissionConfig) -> None:
+        """New limits (a reload); the horizons stay."""
+        self._config = config
 
     def serving_again(self) -> None:
         """The gateway serves again: the outage's promises become the queue's floor."""

@@ -214,25 +214,27 @@ class Client(_BaseClient):
                 ``min_tokens``, ``ignore_eos``, ...), sent unchanged.
 
         Other Parameters:
-            model: this call's model for the primary (a fallback keeps its own).
-            max_tokens: the most tokens to generate.
-            temperature: sampling temperature.
-            deadline: seconds for this call, waits included (the client's by default);
-                for a stream, until its first chunk.
-            stream_deadline: seconds from this streamed call's start to the stream's end
-                (the client's by default: none); past it the stream is closed and
-                ``StreamDeadlineExceeded`` raised.
-            allow_fallback: ``False`` keeps the call off fallbacks (data guard).
-            priority: ``"interactive"`` or ``"batch"`` (the client's by default), sent as
-                ``X-Herdless-Priority``: a herdless gateway serves interactive work first,
-                and answers a batch call it displaced with a 429 and a time to come back
-                (the call waits for it, spending no retry budget). A batch call never
-                spills to an ``external`` fallback: it waits for the GPU, up to its deadline.
-            extra_body: request fields herdless does not know, sent unchanged (as
-                openai-python's ``extra_body``).
-            extra_headers: headers sent with every attempt of this call, to every
-                backend it tries; not ``Authorization`` (each backend has its key) nor
-                the headers herdless sets itself.
+            model (str | None): this call's model for the primary (a fallback keeps
+                its own).
+            max_tokens (int | None): the most tokens to generate.
+            temperature (float | None): sampling temperature.
+            deadline (float | None): seconds for this call, waits included (the
+                client's by default); for a stream, until its first chunk.
+            stream_deadline (float | None): seconds from this streamed call's start to
+                the stream's end (the client's by default: none); past it the stream
+                is closed and ``StreamDeadlineExceeded`` raised.
+            allow_fallback (bool): ``False`` keeps the call off fallbacks (data guard).
+            priority (Priority | None): ``"interactive"`` or ``"batch"`` (the client's
+                by default), sent as ``X-Herdless-Priority``: a herdless gateway serves
+                interactive work first, and answers a batch call it displaced with a 429
+                and a time to come back (the call waits for it, spending no retry
+                budget). A batch call never spills to an ``external`` fallback: it waits
+                for the GPU, up to its deadline.
+            extra_body (Mapping[str, Any] | None): request fields herdless does not
+                know, sent unchanged (as openai-python's ``extra_body``).
+            extra_headers (Mapping[str, str] | None): headers sent with every attempt of
+                this call, to every backend it tries; not ``Authorization`` (each
+                backend has its key) nor the headers herdless sets itself.
 
         Returns:
             A ``ChatResult``, or a ``Stream`` with ``stream=True``.

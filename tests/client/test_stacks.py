@@ -256,3 +256,53 @@ async def test_busy_stacks_never_open_the_breaker(harness: Harness) -> None:
     assert result.backend == "primary"
     assert harness.hosted.requests == []
     assert harness.client.stats().breakers["primary"] == "closed"
+
+
+# -- llm-d's request headers, sent beside herdless's own ----------------------------------
+
+
+async def test_the_call_sends_llm_ds_fairness_id_and_queue_ttl(harness: Harness) -> None:
+    await harness.chat(user="alice")
+    [sent] = harness.primary.requests
+    assert sent.headers["x-llm-d-inference-fairness-id"] == "alice"
+    # The attempt waits 60 s for its answer (X-Herdless-Deadline-Ms); it may wait in a
+    # queue for that less the least an answer takes (FallbackPolicy.min_attempt, 0.5 s).
+    assert sent.headers["x-herdless-deadline-ms"] == "60000"
+    assert sent.headers["x-llm-d-inference-ttl"] == "59500ms"
+
+
+async def test_the_queue_ttl_leaves_the_fallback_its_share(harness: Harness) -> None:
+    harness.build(fallback=harness.hosted_backend())
+    harness.primary.script(llmd_saturated(), ok())
+    await harness.chat(deadline=20.0)
+    ttls = [r.headers["x-llm-d-inference-ttl"] for r in harness.primary.requests]
+    assert ttls == ["11500ms", "11000ms"]  # 12 s for the primary, then 0.5 s of backoff
+    assert "x-llm-d-inference-fairness-id" not in harness.primary.requests[0].headers
+
+
+async def test_x_herdless_user_is_the_fairness_id_as_the_gateway_reads_it(
+    harness: Harness,
+) -> None:
+    await harness.chat(user="body-user", extra_headers={"X-Herdless-User": "header-user"})
+    assert harness.primary.requests[0].headers["x-llm-d-inference-fairness-id"] == "header-user"
+
+
+async def test_the_callers_own_llm_d_headers_are_kept(harness: Harness) -> None:
+    mine = {"x-llm-d-inference-fairness-id": "tenant-a", "X-LLM-D-Inference-TTL": "2s"}
+    await harness.chat(user="alice", extra_headers=mine)
+    [sent] = harness.primary.requests
+    assert sent.headers.get_list("x-llm-d-inference-fairness-id") == ["tenant-a"]
+    assert sent.headers.get_list("x-llm-d-inference-ttl") == ["2s"]
+
+
+async def test_a_user_no_header_can_carry_is_not_sent(harness: Harness) -> None:
+    await harness.chat(user="line\nbreak")
+    assert "x-llm-d-inference-fairness-id" not in harness.primary.requests[0].headers
+
+
+async def test_llm_d_headers_can_be_turned_off(harness: Harness) -> None:
+    harness.build(llm_d_headers=False)
+    await harness.chat(user="alice")
+    [sent] = harness.primary.requests
+    assert not [name for name in sent.headers if name.startswith("x-llm-d-")]
+    assert sent.headers["x-herdless-deadline-ms"] == "60000"

@@ -30,8 +30,10 @@ from herdless._wire import Completion
 __all__ = [
     "ATTEMPT_HEADER",
     "DEADLINE_HEADER",
+    "FAIRNESS_HEADER",
     "PRIORITY_HEADER",
     "REQUEST_ID_HEADER",
+    "TTL_HEADER",
     "Accepted",
     "Action",
     "Ended",
@@ -55,6 +57,13 @@ DEADLINE_HEADER: Final = "X-Herdless-Deadline-Ms"
 """The header that carries the milliseconds the call still waits for this attempt's
 answer (its deadline, less the reserve kept for a fallback): a herdless gateway refuses
 at once (``deadline_unattainable``) what it predicts it cannot start in that time."""
+FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
+"""llm-d's fairness unit: the call's user (``X-Herdless-User``, else the body's ``user``),
+sent when ``llm_d_headers`` is on. A herdless gateway reads it as ``X-Herdless-User``."""
+TTL_HEADER: Final = "x-llm-d-inference-ttl"
+"""llm-d's queue time-to-live, a Go duration (``1500ms``): the longest this attempt may
+wait in a queue and still be answered in time (``DEADLINE_HEADER`` less the least an
+answer takes), sent when ``llm_d_headers`` is on. Not the call's deadline."""
 PRIORITY_HEADER: Final = "X-Herdless-Priority"
 """The header that carries the call's class, ``interactive`` or ``batch``: a herdless
 gateway serves interactive work first and lets batch work use the capacity it leaves idle."""

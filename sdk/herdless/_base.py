@@ -22,7 +22,7 @@ from herdless._call.flow import CallFlow
 from herdless._call.record import response_received
 from herdless._clock import SYSTEM_CLOCK
 from herdless._config import ChatOptions, ClientConfig, ClientOptions, derived_config
-from herdless._fields import check_extra_headers
+from herdless._fields import check_extra_headers, llm_d_fields
 from herdless._request import Endpoints
 from herdless._state import ClientState
 from herdless._types import ChatResult
@@ -217,6 +217,9 @@ class _BaseClient:
                     raise ValueError(f"stream_deadline must be > 0 seconds, got {total!r}")
                 # The first chunk cannot come later than the end of the whole stream.
                 deadline = min(config.deadline if deadline is None else deadline, total)
+        fairness, queue_ttl = (
+            llm_d_fields(body, headers) if self._state.config.llm_d_headers else (None, False)
+        )
         # 128 random bits: what uuid4().hex holds, without building a UUID.
         request_id = os.urandom(16).hex()
         flow = CallFlow(
@@ -228,6 +231,8 @@ class _BaseClient:
             deadline=deadline,
             allow_fallback=allow_fallback and self._allow_fallback,
             priority=priority,
+            fairness=fairness,
+            queue_ttl=queue_ttl,
         )
         return flow, request_id, (None if total == math.inf else total), headers
 

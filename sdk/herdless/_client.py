@@ -131,6 +131,11 @@ class Client(_BaseClient):
             the first answer (off by default; at most ``max_share`` of calls).
         priority (str | None): the class of the client's calls, ``"interactive"``
             (default) or ``"batch"``; a call's ``priority=`` overrides it.
+        llm_d_headers (bool): send llm-d's request headers beside herdless's own
+            (default ``True``): ``x-llm-d-inference-fairness-id`` (the call's user:
+            ``X-Herdless-User``, else the body's ``user``) and ``x-llm-d-inference-ttl``
+            (a Go duration: the longest the attempt may wait in a queue and still be
+            answered in time). An llm-d endpoint picker and a herdless gateway read both.
         clock (Clock): monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng (random.Random | None): random source for jitter (seeded in tests).
         env_file (str | Path | None): the ``.env`` file read when configuring from the

@@ -70,6 +70,9 @@ class ClientOptions(TypedDict, total=False):
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
         rng: random source for jitter (seeded in tests).
         env_file: the ``.env`` file read when configuring from the environment.
+        llm_d_headers: send llm-d's request headers beside herdless's own (default
+            ``True``): ``x-llm-d-inference-fairness-id`` (the call's user) and
+            ``x-llm-d-inference-ttl`` (the longest the attempt may wait in a queue).
     """
 
     fallback: Backend | Sequence[Backend] | None
@@ -87,6 +90,7 @@ class ClientOptions(TypedDict, total=False):
     clock: Clock
     rng: random.Random | None
     env_file: str | Path | None
+    llm_d_headers: bool
 
 
 class ChatOptions(TypedDict, total=False):
@@ -189,6 +193,7 @@ class ClientConfig:
     deadline: float = DEFAULT_DEADLINE
     stream_deadline: float | None = None
     priority: Priority = "interactive"
+    llm_d_headers: bool = True
 
     def __post_init__(self) -> None:
         if not self.primaries:
@@ -257,6 +262,7 @@ class ClientConfig:
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
             stream_deadline=stream_deadline,
             priority=options.get("priority") or "interactive",
+            llm_d_headers=bool(options.get("llm_d_headers", True)),
         )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "OPENAI_FIELDS",
     "VLLM_FIELDS",
     "check_extra_headers",
+    "llm_d_fields",
     "split_fields",
     "unknown_argument",
 ]
@@ -190,3 +191,34 @@ def check_extra_headers(headers: Mapping[str, str] | None) -> dict[str, str] | N
             raise ValueError(f"extra_headers may not set {name}: {why}")
         checked[name] = value
     return checked
+
+
+_USER_HEADER: Final = "x-herdless-user"
+_LLM_D_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-llm-d-inference-ttl")
+
+
+def llm_d_fields(
+    body: Mapping[str, Any], headers: Mapping[str, str] | None
+) -> tuple[str | None, bool]:
+    """What a call sends of llm-d's request headers: ``(fairness id, queue TTL?)``.
+
+    The fairness id is the call's user, as a herdless gateway reads it: ``X-Herdless-User``
+    in ``extra_headers``, else the body's ``user``. A header the caller set itself (in
+    ``extra_headers``) is the caller's: herdless does not send its own. A user that is
+    not printable ASCII is not sent (a header cannot carry it as it is).
+    """
+    user = body.get("user")
+    fairness = user if isinstance(user, str) and user else None
+    if not headers:
+        return (fairness if fairness is None or _header_safe(fairness) else None), True
+    given = {name.lower(): value for name, value in headers.items()}
+    fairness = given.get(_USER_HEADER, "").strip() or fairness
+    if _LLM_D_HEADERS[0] in given:
+        fairness = None
+    if fairness is not None and not _header_safe(fairness):
+        fairness = None
+    return fairness, _LLM_D_HEADERS[1] not in given
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable()

@@ -35,6 +35,7 @@ from herdless._bounds import require
 
 __all__ = [
     "CAPACITY_HEADER",
+    "DROPPED_REASON_HEADER",
     "OUTAGE_CODES",
     "RetryPolicy",
     "Verdict",
@@ -43,8 +44,11 @@ __all__ = [
     "parse_retry_after",
 ]
 
+# Statuses a live server refuses a call with now: 429 and 503 (vLLM, llm-d, Ray Serve,
+# SMG), 408 (SMG's queue timeout), 529 (NVIDIA Dynamo's "all workers busy").
+_REFUSAL_STATUSES = frozenset({408, 429, 503, 529})
 # Statuses that mean "the server is alive but cannot take this now": retried.
-_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_RETRY_STATUSES = _REFUSAL_STATUSES | {502, 504}
 # Transport failures worth another attempt. "protocol" is not: a server that answers
 # garbage will answer garbage again.
 _RETRY_KINDS = frozenset(
@@ -53,6 +57,12 @@ _RETRY_KINDS = frozenset(
 _TIMEOUT_KINDS = frozenset({"connect_timeout", "first_byte_timeout", "read_timeout"})
 DRAIN_HEADER = "x-herdless-drain"
 CAPACITY_HEADER = "x-herdless-capacity"
+# llm-d's endpoint picker names why it dropped a request (pkg/common/error/error.go):
+# ``rejected-saturated``, ``rejected-ttl-expired``, ``evicted``, ``evicted-*`` are busy (429);
+# these two say the whole pool is out (503).
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+_DROPPED_DOWN = "rejected-no-endpoints"
+_DROPPED_DRAINING = "rejected-shutting-down"
 # A herdless gateway's codes for "the whole backend is out": every call keeps off it.
 OUTAGE_CODES = frozenset({"upstream_loading", "upstream_unavailable"})
 UNATTAINABLE = "deadline_unattainable"
@@ -145,13 +155,17 @@ class Verdict:
     Three kinds of "no" are told apart, because each asks for a different answer:
 
     - **busy**: a live server refuses this call now (429, or a 503 that names no
-      outage, like vLLM's full queue). The call keeps its place and comes back: at the
-      server's time when it gave one (a reservation for this call alone), else after
-      full-jitter backoff, until its deadline. The client's window shrinks.
+      outage, like vLLM's full queue; 408, SMG's queue timeout; 529, NVIDIA Dynamo's
+      "all workers busy"; llm-d's ``rejected-saturated``, ``rejected-ttl-expired`` and
+      ``evicted*``). The call keeps its place and comes back: at the server's time when
+      it gave one (a reservation for this call alone: a herdless gateway's
+      ``displaced``, SMG's ``X-SMG-Preempted``, Ray Serve's static Retry-After), else
+      after full-jitter backoff, until its deadline. The client's window shrinks.
     - **down** / **draining**: the server says the whole backend is out (a herdless
-      gateway's ``upstream_loading`` / ``upstream_unavailable``, or a drain). Every call
-      of the client keeps off it for the Retry-After; a call with a fallback goes there
-      at once.
+      gateway's ``upstream_loading`` / ``upstream_unavailable``, llm-d's
+      ``rejected-no-endpoints``; a drain, or llm-d's ``rejected-shutting-down``). Every
+      call of the client keeps off it for the Retry-After; a call with a fallback goes
+      there at once.
     - **broken**: 5xx other than those, timeouts, refused or broken connections. Counted
       against the breaker and against ``RetryPolicy.max_attempts``.
 
@@ -285,11 +299,15 @@ def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
     retry_after = parse_retry_after(outcome.headers, now=now)
     if retry_after is not None:
         retry_after = min(retry_after, policy.max_retry_after)
-    refusal = status in (429, 503)
-    code = _error_code(outcome.body) if refusal else None
-    drain_header = _header(outcome.headers, DRAIN_HEADER) == "1"
-    draining = status == 503 and (drain_header or code == "draining")
-    down = status == 503 and code in OUTAGE_CODES
+    refusal = status in _REFUSAL_STATUSES
+    code = dropped = None
+    if refusal:
+        code = _error_code(outcome.body)
+        dropped = _header(outcome.headers, DROPPED_REASON_HEADER)
+    out = status == 503
+    drain_header = out and _header(outcome.headers, DRAIN_HEADER) == "1"
+    draining = out and (drain_header or code == "draining" or dropped == _DROPPED_DRAINING)
+    down = out and (code in OUTAGE_CODES or dropped == _DROPPED_DOWN)
     unattainable = refusal and code == UNATTAINABLE
     busy = refusal and not (draining or down or unattainable)
     return Verdict(
@@ -297,7 +315,7 @@ def classify(outcome: Outcome, policy: RetryPolicy, *, now: float) -> Verdict:
         kind="status",
         status=status,
         retryable=status in _RETRY_STATUSES,
-        fallback_may_help=status == 429 or status >= 500,
+        fallback_may_help=refusal or status >= 500,
         # A refusal, a drain or an outage the server announced is not a failure of the
         # backend: it answered, and said why. Only a bare 503 (no why, no when) counts,
         # and only toward the failure rate.

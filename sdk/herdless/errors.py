@@ -8,7 +8,7 @@
     │   │   └── UnprocessableEntityError  422
     │   ├── AuthenticationError      401: the API key is missing or wrong
     │   ├── PermissionDeniedError    403: the key may not do this
-    │   ├── RateLimitError           429: come back later (retried first)
+    │   ├── RateLimitError           429 (or 408): come back later (retried first)
     │   └── ServiceUnavailableError  5xx: not serving now (retried first)
     │       └── InternalServerError    every status >= 500 (openai's name)
     ├── APIConnectionError         no HTTP answer: refused, reset, broken
@@ -178,7 +178,8 @@ class PermissionDeniedError(APIStatusError):
 
 
 class RateLimitError(APIStatusError):
-    """429: the backend is full; retried after the wait it asked for before this is raised."""
+    """429 (or 408, a queue timeout): the backend is full; retried after the wait it asked
+    for before this is raised."""
 
 
 class ServiceUnavailableError(APIStatusError):

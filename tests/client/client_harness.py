@@ -10,14 +10,16 @@ announced before it starts.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 import respx
 
 import herdless
 from herdless.events import Event
-from herdless.testing import FakeClock, MockBackend
+from herdless.testing import FakeClock, MockBackend, Reply
 
 PRIMARY = "http://gpu.test/v1"
 HOSTED = "https://hosted.test/v1"
@@ -118,3 +120,61 @@ class Harness:
                 if getattr(before, "delay", None) != item[1]:
                     return False
         return True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row: the scripts, the call, and what the caller must see."""
+
+    id: str
+    primary: tuple[Reply, ...]
+    hosted: tuple[Reply, ...] | None = None  # None: no fallback configured
+    call: dict[str, Any] = field(default_factory=dict)
+    # expectations
+    backend: str | None = "primary"  # who answered; None when the call raises
+    error: type[herdless.HerdlessError] | None = None
+    primary_requests: int = 1
+    hosted_requests: int = 0
+    sleeps: tuple[float, ...] = ()
+    fallback_reason: str | None = None
+    attempt_kinds: tuple[str, ...] | None = None
+    server_message: str | None = None  # the raised error's, when it is a status error
+
+
+async def run_scenario(harness: Harness, case: Scenario) -> None:
+    """Run one row of a scenario table against ``harness``'s client, and check it."""
+    harness.primary.script(*case.primary)
+    options: dict[str, Any] = {}
+    if case.hosted is not None:
+        harness.hosted.script(*case.hosted)
+        options["fallback"] = harness.hosted_backend()
+    harness.build(**options)
+
+    if case.error is not None:
+        with pytest.raises(case.error) as caught:
+            await harness.chat(**case.call)
+        error = caught.value
+        assert error.request_id is not None
+        assert len(error.attempts) >= 1
+        text = str(error)
+        assert KEY not in text
+        assert HOSTED_KEY not in text
+        assert error.request_id in text
+        if case.server_message is not None:
+            assert getattr(error, "server_message", None) == case.server_message
+    else:
+        result = await harness.chat(**case.call)
+        assert result.backend == case.backend
+        assert result.fallback_reason == case.fallback_reason
+        if case.attempt_kinds is not None:
+            assert tuple(a.kind for a in result.attempts) == case.attempt_kinds
+        assert result.attempts[-1].kind == "ok"
+        assert [a.waited for a in result.attempts if a.waited] == list(case.sleeps)
+
+    if case.primary_requests >= 0:
+        assert len(harness.primary.requests) == case.primary_requests
+    if case.hosted_requests >= 0:
+        assert len(harness.hosted.requests) == case.hosted_requests
+    if case.error is None or case.sleeps:
+        assert harness.sleeps == list(case.sleeps)
+    assert harness.sleeps_announced()

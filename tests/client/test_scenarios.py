@@ -8,16 +8,20 @@ Jitter is at its ceiling (``UpperRandom``), so waits are exact: full jitter befo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import pytest
-from tests.client.client_harness import HOSTED_KEY, KEY, MESSAGES, Harness
+from tests.client.client_harness import (
+    HOSTED_KEY,
+    KEY,
+    MESSAGES,
+    Harness,
+    Scenario,
+    run_scenario,
+)
 
 import herdless
 from herdless.testing import (
-    Reply,
     connect_error,
     deadline_unattainable,
     draining,
@@ -28,25 +32,6 @@ from herdless.testing import (
     server_error,
     unavailable,
 )
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One row: the scripts, the call, and what the caller must see."""
-
-    id: str
-    primary: tuple[Reply, ...]
-    hosted: tuple[Reply, ...] | None = None  # None: no fallback configured
-    call: dict[str, Any] = field(default_factory=dict)
-    # expectations
-    backend: str | None = "primary"  # who answered; None when the call raises
-    error: type[herdless.HerdlessError] | None = None
-    primary_requests: int = 1
-    hosted_requests: int = 0
-    sleeps: tuple[float, ...] = ()
-    fallback_reason: str | None = None
-    attempt_kinds: tuple[str, ...] | None = None
-
 
 SCENARIOS = [
     Scenario("ok", (ok("hi"),), attempt_kinds=("ok",)),
@@ -214,39 +199,7 @@ SCENARIOS = [
 
 @pytest.mark.parametrize("case", SCENARIOS, ids=[s.id for s in SCENARIOS])
 async def test_scenario(harness: Harness, case: Scenario) -> None:
-    harness.primary.script(*case.primary)
-    options: dict[str, Any] = {}
-    if case.hosted is not None:
-        harness.hosted.script(*case.hosted)
-        options["fallback"] = harness.hosted_backend()
-    harness.build(**options)
-
-    if case.error is not None:
-        with pytest.raises(case.error) as caught:
-            await harness.chat(**case.call)
-        error = caught.value
-        assert error.request_id is not None
-        assert len(error.attempts) >= 1
-        text = str(error)
-        assert KEY not in text
-        assert HOSTED_KEY not in text
-        assert error.request_id in text
-    else:
-        result = await harness.chat(**case.call)
-        assert result.backend == case.backend
-        assert result.fallback_reason == case.fallback_reason
-        if case.attempt_kinds is not None:
-            assert tuple(a.kind for a in result.attempts) == case.attempt_kinds
-        assert result.attempts[-1].kind == "ok"
-        assert [a.waited for a in result.attempts if a.waited] == list(case.sleeps)
-
-    if case.primary_requests >= 0:
-        assert len(harness.primary.requests) == case.primary_requests
-    if case.hosted_requests >= 0:
-        assert len(harness.hosted.requests) == case.hosted_requests
-    if case.error is None or case.sleeps:
-        assert harness.sleeps == list(case.sleeps)
-    assert harness.sleeps_announced()
+    await run_scenario(harness, case)
 
 
 async def test_one_request_id_across_attempts_and_numbered_attempts(harness: Harness) -> None:

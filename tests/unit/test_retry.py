@@ -239,3 +239,50 @@ def test_transport_failures(kind: str, retryable: bool, timeout: bool) -> None:
 def test_invalid_policy_names_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"RetryPolicy.{field}"):
         RetryPolicy(**{field: value})  # type: ignore[arg-type]  # parametrised
+
+
+# llm-d's x-llm-d-request-dropped-reason (pkg/common/error/error.go): busy, down or a drain.
+@pytest.mark.parametrize(
+    ("status", "reason", "busy", "down", "draining"),
+    [
+        (429, "rejected-saturated", True, False, False),
+        (429, "rejected-ttl-expired", True, False, False),
+        (503, "rejected-ttl-expired", True, False, False),  # older trees' TTL eviction
+        (429, "evicted", True, False, False),
+        (429, "evicted-priority", True, False, False),
+        (503, "rejected-no-endpoints", False, True, False),
+        (503, "rejected-shutting-down", False, False, True),
+        (503, "a-reason-from-the-future", True, False, False),  # as a bare 503
+    ],
+)
+def test_llm_d_dropped_reason(
+    status: int, reason: str, busy: bool, down: bool, draining: bool
+) -> None:
+    body = b"inference error: ResourceExhausted - request rejected by flow control"
+    headers = {"X-Llm-D-Request-Dropped-Reason": reason}
+    verdict = classify(_response(status, headers, body), RetryPolicy(), now=NOW)
+    assert (verdict.busy, verdict.down, verdict.draining) == (busy, down, draining)
+    assert verdict.retryable
+    assert verdict.fallback_may_help
+    assert not verdict.breaker_failure
+
+
+@pytest.mark.parametrize("status", [408, 529])
+def test_a_queue_timeout_and_dynamos_529_are_busy(status: int) -> None:
+    verdict = classify(_response(status), RetryPolicy(), now=NOW)
+    assert verdict.busy
+    assert verdict.retryable
+    assert verdict.fallback_may_help
+    assert not verdict.breaker_failure
+    assert not verdict.breaker_refusal  # it said why: busy
+    assert not verdict.backend_wide
+
+
+def test_an_smg_preemption_is_a_reservation() -> None:
+    headers = {"Retry-After": "1", "X-SMG-Preempted": "true"}
+    body = json.dumps({"error": {"code": "scheduler_preempted"}}).encode()
+    verdict = classify(_response(503, headers, body), RetryPolicy(), now=NOW)
+    assert verdict.busy
+    assert verdict.retry_after == 1.0
+    assert not verdict.backend_wide
+    assert not verdict.breaker_refusal

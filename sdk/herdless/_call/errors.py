@@ -60,6 +60,7 @@ __all__ = [
 _MAX_SERVER_MESSAGE = 500
 
 _STATUS_CLASSES: dict[int, type[APIStatusError]] = {
+    408: RateLimitError,  # a queue timeout (SMG's): the backend is full, as with a 429
     401: AuthenticationError,
     403: PermissionDeniedError,
     404: NotFoundError,
@@ -89,7 +90,8 @@ def _status_class(status: int) -> type[APIStatusError]:
 
 
 def _parse_error_body(body: bytes) -> tuple[str, str | int | None, str | None]:
-    """``(message, code, type)`` from an OpenAI/vLLM error body, tolerating anything."""
+    """``(message, code, type)`` from an OpenAI/vLLM error body, tolerating anything: a
+    body that is not JSON (llm-d's ``inference error: ...``) is the message itself."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -104,6 +106,14 @@ def _parse_error_body(body: bytes) -> tuple[str, str | int | None, str | None]:
         )
     if isinstance(error, str):  # some servers send {"error": "text"}
         return error, None, None
+    if isinstance(data, dict) and isinstance(message := data.get("message"), str):
+        # NVIDIA Dynamo's frontend: {"message": ..., "type": ..., "code": 529}
+        code, kind = data.get("code"), data.get("type")
+        return (
+            message,
+            code if isinstance(code, str | int) else None,
+            kind if isinstance(kind, str) else None,
+        )
     return "", None, None
 
 
@@ -139,7 +149,7 @@ def status_error(
     Returns:
         An instance of the status's class: 401 ``AuthenticationError``, 403
         ``PermissionDeniedError``, 404 ``NotFoundError``, 409 ``ConflictError``, 422
-        ``UnprocessableEntityError``, 429 ``RateLimitError``, >= 500
+        ``UnprocessableEntityError``, 429 and 408 (a queue timeout) ``RateLimitError``, >= 500
         ``InternalServerError``, any other status ``BadRequestError``. A 404 from a
         backend whose ``base_url`` does not end in ``/v1`` says so.
     """

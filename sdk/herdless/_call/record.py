@@ -46,6 +46,8 @@ class Call:
         deadline: seconds for the whole call; ``None`` uses the client's default.
         allow_fallback: ``False`` keeps the call on the primaries (data guard).
         priority: its class (``X-Herdless-Priority``); ``None`` uses the client's.
+        fairness: llm-d's fairness id to send (the call's user), or ``None``.
+        queue_ttl: send llm-d's queue TTL with each attempt.
     """
 
     __slots__ = (
@@ -55,8 +57,10 @@ class Call:
         "body",
         "deadline",
         "deadline_at",
+        "fairness",
         "model",
         "priority",
+        "queue_ttl",
         "records",
         "request_id",
         "start",
@@ -78,8 +82,12 @@ class Call:
         deadline: float | None = None,
         allow_fallback: bool = True,
         priority: str | None = None,
+        fairness: str | None = None,
+        queue_ttl: bool = False,
     ) -> None:
         self.state = state
+        self.fairness = fairness
+        self.queue_ttl = queue_ttl
         self.request_id = request_id
         self.body = body
         self.model = model

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 from herdless._actions import (
     ATTEMPT_HEADER,
     DEADLINE_HEADER,
+    FAIRNESS_HEADER,
     PRIORITY_HEADER,
     REQUEST_ID_HEADER,
+    TTL_HEADER,
     Outcome,
     Response,
     Send,
@@ -231,17 +233,25 @@ class Visit:
         model = call.model_for(backend)
         call.attempt_started(backend, attempt, model, now)
         left = self.end - now
+        headers = {
+            REQUEST_ID_HEADER: call.request_id,
+            ATTEMPT_HEADER: str(attempt),
+            DEADLINE_HEADER: str(max(1, int(left * 1000))),
+            PRIORITY_HEADER: call.priority,
+        }
+        if call.fairness is not None:
+            headers[FAIRNESS_HEADER] = call.fairness
+        if call.queue_ttl:  # the latest start that can still be answered in time
+            answer = max(
+                call.state.config.fallback_policy.min_attempt, self.window.best_answer(self.last)
+            )
+            headers[TTL_HEADER] = f"{max(1, int((left - answer) * 1000))}ms"
         return Send(
             backend=backend,
             attempt=attempt,
             model=model,
             body=call.body,
-            headers={
-                REQUEST_ID_HEADER: call.request_id,
-                ATTEMPT_HEADER: str(attempt),
-                DEADLINE_HEADER: str(max(1, int(left * 1000))),
-                PRIORITY_HEADER: call.priority,
-            },
+            headers=headers,
             timeouts=_clip(self.limits, left=left, read_left=call.deadline_at - now),
             stream=call.stream,
         )

@@ -60,11 +60,12 @@ class Gate:
         user: str | None = None,
         priority: Priority = "interactive",
         prompt: int | None = None,
+        ttl: float | None = None,
     ) -> Admit | Enqueued | Refuse:
         """Decide at once (see :meth:`Admission.offer`); the batch waiters an interactive
         arrival displaced are woken with their refusal."""
         decision = self.admission.offer(
-            key_id, price, deadline=deadline, user=user, priority=priority, prompt=prompt
+            key_id, price, deadline=deadline, user=user, priority=priority, prompt=prompt, ttl=ttl
         )
         if type(decision) is Enqueued:
             for ticket, refused in decision.displaced:
@@ -87,7 +88,7 @@ class Gate:
             return early if early is not None else self.admission.expire(ticket)
         future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = future
-        limit = ticket.hold  # its key's queue_timeout
+        limit = ticket.hold  # its key's queue_timeout, or its queue TTL when shorter
         caller_first = deadline is not None and deadline < limit
         try:
             async with asyncio.timeout(deadline if caller_first else limit):
@@ -190,9 +191,11 @@ class Gate:
 
     # -- what the edge reads ---------------------------------------------------------------
 
-    def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
+    def precheck(
+        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None
+    ) -> Refuse | None:
         """The refusals that need no body (see :meth:`Admission.precheck`)."""
-        return self.admission.precheck(key_id, deadline=deadline)
+        return self.admission.precheck(key_id, deadline=deadline, ttl=ttl)
 
     def unavailable(self, code: str, message: str | None = None) -> Refuse:
         """A 503 with a reservation (see :meth:`Admission.unavailable`)."""

@@ -53,6 +53,7 @@ from herdless.gateway.wire import (
     json_object,
     priority_header,
     refusal_headers,
+    ttl_header,
     upstream_hint,
 )
 
@@ -139,6 +140,7 @@ class AdmittedProxy:
             user=user,
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
+            ttl=ttl_header(headers),  # a cap on its queue wait, never its deadline
         )
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
@@ -249,7 +251,7 @@ class AdmittedProxy:
             access.klass = priority_header(headers, policy.priority or "interactive")
         except BadRequest as exc:
             await error(send, 400, exc.code, str(exc), param=exc.param)
-        early = rt.gate.precheck(key_id, deadline=deadline)
+        early = rt.gate.precheck(key_id, deadline=deadline, ttl=ttl_header(headers))
         if early is not None and not (
             self._spill(policy, deadline, access.klass) and spills(early)
         ):

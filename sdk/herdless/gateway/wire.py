@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from herdless.gateway.core.decisions import Refuse
 from herdless.gateway.core.limits import Priority
 
 __all__ = [
+    "DROPPED_REASONS",
     "BadRequest",
     "ChatRequest",
     "capacity_header",
@@ -22,6 +24,7 @@ __all__ = [
     "parse_chat_request",
     "priority_header",
     "refusal_headers",
+    "ttl_header",
     "upstream_hint",
     "user_header",
 ]
@@ -208,8 +211,53 @@ def priority_header(headers: dict[str, str], default: Priority = "interactive") 
 
 def user_header(headers: dict[str, str]) -> str | None:
     """``X-Herdless-User``: the end user, for clients that cannot set the body's ``user``
-    field (``None`` when absent or blank)."""
-    return headers.get("x-herdless-user", "").strip() or None
+    field, else llm-d's ``x-llm-d-inference-fairness-id`` (``None`` when both are absent
+    or blank)."""
+    return (
+        headers.get("x-herdless-user", "").strip()
+        or headers.get("x-llm-d-inference-fairness-id", "").strip()
+        or None
+    )
+
+
+# A Go duration (time.ParseDuration): one or more decimal numbers, each with its unit.
+_GO_DURATION = re.compile(r"(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0
+}  # fmt: skip
+
+
+def ttl_header(headers: dict[str, str]) -> float | None:
+    """Seconds llm-d's ``x-llm-d-inference-ttl`` lets the request wait in the queue (a Go
+    duration: ``1500ms``, ``1.5s``, ``1m30s``), or ``None`` when absent, not positive or
+    nonsense (a client is never refused for a header it garbled). A cap on the queue
+    wait only: never a deadline (``X-Herdless-Deadline-Ms``)."""
+    text = headers.get("x-llm-d-inference-ttl")
+    if text is None or len(text) > 40 or not _GO_DURATION.fullmatch(text := text.strip()):
+        return None
+    seconds = sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text))
+    return seconds if 0 < seconds < math.inf else None
+
+
+DROPPED_REASONS: Mapping[str, str] = {
+    "queue_full": "rejected-saturated",
+    "kv_budget": "rejected-saturated",
+    "queue_timeout": "rejected-ttl-expired",
+    "deadline_unattainable": "rejected-ttl-expired",
+    "displaced": "evicted-priority",
+    "draining": "rejected-shutting-down",
+    "upstream_loading": "rejected-no-endpoints",
+    "upstream_unavailable": "rejected-no-endpoints",
+}
+"""A refusal's ``x-llm-d-request-dropped-reason`` by its code (docs/gateway.md, "llm-d's
+names for the refusals"): an llm-d-aware client reads the gateway's refusals as it reads
+llm-d's endpoint picker's. A key's own limits (``rate_limited``, ``token_budget``) have
+no llm-d name and carry none."""
+_DROPPED_HEADERS = {
+    code: (b"x-llm-d-request-dropped-reason", reason.encode())
+    for code, reason in DROPPED_REASONS.items()
+}
 
 
 def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
@@ -225,8 +273,10 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
         (b"retry-after", seconds),
         (b"retry-after-ms", str(round(refuse.retry_after * 1000)).encode()),
     ]
-    if refuse.drain:
-        headers.append(_DRAIN_HEADER)
+    if refuse.drain:  # the drain's two headers agree, whatever the code
+        headers += (_DRAIN_HEADER, _DROPPED_HEADERS["draining"])
+    elif (dropped := _DROPPED_HEADERS.get(refuse.code)) is not None:
+        headers.append(dropped)
     if not refuse.retry:
         headers.append(_NO_RETRY_HEADER)
     if refuse.capacity is not None:

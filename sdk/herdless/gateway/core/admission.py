@@ -23,7 +23,8 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
    (``kv_budget``); a waiter not started within its key's hold (``queue_timeout``, or
-   the key policy's ``hold``) -> 429 ``queue_timeout``.
+   the key policy's ``hold``; the request's ``x-llm-d-inference-ttl`` when shorter) ->
+   429 ``queue_timeout``.
 7. a caller's deadline shorter than its predicted wait (its place over the answers
    finished per second, measured, or the running requests over their mean run time
    when faster) -> ``deadline_unattainable``.
@@ -299,15 +300,19 @@ class Admission:
     def _resized(self) -> None:
         self._reservations.capacity = self.config.key_capacity(self._sizing.limit)
 
-    def precheck(self, key_id: str, *, deadline: float | None = None) -> Refuse | None:
+    def precheck(
+        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None
+    ) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
-        bodies; :meth:`offer` checks them again (nothing is taken here)."""
+        bodies; :meth:`offer` checks them again (nothing is taken here). ``ttl``: the
+        request's queue TTL (``x-llm-d-inference-ttl``), a cap on its key's hold."""
         now = self._clock.monotonic()
         key = self._keys.get(key_id, now)
-        if self._draining and not self._holds_through(deadline is None, now + key.limits.hold):
+        held_until = now + _hold(key.limits.hold, ttl)
+        if self._draining and not self._holds_through(deadline is None, held_until):
             return self.unavailable("draining")
-        if not self._ready and not self._holds_through_load(deadline, now + key.limits.hold):
+        if not self._ready and not self._holds_through_load(deadline, held_until):
             return self.unavailable(self._not_ready_code, deadline=deadline)
         if key.rate is not None and not key.rate.allows(now, 1):
             return self._reservations.bucket(key.rate, now, 1, "rate_limited")
@@ -322,6 +327,7 @@ class Admission:
         user: str | None = None,
         priority: Priority = "interactive",
         prompt: int | None = None,
+        ttl: float | None = None,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -332,10 +338,12 @@ class Admission:
             user: the hash of the user it names, refining the key as fairness unit.
             priority: its class (the reference schedulers treat all as interactive).
             prompt: estimated prompt tokens within ``price`` (default: all of it).
+            ttl: seconds it may wait in the queue (llm-d's ``x-llm-d-inference-ttl``):
+                caps its key's hold; not a deadline (rule 7 never reads it).
         """
         cfg = self.config
         now = self._clock.monotonic()
-        early = self.precheck(key_id, deadline=deadline)
+        early = self.precheck(key_id, deadline=deadline, ttl=ttl)
         if early is not None:
             return early
         if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
@@ -357,7 +365,8 @@ class Admission:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
-        ticket.hold, ticket.waits_out_drain = key.limits.hold, deadline is None
+        ticket.hold, ticket.waits_out_drain = _hold(key.limits.hold, ttl), deadline is None
+        ticket.ttl = ttl is not None and ttl < key.limits.hold
         if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
@@ -454,7 +463,9 @@ class Admission:
             return unattainable(429, waited, waited, self.key_capacity)
         flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
         message = None
-        if ticket.hold != self.config.queue_timeout:  # a key policy's hold
+        if ticket.ttl:
+            message = f"no capacity freed within the request's queue TTL ({ticket.hold:g}s)"
+        elif ticket.hold != self.config.queue_timeout:  # a key policy's hold
             message = f"no capacity freed within this key's hold ({ticket.hold:g}s); " + (
                 "retry after the given time"
             )
@@ -556,3 +567,9 @@ class Admission:
         if refused.code != "deadline_unattainable":
             flow.horizon = now + refused.retry_after
         return refused
+
+
+def _hold(hold: float, ttl: float | None) -> float:
+    """Seconds a request may wait in the queue: its key's ``hold``, or its queue TTL
+    (``x-llm-d-inference-ttl``) when shorter."""
+    return hold if ttl is None else min(hold, ttl)

@@ -33,6 +33,8 @@ class Ticket:
         hold: seconds it may wait in the queue (its key's ``queue_timeout``).
         waits_out_drain: it named no deadline, so it may wait out an announced
             maintenance window its hold covers.
+        ttl: its hold is the queue TTL it named (``x-llm-d-inference-ttl``), shorter
+            than its key's.
     """
 
     id: int
@@ -47,6 +49,7 @@ class Ticket:
     charged: float = 0.0
     hold: float = 30.0
     waits_out_drain: bool = False
+    ttl: bool = False
 
     @property
     def unit(self) -> str:

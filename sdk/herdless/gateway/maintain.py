@@ -121,6 +121,16 @@ def counters(metrics: str) -> dict[str, int]:
     return found
 
 
+def _client(
+    url: AnyHttpUrl, secret: SecretStr | None, timeout: float, transport: httpx.BaseTransport | None
+) -> httpx.Client:
+    """An HTTP client for ``url``, with ``secret`` as its bearer token when given."""
+    auth = {} if secret is None else {"authorization": f"Bearer {secret.get_secret_value()}"}
+    return httpx.Client(
+        base_url=str(url).rstrip("/"), headers=auth, timeout=timeout, transport=transport
+    )
+
+
 class _Window:
     """One window's steps over two HTTP clients (the gateway's admin, the upstream)."""
 
@@ -135,22 +145,8 @@ class _Window:
         self.s = settings
         self.say = say
         self.clock = clock
-        token = settings.admin_token
-        admin = {} if token is None else {"authorization": f"Bearer {token.get_secret_value()}"}
-        self.gw = httpx.Client(
-            base_url=str(settings.gateway).rstrip("/"),
-            headers=admin,
-            timeout=10,
-            transport=transport,
-        )
-        key = settings.upstream_api_key
-        auth = {} if key is None else {"authorization": f"Bearer {key.get_secret_value()}"}
-        self.up = httpx.Client(
-            base_url=str(settings.upstream).rstrip("/"),
-            headers=auth,
-            timeout=30,
-            transport=transport,
-        )
+        self.gw = _client(settings.gateway, settings.admin_token, 10, transport)
+        self.up = _client(settings.upstream, settings.upstream_api_key, 30, transport)
 
     def close(self) -> None:
         self.gw.close()

@@ -12,14 +12,13 @@ backend's pace. A batching engine (vLLM's continuous batching) finishes equal re
 in *clumps*: four answers, then nothing for a while. How close together a clump's
 answers reach the client depends on the engine and the machine: on a busy CPU, vLLM's
 first answer of a batch leads the other three by one engine step (50-225 ms measured,
-up to a fifth of the time between clumps). So an answer joins the latest clump when it
-comes within ``gap`` of the clump's previous answer and within ``span`` of its first::
+a fifth of the time between clumps; more when a step is slow), or two answers lead
+two (65 ms). So an answer joins the latest clump when it comes within ``gap`` of the
+clump's previous answer and within ``span`` of its first::
 
     pace = period (below)                  once it is measured
          = the clump's fastest hold        before (send -> slot freed)
-    gap  = max(_CLUMP, _GAP * pace)        after a clump's first answer, or once the
-                                           period is measured
-         = _CLUMP                          otherwise (the first clump's later answers)
+    gap  = max(_CLUMP, _GAP * pace)
     span = max(_CLUMP_SPAN, _SPAN * pace)
 
 A clump is over when ``gap`` passes without an answer, or at once when it has as many
@@ -36,7 +35,10 @@ one: right whether the clumps are split or whole, and nothing is measured "to no
 silence between two clumps is not a slowdown). The period is **firm** once the pairs
 span at least ``_FIRM`` of the answer time (below). Before, the latest clump, once it is
 over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
-(a burst's first batch goes straight in).
+(a burst's first batch goes straight in); but not a lone answer while the window held
+more calls at the backend: it may be a batch's leading answer whose others came later
+than ``gap`` (read as one answer per batch time, every wait four times too long), so
+only the best case judges until a later clump gives one.
 
 **The wait** of a waiter that waits for ``ahead`` more answers (the window counts them:
 enough to free the slots of the calls ahead of it, its own, and any the window holds
@@ -89,14 +91,14 @@ _EWMA = 0.2
 # Seconds: answers this close always join one clump (one engine step's answers reach the
 # client up to ~30 ms apart through the gateway on a busy machine)...
 _CLUMP = 0.04
-# ...and closer than this share of the pace after a clump's first answer, or once the
-# period is measured (vLLM on a busy CPU: its batch's first answer one step, up to ~0.2
-# of the period, ahead of the others)...
-_GAP = 0.25
+# ...and closer than this share of the pace (vLLM on a busy CPU: part of a batch one
+# step ahead of the rest, ~0.2 of the period, more when that step is slow; the next
+# batch is a whole period on)...
+_GAP = 0.5
 # ...unless the clump began longer ago than this (or this share of the pace): a dense
 # stream is no one clump.
 _CLUMP_SPAN = 0.25
-_SPAN = 0.4
+_SPAN = 0.5
 # Pairs of clumps the pace is measured over: several rounds of a batching GPU, few
 # enough to follow a change within a minute.
 _SAMPLES = 16
@@ -220,6 +222,8 @@ class Turnover:
         if not self._firm or period is None:
             if not self._in_clump or not over:
                 return None  # the first clump is not over: its size is not known yet
+            if self._in_clump == 1 and self._calls > 1:
+                return None  # a batch's leading answer, or one at a time: not known yet
             # A first estimate: the clump's answers per its fastest hold.
             period, clump = self._hold, float(self._in_clump)
         elif not over:
@@ -266,9 +270,7 @@ class Turnover:
 
     def _gap(self) -> float:
         """Seconds without an answer after which the latest clump is over."""
-        if self._in_clump == 1 or self._firm:  # a batch's first answer may lead the rest
-            return max(_CLUMP, _GAP * self._pace())
-        return _CLUMP
+        return max(_CLUMP, _GAP * self._pace())
 
     def _pace(self) -> float:
         """Seconds between clumps: measured once firm, the latest clump's fastest hold

@@ -11,7 +11,7 @@ burst (the 100-call run: 1.2-1.6 s between batches for its first four, 0.8-1.0 s
 
 from __future__ import annotations
 
-__all__ = ["VLLM_30", "VLLM_100"]
+__all__ = ["VLLM_30", "VLLM_30_SPLIT", "VLLM_100"]
 
 # 100 calls at once; a deadline of 78 s (twice the burst unrefused).
 VLLM_100 = [
@@ -149,4 +149,39 @@ VLLM_30 = [
     5.909,
     6.582,
     6.661,
+]
+
+# 30 calls at once, a batch split in two: two answers, then two more 65 ms later (each
+# of the first three batches; 2026-12-02, read as a clump of two per batch time: 99 %).
+VLLM_30_SPLIT = [
+    1.226,
+    1.227,
+    1.292,
+    1.300,
+    2.407,
+    2.408,
+    2.461,
+    2.463,
+    3.766,
+    3.767,
+    3.817,
+    3.819,
+    4.801,
+    4.813,
+    4.859,
+    4.861,
+    5.995,
+    5.997,
+    6.072,
+    6.073,
+    7.266,
+    7.266,
+    7.340,
+    7.340,
+    8.424,
+    8.424,
+    8.525,
+    8.531,
+    9.484,
+    9.484,
 ]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
-from tests.unit._wait_traces import VLLM_30, VLLM_100
+from tests.unit._wait_traces import VLLM_30, VLLM_30_SPLIT, VLLM_100
 
 from herdless._turnover import Turnover
 from herdless._window import SlotTicket, Window, WindowPolicy
@@ -218,8 +218,8 @@ def replay(
     return Replay(window, tickets, granted)
 
 
-TRACES = [VLLM_CLUMPS, EMULATOR, VLLM_30]
-IDS = ["vllm-shaped", "emulator", "vllm-recorded"]
+TRACES = [VLLM_CLUMPS, EMULATOR, VLLM_30, VLLM_30_SPLIT]
+IDS = ["vllm-shaped", "emulator", "vllm-recorded", "vllm-split-batches"]
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=IDS)
@@ -241,19 +241,20 @@ def test_the_first_answer_of_a_batch_ahead_of_the_others_does_not_split_it() -> 
     turnover.answered(0.8)
     turnover.completed(0.847, held=0.8, calls=8)
     turnover.settled(True)
-    # One answer: the rest of its batch may be an engine step behind (a quarter of its
-    # hold, 0.2 s, is waited for); until then only the best case judges.
-    assert turnover.settles_at() == pytest.approx(0.847 + 0.25 * 0.8)
+    # One answer: the rest of its batch may be an engine step behind (half its hold,
+    # 0.4 s, is waited for); until then only the best case judges.
+    assert turnover.settles_at() == pytest.approx(0.847 + 0.5 * 0.8)
     assert turnover.wait(4, now=0.9) is None
     assert turnover.best(4, now=0.9) == 0.0  # the 8 at the backend may all answer now
     for at in VLLM_30[1:4]:
         turnover.answered(0.85)
         turnover.completed(at, held=0.85, calls=8)
         turnover.settled(True)
-    # Two answers or more: over after 40 ms. Four answers per 0.8 s hold.
-    assert turnover.settles_at() == pytest.approx(0.924 + 0.04)
-    assert turnover.wait(4, now=1.0) == pytest.approx(0.847 + 0.8 - 1.0)
-    assert turnover.wait(5, now=1.0) == pytest.approx(0.847 + 1.6 - 1.0)
+    # Over half a hold after its latest answer. Four answers per 0.8 s hold.
+    assert turnover.settles_at() == pytest.approx(0.924 + 0.4)
+    assert turnover.wait(4, now=1.3) is None
+    assert turnover.wait(4, now=1.4) == pytest.approx(0.847 + 0.8 - 1.4)
+    assert turnover.wait(5, now=1.4) == pytest.approx(0.847 + 1.6 - 1.4)
     for at in VLLM_30[4:8]:  # the next batch, 0.9 s on: the pace is measured
         turnover.answered(1.7)
         turnover.completed(at, held=1.7, calls=8)
@@ -303,6 +304,31 @@ def test_a_pace_that_changes_within_the_burst_loses_nobody_with_a_deadline_to_sp
     assert window._turnover.wait(5, now=now) == pytest.approx(26.15 - 26.439 + 2 * period, abs=0.1)
 
 
+def _led(trace: Sequence[float], share: float) -> list[float]:
+    """``trace`` with its first batch's other three answers ``share`` of the first
+    answer's hold behind it (a slow engine step between them)."""
+    led = list(trace)
+    for i in (1, 2, 3):
+        led[i] = trace[0] * (1 + share) + 0.001 * i
+    assert led[3] < led[4]  # still before the next batch
+    return led
+
+
+@pytest.mark.parametrize("share", [0.3, 0.45])
+def test_a_batch_whose_first_answer_leads_by_a_slow_step_is_one_clump(share: float) -> None:
+    """The CI run that read 429 %: a batch's first answer more than a quarter of its
+    hold ahead of the other three (a slow step on a shared CPU). Read as one answer per
+    batch time, every wait was four times too long, and 28 of the 100 calls of the
+    recorded burst left a GPU that would have served them in time. Up to half the hold
+    the four are one clump. (Further behind, the lone answer gives no estimate, but its
+    three others, read as a clump of their own, still give one about twice too long.)"""
+    error = replay(_led(VLLM_30, share)).window.wait_error()
+    assert error["p50"] <= 0.20
+    assert error["p90"] <= 0.50
+    run = replay(_led(VLLM_100, share), end=78.0)
+    assert run.spilled == []
+
+
 def test_a_burst_that_fits_its_deadline_loses_nobody() -> None:
     """Issue 24: 100 calls, 180 s, no fallback; the burst takes about 137 s."""
     run = replay(VLLM_CLUMPS, end=180.0, last=True)
@@ -347,8 +373,12 @@ def test_before_the_pace_is_measured_only_the_best_case_judges() -> None:
     assert turnover.best(7, now=5.05) == 0.0
     assert turnover.best(15, now=5.05) == 0.0
     assert turnover.best(16, now=5.05) == pytest.approx(5.0)
-    # A clump is over after a quarter of its pace without an answer (here 1.25 s).
-    assert turnover.settles_at() == pytest.approx(6.25)
+    # A clump is over after half its pace without an answer (here 2.5 s)...
+    assert turnover.settles_at() == pytest.approx(7.5)
+    # ...and a lone answer of 8 at the backend gives no estimate even then: it may
+    # lead a batch whose others come later still.
+    assert turnover.wait(1, now=8.0) is None
+    assert turnover.best(16, now=8.0) == pytest.approx(5.0)
     _clumps(turnover, [10.0])  # the next clump: one answer, 5 s on: firm
     assert turnover.firm
     assert turnover.best(1, now=10.05) == turnover.wait(1, now=10.05) == pytest.approx(4.95)

@@ -99,6 +99,18 @@ def test_the_file_names_an_unknown_setting_with_its_line(tmp_path: Path) -> None
         read_settings_file(path)
 
 
+def test_a_relative_path_in_the_file_is_relative_to_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    write(folder / "keys.toml", '[keys.team]\nkey = "sk-team"\n')
+    layers = SettingsLayers(
+        environ={}, file=write(folder / "g.toml", 'key_policies = "keys.toml"\n')
+    )
+    assert layers.read().key_policies == folder / "keys.toml"  # whatever the working folder
+    absolute = write(folder / "h.toml", f'key_policies = "{folder / "keys.toml"}"\n')
+    assert read_settings_file(absolute)["key_policies"] == str(folder / "keys.toml")
+
+
 def test_flags_and_variables_win_over_the_file(tmp_path: Path) -> None:
     path = write(tmp_path / "g.toml", "max_queue = 3\nqueue_timeout = 7\nrate = 2\n")
     layers = SettingsLayers(

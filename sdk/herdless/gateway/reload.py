@@ -65,7 +65,9 @@ class ConfigError(ValueError):
 
 
 def read_settings_file(path: Path) -> dict[str, Any]:
-    """The settings a TOML file sets, by name (not validated yet).
+    """The settings a TOML file sets, by name (not validated yet). A relative path in
+    it (``key_policies``) is relative to the file's folder, not to the working folder
+    the gateway was started in.
 
     Raises:
         ConfigError: unreadable, not TOML, or a name that is no setting (line named).
@@ -83,6 +85,9 @@ def read_settings_file(path: Path) -> dict[str, Any]:
         if name == "config" or name not in known:
             why = "the file cannot name another file" if name == "config" else "no such setting"
             raise ConfigError(f"{_where(path, text, name)}: {name}: {why}")
+    policies = values.get("key_policies")
+    if isinstance(policies, str) and not Path(policies).expanduser().is_absolute():
+        values["key_policies"] = str(path.parent / policies)
     return values
 
 

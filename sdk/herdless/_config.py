@@ -235,6 +235,7 @@ class ClientConfig:
         retry = options.get("retry")
         breaker = options.get("breaker")
         hedge = options.get("hedge")
+        llm_d_headers = options.get("llm_d_headers")
         if primary is None:  # the environment says everything not given
             from herdless._settings import env_options  # lazy: pydantic only when needed
 
@@ -248,6 +249,7 @@ class ClientConfig:
             retry = retry or env.retry
             breaker = breaker or env.breaker
             hedge = hedge or env.hedge
+            llm_d_headers = env.llm_d_headers if llm_d_headers is None else llm_d_headers
         return cls(
             primaries=_primaries(primary),
             fallbacks=_as_tuple(fallback),
@@ -262,7 +264,7 @@ class ClientConfig:
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
             stream_deadline=stream_deadline,
             priority=options.get("priority") or "interactive",
-            llm_d_headers=bool(options.get("llm_d_headers", True)),
+            llm_d_headers=True if llm_d_headers is None else bool(llm_d_headers),
         )
 
 

@@ -30,6 +30,7 @@ Variables (all optional unless marked):
 ``HERDLESS_HEDGE_AFTER``               hedge late attempts: seconds, or ``auto``
                                        (``HedgePolicy``; unset: no hedging)
 ``HERDLESS_HEDGE_MAX_SHARE``           at most this share of calls hedge (default 0.05)
+``HERDLESS_LLM_D_HEADERS``             send llm-d's request headers (default true)
 =====================================  ==================================================
 
 A ``HERDLESS_*`` variable that is none of these but close to one (``HERDLESS_PRIMARY_ULR``)
@@ -88,6 +89,7 @@ class _Settings(BaseSettings):
     read_timeout: float | None = None
     hedge_after: str | None = None
     hedge_max_share: float | None = None
+    llm_d_headers: bool | None = None
 
 
 def _policy_fields(cls: type[Any], prefix: str) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class EnvOptions:
     retry: RetryPolicy
     breaker: BreakerPolicy
     hedge: HedgePolicy | None = None
+    llm_d_headers: bool | None = None
 
 
 def _var(field: str) -> str:
@@ -227,6 +230,7 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
         retry=_build(RetryPolicy, _group(settings, "retry_")),
         breaker=_build(BreakerPolicy, _group(settings, "breaker_")),
         hedge=_hedge(settings),
+        llm_d_headers=settings.llm_d_headers,
     )
 
 

@@ -62,6 +62,22 @@ def test_a_client_from_the_environment_hedges(env: pytest.MonkeyPatch) -> None:
         assert client.config.hedge == HedgePolicy(after="auto")  # an argument wins
 
 
+def test_llm_d_headers_can_be_turned_off_from_the_environment(env: pytest.MonkeyPatch) -> None:
+    import herdless
+
+    with herdless.Client(env_file=None) as client:
+        assert client.config.llm_d_headers  # on by default
+    env.setenv("HERDLESS_LLM_D_HEADERS", "false")
+    assert env_options(None).llm_d_headers is False
+    with herdless.Client(env_file=None) as client:
+        assert not client.config.llm_d_headers
+    with herdless.Client(env_file=None, llm_d_headers=True) as client:
+        assert client.config.llm_d_headers  # an argument wins
+    env.setenv("HERDLESS_LLM_D_HEADERS", "sometimes")
+    with pytest.raises(ConfigurationError, match="HERDLESS_LLM_D_HEADERS"):
+        env_options(None)
+
+
 def test_everything_set(env: pytest.MonkeyPatch) -> None:
     for name, value in {
         "PRIMARY_API_KEY": "sk-p",

@@ -20,6 +20,7 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "Encoder",
+    "GenerationRequest",
     "TextEncoder",
     "TokenizeRequest",
     "chat_completion",
@@ -62,47 +63,42 @@ class _StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatRequest(BaseModel):
-    """The fields of a chat completion request the emulator acts on; others are accepted."""
+class GenerationRequest(BaseModel):
+    """What a chat and a text completion request share: the sampling and streaming
+    fields the emulator acts on; others are accepted."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[_Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: _StreamOptions | None = None
     ignore_eos: bool = False
     seed: int | None = None
     n: int = Field(1, ge=1)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(GenerationRequest):
+    """The fields of a chat completion request the emulator acts on; others are accepted."""
+
+    messages: list[_Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
 
     def texts(self) -> list[str]:
         return [m.text() for m in self.messages]
 
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
-
-class CompletionRequest(BaseModel):
+class CompletionRequest(GenerationRequest):
     """A ``/v1/completions`` request: a text prompt, no chat template."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(16, ge=1)  # the completions API's default, as in vLLM
-    stream: bool | None = False
-    stream_options: _StreamOptions | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = Field(1, ge=1)
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else "".join(self.prompt)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class TokenizeRequest(BaseModel):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from typing import TypeVar
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -52,18 +53,55 @@ async def _read(request: Request, kind: type[_Body]) -> tuple[EmulatorState, _Bo
     return state, req
 
 
+class _Prompt(NamedTuple):
+    """What the engine needs of a request's prompt."""
+
+    tokens: int  # prompt tokens, the chat template's included
+    max_tokens: int | None  # the completion's cap as asked (None: up to the context)
+    texts: list[str]  # the texts the answer's seed is drawn from
+
+
+def _chat_prompt(req: wire.ChatRequest) -> _Prompt:
+    texts = req.texts()
+    tokens = (
+        sum(text.count_tokens(t) for t in texts)
+        + text.MESSAGE_OVERHEAD * len(texts)
+        + text.GENERATION_PROMPT
+    )
+    return _Prompt(tokens, req.max_completion_tokens or req.max_tokens, texts)
+
+
+def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
+    prompt = req.text()
+    return _Prompt(max(1, text.count_tokens(prompt)), req.max_tokens, [prompt])
+
+
+_Generation = TypeVar("_Generation", wire.ChatRequest, wire.CompletionRequest)
+
+
 async def _generate(
-    state: EmulatorState,
-    *,
-    prompt: int,
-    max_tokens: int | None,
-    ignore_eos: bool,
-    seed: int,
-    stream: bool,
-    encoder: wire.Encoder,
+    request: Request,
+    kind: type[_Generation],
+    measure: Callable[[_Generation], _Prompt],
+    encoder: type[wire.ChatEncoder | wire.TextEncoder],
+    id_prefix: str,
 ) -> Response:
-    """Check the limits, the faults and the queue cap; then schedule and answer."""
+    """Read a ``kind`` request; check ``n``, the limits, the faults and the queue cap;
+    then schedule it and answer in ``encoder``'s format (ids starting ``id_prefix``)."""
+    read = await _read(request, kind)
+    if isinstance(read, Response):
+        return read
+    state, req = read
+    if req.n != 1:
+        return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
+    prompt, max_tokens, texts = measure(req)
     settings, faults = state.settings, state.faults
+    encode = encoder(
+        id_=wire.new_completion_id(id_prefix),
+        created=int(time.time()),
+        model=settings.model,
+        include_usage=req.include_usage,
+    )
     limit = settings.max_model_len
     if max_tokens is not None and max_tokens > limit:
         return _error(
@@ -97,69 +135,28 @@ async def _generate(
     hold = faults.hold(state.rng)  # the slow fault: held before the first byte
     if faults.extra_latency:
         await asyncio.sleep(faults.extra_latency)
+    seed = text.answer_seed(req.seed, texts)
     seq = Sequence(
         prompt_tokens=prompt,
         max_tokens=max_tokens or limit - prompt,
         content_tokens=None
-        if ignore_eos
+        if req.ignore_eos
         else text.answer_length(seed, settings.answer_min_tokens, settings.answer_max_tokens),
         arrival=state.driver.now(),
     )
     state.driver.submit(seq)
-    respond = StreamGeneration if stream else JsonGeneration
-    return respond(state, seq, seed, encoder, hold=hold)
+    respond = StreamGeneration if req.stream else JsonGeneration
+    return respond(state, seq, seed, encode, hold=hold)
 
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    read = await _read(request, wire.ChatRequest)
-    if isinstance(read, Response):
-        return read
-    state, req = read
-    if req.n != 1:
-        return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
-    texts = req.texts()
-    encoder = wire.ChatEncoder(
-        id_=wire.new_completion_id(),
-        created=int(time.time()),
-        model=state.settings.model,
-        include_usage=req.include_usage,
-    )
-    return await _generate(
-        state,
-        prompt=_chat_prompt_tokens(texts),
-        max_tokens=req.max_completion_tokens or req.max_tokens,
-        ignore_eos=req.ignore_eos,
-        seed=text.answer_seed(req.seed, texts),
-        stream=bool(req.stream),
-        encoder=encoder,
-    )
+    return await _generate(request, wire.ChatRequest, _chat_prompt, wire.ChatEncoder, "chatcmpl")
 
 
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``: a text prompt, ``max_tokens`` 16 by default."""
-    read = await _read(request, wire.CompletionRequest)
-    if isinstance(read, Response):
-        return read
-    state, req = read
-    if req.n != 1:
-        return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
-    prompt = req.text()
-    encoder = wire.TextEncoder(
-        id_=wire.new_completion_id("cmpl"),
-        created=int(time.time()),
-        model=state.settings.model,
-        include_usage=req.include_usage,
-    )
-    return await _generate(
-        state,
-        prompt=max(1, text.count_tokens(prompt)),
-        max_tokens=req.max_tokens,
-        ignore_eos=req.ignore_eos,
-        seed=text.answer_seed(req.seed, [prompt]),
-        stream=bool(req.stream),
-        encoder=encoder,
-    )
+    return await _generate(request, wire.CompletionRequest, _text_prompt, wire.TextEncoder, "cmpl")
 
 
 async def tokenize(request: Request) -> Response:
@@ -185,14 +182,6 @@ async def tokenize(request: Request) -> Response:
         "token_strs": None,
     }
     return json_response(wire.dumps(body))
-
-
-def _chat_prompt_tokens(texts: list[str]) -> int:
-    return (
-        sum(text.count_tokens(t) for t in texts)
-        + text.MESSAGE_OVERHEAD * len(texts)
-        + text.GENERATION_PROMPT
-    )
 
 
 _VOCAB = 49_152  # a small model's vocabulary size; ids 0-15 are left for special tokens

@@ -20,6 +20,7 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "Encoder",
+    "GenerationRequest",
     "TextEncoder",
     "TokenizeRequest",
     "chat_completion",
@@ -62,47 +63,42 @@ class _StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatRequest(BaseModel):
-    """The fields of a chat completion request the emulator acts on; others are accepted."""
+class GenerationRequest(BaseModel):
+    """What a chat and a text completion request share: the sampling and streaming
+    fields the emulator acts on; others are accepted."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[_Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: _StreamOptions | None = None
     ignore_eos: bool = False
     seed: int | None = None
     n: int = Field(1, ge=1)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(GenerationRequest):
+    """The fields of a chat completion request the emulator acts on; others are accepted."""
+
+    messages: list[_Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
 
     def texts(self) -> list[str]:
         return [m.text() for m in self.messages]
 
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
-
-class CompletionRequest(BaseModel):
+class CompletionRequest(GenerationRequest):
     """A ``/v1/completions`` request: a text prompt, no chat template."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(16, ge=1)  # the completions API's default, as in vLLM
-    stream: bool | None = False
-    stream_options: _StreamOptions | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = Field(1, ge=1)
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else "".join(self.prompt)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class TokenizeRequest(BaseModel):
@@ -203,7 +199,31 @@ class Encoder(Protocol):
     ) -> bytes: ...
 
 
-class ChatEncoder:
+class _Encoding:
+    """What both formats share: every SSE event starts with the same head (id, object,
+    creation time, model); the end is the usage event, when asked for, then ``[DONE]``."""
+
+    __slots__ = ("_after_usage", "_created", "_head", "_id", "_include_usage", "_model")
+    _object = ""  # the ``object`` of each streamed event
+
+    def __init__(self, *, id_: str, created: int, model: str, include_usage: bool) -> None:
+        self._id, self._created, self._model = id_, created, model
+        self._head = (
+            f'data: {{"id":"{id_}","object":"{self._object}","created":{created},'
+            f'"model":{json.dumps(model, ensure_ascii=False)},"choices":'
+        )
+        self._include_usage = include_usage
+        self._after_usage = ""  # more fields of the usage event, after ``usage``
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> str:
+        """The usage event (when asked for) and ``[DONE]``."""
+        if not self._include_usage:
+            return DONE
+        usage = _usage(prompt_tokens, completion_tokens)
+        return f'{self._head}[],"usage":{usage}{self._after_usage}}}\n\n{DONE}'
+
+
+class ChatEncoder(_Encoding):
     """SSE events of one streamed chat completion, as strings (encoded once per write).
 
     The first event carries the role; each token's event its text; the
@@ -212,18 +232,15 @@ class ChatEncoder:
     with empty ``choices`` follows; then ``data: [DONE]``.
     """
 
-    __slots__ = ("_created", "_fingerprint", "_head", "_id", "_include_usage", "_model", "_tail")
+    __slots__ = ("_fingerprint", "_tail")
+    _object = "chat.completion.chunk"
     has_role = True
 
     def __init__(self, *, id_: str, created: int, model: str, include_usage: bool) -> None:
-        self._id, self._created, self._model = id_, created, model
-        self._head = (
-            f'data: {{"id":"{id_}","object":"chat.completion.chunk","created":{created},'
-            f'"model":{json.dumps(model, ensure_ascii=False)},"choices":'
-        )
+        super().__init__(id_=id_, created=created, model=model, include_usage=include_usage)
         self._tail = ',"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
         self._fingerprint = json.dumps(system_fingerprint(model))
-        self._include_usage = include_usage
+        self._after_usage = f',"system_fingerprint":{self._fingerprint}'
 
     def role(self) -> str:
         return (
@@ -242,14 +259,6 @@ class ChatEncoder:
             f'{self._head}[{{"index":0,"delta":{{"content":{text_json}}},"logprobs":null,'
             f'"finish_reason":"{reason}","stop_reason":null,"token_ids":null}}]{fingerprint}}}\n\n'
         )
-
-    def end(self, prompt_tokens: int, completion_tokens: int) -> str:
-        """The usage event (when asked for) and ``[DONE]``."""
-        if not self._include_usage:
-            return DONE
-        usage = _usage(prompt_tokens, completion_tokens)
-        fingerprint = f'"system_fingerprint":{self._fingerprint}'
-        return f'{self._head}[],"usage":{usage},{fingerprint}}}\n\n{DONE}'
 
     def body(self, content: str, reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The non-streaming ``chat.completion`` body."""
@@ -272,23 +281,16 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> str:
     )
 
 
-class TextEncoder:
+class TextEncoder(_Encoding):
     """A ``/v1/completions`` answer: ``text_completion`` objects, no role event.
 
     Unlike the chat format, this one was not captured from vLLM 0.32: it follows
     vLLM's response models (``CompletionResponse``, ``CompletionStreamResponse``).
     """
 
-    __slots__ = ("_created", "_head", "_id", "_include_usage", "_model")
+    __slots__ = ()
+    _object = "text_completion"
     has_role = False
-
-    def __init__(self, *, id_: str, created: int, model: str, include_usage: bool) -> None:
-        self._id, self._created, self._model = id_, created, model
-        self._head = (
-            f'data: {{"id":"{id_}","object":"text_completion","created":{created},'
-            f'"model":{json.dumps(model, ensure_ascii=False)},"choices":'
-        )
-        self._include_usage = include_usage
 
     def role(self) -> str:
         return ""
@@ -304,11 +306,6 @@ class TextEncoder:
             f'{self._head}[{{"index":0,"text":{text_json},"logprobs":null,'
             f'"finish_reason":"{reason}","stop_reason":null}}]}}\n\n'
         )
-
-    def end(self, prompt_tokens: int, completion_tokens: int) -> str:
-        if not self._include_usage:
-            return DONE
-        return f'{self._head}[],"usage":{_usage(prompt_tokens, completion_tokens)}}}\n\n{DONE}'
 
     def body(self, content: str, reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The non-streaming ``text_completion`` body."""

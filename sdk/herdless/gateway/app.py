@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -256,13 +257,11 @@ class _Routes:
     async def drain(self, request: Request) -> Response:
         """``POST /admin/drain[?expect=SECONDS]``: ``expect`` announces the window's length:
         refusals then name its end, and requests whose hold outlasts it wait for it."""
-        text = request.query_params.get("expect")
 
         def act() -> dict[str, object] | Response:
-            expect = None if text is None else _seconds(text)
-            if text is not None and expect is None:
-                message = f"expect must be seconds in (0, {_MAX_EXPECT}], got {text[:40]!r}"
-                return _json_error(400, "invalid_request", message)
+            expect = _seconds(request, "expect")
+            if isinstance(expect, Response):
+                return expect
             return {"refused_waiting": self._rt.gate.drain(expect), "expect": expect}
 
         return self._admin(request, "drain", act)
@@ -270,13 +269,11 @@ class _Routes:
     async def resume(self, request: Request) -> Response:
         """``POST /admin/resume[?load_time=SECONDS]``: ``load_time``, what the upstream took
         to load as measured by ``herdless maintain``, is what the next outage promises."""
-        text = request.query_params.get("load_time")
 
         def act() -> dict[str, object] | Response:
-            load = None if text is None else _seconds(text)
-            if text is not None and load is None:
-                message = f"load_time must be seconds in (0, {_MAX_EXPECT}], got {text[:40]!r}"
-                return _json_error(400, "invalid_request", message)
+            load = _seconds(request, "load_time")
+            if isinstance(load, Response):
+                return load
             if load is not None:
                 self._rt.gate.load_time = load
             if self._rt.gate.draining:  # those waiting now were held through the window
@@ -379,13 +376,19 @@ def _deny_admin(request: Request, admin_digest: bytes | None) -> Response | None
     return None
 
 
-def _seconds(text: str) -> float | None:
-    """A window's length in seconds from a query parameter, or ``None`` when it is none."""
+def _seconds(request: Request, name: str) -> float | Response | None:
+    """Query parameter ``name`` as seconds in (0, _MAX_EXPECT], None if absent, else a 400."""
+    text = request.query_params.get(name)
+    if text is None:
+        return None
     try:
         value = float(text)
     except ValueError:
-        return None
-    return value if 0 < value <= _MAX_EXPECT else None
+        value = math.nan
+    if 0 < value <= _MAX_EXPECT:
+        return value
+    message = f"{name} must be seconds in (0, {_MAX_EXPECT}], got {text[:40]!r}"
+    return _json_error(400, "invalid_request", message)
 
 
 def _json(status: int, body: dict[str, object]) -> Response:

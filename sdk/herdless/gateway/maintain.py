@@ -162,18 +162,30 @@ class _Window:
     def admin(self, action: str, **params: float) -> httpx.Response:
         return self.gw.post(f"/admin/{action}", params=params)
 
-    def wait_idle(self) -> bool:
-        """Until nothing runs upstream (True), or ``drain_timeout`` passed (False)."""
-        start = last = self.clock()
-        while (running := int(str(self.status().get("inflight", 0)))) > 0:
+    def _until(
+        self, pending: Callable[[], str | None], *, since: float, timeout: float, every: float
+    ) -> bool:
+        """Poll until ``pending()`` names nothing left (True), or until ``timeout`` seconds
+        after ``since`` (False); says what is still pending every ``every`` seconds."""
+        last = self.clock()
+        while (waiting := pending()) is not None:
             now = self.clock()
-            if now - start > self.s.drain_timeout:
+            if now - since > timeout:
                 return False
-            if now - last >= 1.0:
-                self.say(f"waiting for {running} running requests to finish ({now - start:.0f}s)")
+            if now - last >= every:
+                self.say(f"waiting for {waiting} ({now - since:.0f}s)")
                 last = now
             time.sleep(_POLL)
         return True
+
+    def wait_idle(self) -> bool:
+        """Until nothing runs upstream (True), or ``drain_timeout`` passed (False)."""
+
+        def running() -> str | None:
+            count = int(str(self.status().get("inflight", 0)))
+            return f"{count} running requests to finish" if count > 0 else None
+
+        return self._until(running, since=self.clock(), timeout=self.s.drain_timeout, every=1.0)
 
     def answers(self) -> bool:
         """Whether the upstream is ready and answers one probe request directly."""
@@ -192,15 +204,12 @@ class _Window:
 
     def wait_ready(self, since: float) -> bool:
         """Until the upstream answers (True) or ``ready_timeout`` after ``since`` (False)."""
-        last = self.clock()
-        while not self.answers():
-            now = self.clock()
-            if now - since > self.s.ready_timeout:
-                return False
-            if now - last >= 5.0:
-                self.say(f"waiting for the upstream to load ({now - since:.0f}s)")
-                last = now
-            time.sleep(_POLL)
+
+        def loading() -> str | None:
+            return None if self.answers() else "the upstream to load"
+
+        if not self._until(loading, since=since, timeout=self.s.ready_timeout, every=5.0):
+            return False
         # The gateway admits again only once its own health poll saw it back.
         deadline = self.clock() + 5.0
         while not self.status().get("upstream_ready") and self.clock() < deadline:

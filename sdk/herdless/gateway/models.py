@@ -79,10 +79,8 @@ class ModelList:
         try:
             content = await response.aread()
         except httpx.TransportError as exc:
-            raise UpstreamUnavailable(
-                f"the model server's answer was cut ({type(exc).__name__})",
-                code="upstream_unavailable",
-                down=False,
+            raise UpstreamUnavailable.transport(
+                "the model server's answer was cut", exc, down=False
             ) from exc
         finally:
             await response.aclose()

@@ -117,14 +117,7 @@ def parse_completion_request(
     """
     data = json_object(body)
     tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
-    return TextRequest(
-        prompt_tokens=tokens,
-        sequences=sequences,
-        max_tokens=_max_tokens(data, "max_tokens", max_tokens_cap),
-        generates=True,
-        stream=_stream(data),
-        user=_user(data),
-    )
+    return _generation(data, tokens, sequences, "max_tokens", max_tokens_cap)
 
 
 def parse_response_request(
@@ -161,14 +154,7 @@ def parse_response_request(
             "the request; send it without 'background'",
             param="background",
         )
-    return TextRequest(
-        prompt_tokens=tokens,
-        sequences=1,
-        max_tokens=_max_tokens(data, "max_output_tokens", max_tokens_cap),
-        generates=True,
-        stream=_stream(data),
-        user=_user(data),
-    )
+    return _generation(data, tokens, 1, "max_output_tokens", max_tokens_cap)
 
 
 def parse_embedding_request(
@@ -187,6 +173,21 @@ def parse_embedding_request(
         sequences=sequences,
         max_tokens=None,
         generates=False,
+        user=_user(data),
+    )
+
+
+def _generation(
+    data: dict[str, Any], tokens: int, sequences: int, max_tokens: str, cap: int
+) -> TextRequest:
+    """A request that generates, its cap on completion tokens in the field ``max_tokens``
+    (at most ``cap``), then its ``stream`` and ``user`` fields checked."""
+    return TextRequest(
+        prompt_tokens=tokens,
+        sequences=sequences,
+        max_tokens=_max_tokens(data, max_tokens, cap),
+        generates=True,
+        stream=_stream(data),
         user=_user(data),
     )
 

@@ -58,6 +58,11 @@ class UpstreamUnavailable(Exception):
         self.code = code
         self.down = down
 
+    @classmethod
+    def transport(cls, what: str, exc: httpx.TransportError, *, down: bool) -> UpstreamUnavailable:
+        """``upstream_unavailable``: ``what`` went wrong, ``exc``'s class named after it."""
+        return cls(f"{what} ({type(exc).__name__})", code="upstream_unavailable", down=down)
+
 
 class Upstream:
     """One pooled ``httpx.AsyncClient`` to vLLM.
@@ -148,18 +153,14 @@ class Upstream:
         try:
             return await self._client.send(request, stream=True)
         except httpx.ConnectError as exc:
-            raise UpstreamUnavailable(
-                f"cannot connect to the model server ({type(exc).__name__})",
-                code="upstream_unavailable",
-                down=True,
+            raise UpstreamUnavailable.transport(
+                "cannot connect to the model server", exc, down=True
             ) from exc
         except httpx.TransportError as exc:
             # A timeout or a dropped connection fails this request only: under load it
             # says nothing about the next one, so the upstream is not marked down.
-            raise UpstreamUnavailable(
-                f"the model server gave no response ({type(exc).__name__})",
-                code="upstream_unavailable",
-                down=False,
+            raise UpstreamUnavailable.transport(
+                "the model server gave no response", exc, down=False
             ) from exc
 
     async def health(self) -> str | None:

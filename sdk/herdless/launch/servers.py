@@ -27,9 +27,10 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import httpx
+
+from herdless.launch._process import Launched
 
 __all__ = [
     "ServerProcess",
@@ -86,7 +87,7 @@ def flags(options: Mapping[str, object]) -> list[str]:
     return out
 
 
-class ServerProcess:
+class ServerProcess(Launched):
     """One ``python -m herdless COMMAND ...`` process on ``127.0.0.1:port``.
 
     Args:
@@ -131,6 +132,7 @@ class ServerProcess:
 
     @property
     def pid(self) -> int | None:
+        """The process id once started (``None`` before)."""
         return None if self.process is None else self.process.pid
 
     def start(self, *, wait: bool = True) -> ServerProcess:
@@ -226,19 +228,6 @@ class ServerProcess:
             return self.log_path.read_text(errors="replace")[-tail:]
         except FileNotFoundError:
             return ""
-
-    def __enter__(self) -> ServerProcess:
-        if self.process is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"ServerProcess({' '.join(self.command[:1])}, url={self.url}, pid={self.pid})"

@@ -29,11 +29,11 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
 
+from herdless.launch._process import Launched
 from herdless.launch._vllm_install import (
     MODEL_NAME,
     VllmHome,
@@ -69,7 +69,7 @@ FORCED_TEXT = "x"  # the text of FORCED_TOKEN_ID
 _HEALTH_CEILING_S = float(os.environ.get("HERDLESS_VLLM_START_TIMEOUT") or 180.0)
 
 
-class VllmServer:
+class VllmServer(Launched):
     """One vLLM server process on 127.0.0.1, stopped by its pid.
 
     It can be stopped and started again on the same port (to test an upstream
@@ -213,19 +213,6 @@ class VllmServer:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def __enter__(self) -> VllmServer:
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"VllmServer(url={self.url!r}, pid={self.pid!r})"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.stats import ratio
 from herdless.launch.servers import emulator_process, gateway_process
@@ -249,11 +249,10 @@ def run(p: HedgeParams, out: Path, progress: Progress | None = None) -> list[Sce
 
 
 def _result(p: HedgeParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    by_arm = {row["arm"]: row for row in rows}
-    plain, hedged, reference = by_arm[NO_HEDGE], by_arm[p.hedged], by_arm[REFERENCE]
+    table = Medians(runs)
+    plain, hedged, reference = table[NO_HEDGE], table[p.hedged], table[REFERENCE]
     tail_limit = float(hedged["hedge_delay"]) + float(reference["p99"]) + 0.1
-    return ScenarioResult(
+    return table.result(
         name="hedge",
         title=(
             f"{p.calls} calls at {p.rate:g}/s from one client; the GPU holds "
@@ -279,8 +278,6 @@ def _result(p: HedgeParams, runs: dict[str, list[dict[str, float]]]) -> Scenario
             Column(key="hedge_delay", label="hedge delay s (median)", fmt="{:.3f}"),
             Column(key="errors", label="errors", fmt="{:.1%}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="hedging: p50 / no hedging's p50",

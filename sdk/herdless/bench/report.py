@@ -9,9 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from herdless.bench.stats import median
+from herdless.bench.stats import median, ratio
 
-__all__ = ["Column", "ScenarioResult", "Target", "medians", "write_result"]
+__all__ = ["Column", "Medians", "Runs", "ScenarioResult", "Target", "medians", "write_result"]
+
+Runs = dict[str, list[dict[str, float]]]
+"""Every repetition's figures, per arm (what :func:`herdless.bench.runner.run_arms` returns)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +139,59 @@ def medians(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> list[dict[str,
         row.update({k: median(s.get(k, math.nan) for s in samples) for k in keys})
         rows.append(row)
     return rows
+
+
+class Medians:
+    """Each arm's median figures over its runs: the rows of a result table, found by arm.
+
+    A scenario's table in three steps: ``table = Medians(runs)``; figures relative to a
+    baseline arm added with :meth:`relative` and read back by arm (``table["vtc"]["p95"]``)
+    for the targets; then :meth:`result`, which carries the rows and the raw runs.
+    """
+
+    __slots__ = ("rows", "runs")
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs = runs
+        self.rows = medians(runs)
+
+    def __getitem__(self, arm: str) -> dict[str, Any]:
+        """The row of ``arm`` (``KeyError`` if no arm has that name)."""
+        for row in self.rows:
+            if row["arm"] == arm:
+                return row
+        raise KeyError(arm)
+
+    def relative(self, key: str, figure: str, base: str) -> None:
+        """Give every row ``key``: its ``figure`` over the ``base`` arm's (``nan`` where
+        that is zero or missing)."""
+        baseline = float(self[base][figure])
+        for row in self.rows:
+            row[key] = ratio(float(row[figure]), baseline)
+
+    def result(
+        self,
+        *,
+        name: str,
+        title: str,
+        params: dict[str, Any],
+        columns: list[Column],
+        targets: Sequence[Target] = (),
+        notes: Sequence[str] = (),
+        plots: Sequence[Path] = (),
+    ) -> ScenarioResult:
+        """The scenario's result: these rows and runs, with the rest of its table."""
+        return ScenarioResult(
+            name=name,
+            title=title,
+            params=params,
+            columns=columns,
+            rows=self.rows,
+            runs=self.runs,
+            targets=list(targets),
+            notes=list(notes),
+            plots=list(plots),
+        )
 
 
 def write_result(result: ScenarioResult, out: Path) -> tuple[Path, Path]:

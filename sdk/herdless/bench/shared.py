@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from herdless.bench.plots import rate_panels
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
 from herdless.bench.shared_arms import GIVE_UP, Call, Crowd, arms, chat_body
 from herdless.bench.stats import ratio
@@ -216,9 +216,8 @@ def _result(
     for figures in runs.values():
         for run in figures:
             run["makespan_x"] = ratio(run["makespan"], ideal)
-    rows = medians(runs)
-    by = {str(r["arm"]): r for r in rows}
-    h = by["herdless (shared)"]
+    table = Medians(runs)
+    h = table["herdless (shared)"]
     if gateway:
         title = f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue} on the emulator"
         base = f"ideal = n / slots x service = {ideal:.2f} s (service {service:.3f} s, measured)"
@@ -237,7 +236,7 @@ def _result(
         Target(label=f"{arm} attempts / request", value=float(h["attempts"]), limit=attempts),
         Target(label=f"{arm} {label}", value=float(h["makespan_x"]), limit=makespan),
     ]
-    return ScenarioResult(
+    return table.result(
         name=name,
         title=title,
         params={
@@ -255,8 +254,6 @@ def _result(
             Column(key="makespan", label="makespan (s)"),
             Column(key="makespan_x", label=label),
         ],
-        rows=rows,
-        runs=runs,
         targets=targets,
         notes=[
             "Real processes on 127.0.0.1; every arm in the same run, against the same servers.",

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
@@ -214,9 +214,9 @@ def _until_unready(gateway: str, timeout: float = 10.0) -> None:
 
 
 def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    busy, short, guarded = (rows[0], rows[1], rows[2])
-    return ScenarioResult(
+    table = Medians(runs)
+    busy, short, guarded = table.rows
+    return table.result(
         name="spill",
         title=(
             f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue}, "
@@ -237,8 +237,6 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
             Column(key="lag_p50_ms", label="left the GPU, p50 ms after learning", fmt="{:.1f}"),
             Column(key="lag_max_ms", label="max ms", fmt="{:.1f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="busy GPU, ample deadline: sent to the hosted model",
@@ -271,8 +269,8 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
 
 
 def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    return ScenarioResult(
+    table = Medians(runs)
+    return table.result(
         name="spill-outage",
         title="the vLLM behind the gateway is stopped: the first call",
         params={"repeats": 1},
@@ -281,12 +279,10 @@ def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
             Column(key="hosted", label="answered by the hosted model", fmt="{:.0%}"),
             Column(key="after_503_ms", label="ms from the 503 to the hosted answer", fmt="{:.1f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="first call answered after the 503 (ms)",
-                value=float(rows[0]["after_503_ms"]),
+                value=float(table.rows[0]["after_503_ms"]),
                 limit=200.0,
             )
         ],

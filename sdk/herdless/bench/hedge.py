@@ -39,8 +39,8 @@ from typing import Any
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.stats import ratio
-from herdless.launch.servers import emulator_process, gateway_process
 
 __all__ = ["HedgeParams", "run"]
 
@@ -173,15 +173,10 @@ async def _reference(hosted: str, p: HedgeParams) -> list[tuple[float, str]]:
 def _primary(p: HedgeParams, seed: int) -> Iterator[str]:
     """A fresh slow GPU and its gateway (the same seed: the same calls are slow)."""
     with (
-        emulator_process(
-            model=_GPU_MODEL,
-            slow_rate=p.slow_rate,
-            slow_latency=p.slow_latency,
-            seed=seed,
-            access_log=False,
-            log_level="warning",
+        quiet_emulator(
+            model=_GPU_MODEL, slow_rate=p.slow_rate, slow_latency=p.slow_latency, seed=seed
         ) as gpu,
-        gateway_process(upstream=gpu.url, access_log=False, log_level="warning") as gateway,
+        quiet_gateway(upstream=gpu.url) as gateway,
     ):
         yield f"{gateway.url}/v1"
 
@@ -210,9 +205,7 @@ def run(p: HedgeParams, out: Path, progress: Progress | None = None) -> list[Sce
     def keep(arm: str, results: list[tuple[float, str]]) -> None:
         samples.setdefault(arm, [latency for latency, _ in results])
 
-    with emulator_process(
-        model=_HOSTED_MODEL, access_log=False, log_level="warning"
-    ) as hosted_server:
+    with quiet_emulator(model=_HOSTED_MODEL) as hosted_server:
         hosted = f"{hosted_server.url}/v1"
 
         def herdless_arm(name: str, *, hedge: bool) -> Callable[[int], dict[str, float]]:

@@ -35,8 +35,8 @@ import herdless
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.servers import quiet_emulator
 from herdless.events import BreakerStateChanged, Event, FallbackUsed
-from herdless.launch.servers import emulator_process
 
 __all__ = ["OutageParams", "run"]
 
@@ -87,8 +87,7 @@ class _Log:
 
 @contextlib.contextmanager
 def _servers(p: OutageParams) -> Iterator[tuple[str, str]]:
-    quiet = {"access_log": False, "log_level": "warning", "speed": p.speed}
-    with emulator_process(**quiet) as primary, emulator_process(**quiet) as hosted:  # type: ignore[arg-type]
+    with quiet_emulator(speed=p.speed) as primary, quiet_emulator(speed=p.speed) as hosted:
         yield primary.url, hosted.url
 
 

@@ -29,7 +29,8 @@ import httpx
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.launch.servers import ServerProcess, emulator_process, flags
+from herdless.bench.servers import quiet_emulator, quiet_flags
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["LEVELS", "OverloadParams", "run"]
 
@@ -67,19 +68,11 @@ def _deployment(p: OverloadParams) -> Iterator[str]:
     if p.target is not None:
         yield p.target.rstrip("/")
         return
-    gateway_options = {
-        "max_concurrency": p.slots,
-        "max_queue": p.queue,
-        "queue_timeout": 30,
-        "access_log": False,
-        "log_level": "warning",
-    }
+    gateway_options = {"max_concurrency": p.slots, "max_queue": p.queue, "queue_timeout": 30}
     with (
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as vllm,
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as vllm,
         ServerProcess(
-            ["serve", "--upstream", vllm.url, *flags(gateway_options)],
+            ["serve", "--upstream", vllm.url, *quiet_flags(gateway_options)],
             ready_path="/readyz",  # measured only once the gateway sees vLLM ready
         ) as gateway,
     ):

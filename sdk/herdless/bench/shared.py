@@ -38,9 +38,10 @@ import httpx
 from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
+from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.shared_arms import GIVE_UP, Call, Crowd, arms, chat_body
 from herdless.bench.stats import ratio
-from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["SharedParams", "run"]
 
@@ -115,16 +116,9 @@ async def _service(url: str, p: SharedParams, model: str) -> float:
 @contextlib.contextmanager
 def _gateway_case(p: SharedParams) -> Iterator[str]:
     with (
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as vllm,
-        gateway_process(
-            upstream=vllm.url,
-            max_concurrency=p.slots,
-            max_queue=p.queue,
-            queue_timeout=GIVE_UP,
-            access_log=False,
-            log_level="warning",
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as vllm,
+        quiet_gateway(
+            upstream=vllm.url, max_concurrency=p.slots, max_queue=p.queue, queue_timeout=GIVE_UP
         ) as gateway,
     ):
         yield f"{gateway.url}/v1"
@@ -132,13 +126,7 @@ def _gateway_case(p: SharedParams) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _vllm_case(p: SharedParams, queued: int | None) -> Iterator[ServerProcess]:
-    with emulator_process(
-        speed=p.speed,
-        max_num_seqs=p.slots,
-        max_num_queued_reqs=queued,
-        access_log=False,
-        log_level="warning",
-    ) as vllm:
+    with quiet_emulator(speed=p.speed, max_num_seqs=p.slots, max_num_queued_reqs=queued) as vllm:
         yield vllm
 
 

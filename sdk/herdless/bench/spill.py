@@ -29,7 +29,8 @@ import httpx
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.bench.servers import quiet_emulator, quiet_gateway
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["SpillParams", "run"]
 
@@ -149,19 +150,15 @@ async def _outage(gateway: str, hosted: str, tokens: int) -> dict[str, float]:
 def _stack(p: SpillParams) -> Iterator[tuple[ServerProcess, str, str]]:
     """The emulated GPU, the gateway in front of it, and a fast emulated hosted model."""
     with (
-        emulator_process(max_num_seqs=p.slots, access_log=False, log_level="warning") as gpu,
-        emulator_process(
-            model="hosted-model", speed=50.0, access_log=False, log_level="warning"
-        ) as hosted,
-        gateway_process(
+        quiet_emulator(max_num_seqs=p.slots) as gpu,
+        quiet_emulator(model="hosted-model", speed=50.0) as hosted,
+        quiet_gateway(
             upstream=gpu.url,
             max_concurrency=p.slots,
             max_queue=p.queue,
             queue_timeout=120,
             health_interval=0.25,
             upstream_retry_after=5.0,
-            access_log=False,
-            log_level="warning",
         ) as gateway,
     ):
         yield gpu, f"{gateway.url}/v1", f"{hosted.url}/v1"

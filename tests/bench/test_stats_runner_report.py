@@ -14,6 +14,7 @@ from herdless.bench.report import (
     Medians,
     ScenarioResult,
     Target,
+    knobs,
     medians,
     write_result,
 )
@@ -87,6 +88,20 @@ def test_medians_find_rows_by_arm_add_relative_figures_and_carry_the_runs() -> N
     zero = Medians({"a": [{"x": 1.0}], "z": [{"x": 0.0}]})
     zero.relative("x_rel", "x", base="z")
     assert math.isnan(zero["a"]["x_rel"])
+
+
+def test_knobs_are_the_parameters_fields_in_order_but_those_left_out() -> None:
+    from herdless.bench.spill import SpillParams
+
+    p = SpillParams(n=3)
+    assert knobs(p, leave_out={"deadline", "short_deadline"}) == {
+        "n": 3,
+        "slots": p.slots,
+        "queue": p.queue,
+        "max_tokens": p.max_tokens,
+        "repeats": p.repeats,
+    }
+    assert list(knobs(p))[-3:] == ["deadline", "short_deadline", "repeats"]
 
 
 def test_target_met_and_missing() -> None:

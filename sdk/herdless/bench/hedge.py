@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.stats import ratio
@@ -251,21 +251,9 @@ def _result(p: HedgeParams, runs: dict[str, list[dict[str, float]]]) -> Scenario
             f"{p.calls} calls at {p.rate:g}/s from one client; the GPU holds "
             f"{p.slow_rate:.0%} of its requests {p.slow_latency:g} s before the first byte"
         ),
-        params={
-            "calls": p.calls,
-            "rate": p.rate,
-            "slow_rate": p.slow_rate,
-            "slow_latency": p.slow_latency,
-            "max_tokens": p.max_tokens,
-            "max_share": p.max_share,
-            "repeats": p.repeats,
-            "seed": p.seed,
-        },
+        params=knobs(p, leave_out={"reference_calls"}),
         columns=[
-            Column(key="p50", label="p50 s", fmt="{:.3f}"),
-            Column(key="p90", label="p90 s", fmt="{:.3f}"),
-            Column(key="p99", label="p99 s", fmt="{:.3f}"),
-            Column(key="max", label="max s", fmt="{:.3f}"),
+            *(Column(key=q, label=f"{q} s", fmt="{:.3f}") for q in ("p50", "p90", "p99", "max")),
             Column(key="fallback_share", label="answered by the fallback", fmt="{:.1%}"),
             Column(key="hedge_share", label="calls that hedged", fmt="{:.1%}"),
             Column(key="hedge_delay", label="hedge delay s (median)", fmt="{:.3f}"),

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from herdless.bench.stats import median, ratio
 
-__all__ = ["Column", "Medians", "Runs", "ScenarioResult", "Target", "medians", "write_result"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = [
+    "Column",
+    "Medians",
+    "Runs",
+    "ScenarioResult",
+    "Target",
+    "knobs",
+    "medians",
+    "write_result",
+]
 
 Runs = dict[str, list[dict[str, float]]]
 """Every repetition's figures, per arm (what :func:`herdless.bench.runner.run_arms` returns)."""
@@ -139,6 +151,12 @@ def medians(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> list[dict[str,
         row.update({k: median(s.get(k, math.nan) for s in samples) for k in keys})
         rows.append(row)
     return rows
+
+
+def knobs(params: DataclassInstance, *, leave_out: Collection[str] = ()) -> dict[str, Any]:
+    """What a table states its scenario ran with: every field of its parameters (a
+    dataclass), in their order, but those in ``leave_out``."""
+    return {f.name: getattr(params, f.name) for f in fields(params) if f.name not in leave_out}
 
 
 class Medians:

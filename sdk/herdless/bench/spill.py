@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.launch.servers import ServerProcess
@@ -219,13 +219,7 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
             f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue}, "
             "an external hosted model as fallback"
         ),
-        params={
-            "n": p.n,
-            "slots": p.slots,
-            "queue": p.queue,
-            "max_tokens": p.max_tokens,
-            "repeats": p.repeats,
-        },
+        params=knobs(p, leave_out={"deadline", "short_deadline"}),
         columns=[
             Column(key="gpu", label="served by the GPU", fmt="{:.0%}"),
             Column(key="hosted", label="sent to the hosted model", fmt="{:.0%}"),

@@ -19,7 +19,8 @@ from herdless.bench.fairness_stats import (
     throughput,
     window_jain,
 )
-from herdless.bench.report import Column, Medians, Runs, ScenarioResult, Target
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.runner import Runs
 from herdless.bench.stats import ratio
 from herdless.gateway.core.service import jain_index
 

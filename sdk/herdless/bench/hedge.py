@@ -38,7 +38,7 @@ from typing import Any
 
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.runner import Arm, Progress, Runs, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.stats import ratio
 
@@ -241,7 +241,7 @@ def run(p: HedgeParams, out: Path, progress: Progress | None = None) -> list[Sce
     return [result]
 
 
-def _result(p: HedgeParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
+def _result(p: HedgeParams, runs: Runs) -> ScenarioResult:
     table = Medians(runs)
     plain, hedged, reference = table[NO_HEDGE], table[p.hedged], table[REFERENCE]
     tail_limit = float(hedged["hedge_delay"]) + float(reference["p99"]) + 0.1

@@ -33,8 +33,8 @@ from pathlib import Path
 from herdless.bench.herd_arms import ARMS, CallFactory
 from herdless.bench.herd_server import HerdServer, ServerParams
 from herdless.bench.plots import rate_panels
-from herdless.bench.report import Column, Medians, Runs, ScenarioResult, Target
-from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.runner import Arm, GaveUp, Progress, Runs, run_arms
 from herdless.bench.stats import peak_rate
 from herdless.bench.vtime import run_virtual
 
@@ -167,7 +167,7 @@ def _result(
         until=min(40.0, 1 + max((max(a) for a in arrivals.values() if a), default=0.0)),
     )
     targets = []
-    if cooperative and "herdless" in table.runs:
+    if cooperative and "herdless" in table:
         h = table["herdless"]
         # Every first attempt is refused by construction: 2.0 attempts per request is
         # the floor for any client, so two targets cannot be met as the issue words them.

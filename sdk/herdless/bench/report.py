@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from herdless.bench.runner import Runs
 from herdless.bench.stats import median, ratio
 
 if TYPE_CHECKING:
@@ -17,16 +18,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Column",
     "Medians",
-    "Runs",
     "ScenarioResult",
     "Target",
     "knobs",
     "medians",
     "write_result",
 ]
-
-Runs = dict[str, list[dict[str, float]]]
-"""Every repetition's figures, per arm (what :func:`herdless.bench.runner.run_arms` returns)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +78,7 @@ class ScenarioResult:
     params: dict[str, Any]
     columns: list[Column]
     rows: list[dict[str, Any]]
-    runs: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    runs: Runs = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
@@ -172,6 +169,9 @@ class Medians:
     def __init__(self, runs: Runs) -> None:
         self.runs = runs
         self.rows = medians(runs)
+
+    def __contains__(self, arm: object) -> bool:
+        return arm in self.runs
 
     def __getitem__(self, arm: str) -> dict[str, Any]:
         """The row of ``arm`` (``KeyError`` if no arm has that name)."""

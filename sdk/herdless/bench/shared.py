@@ -37,7 +37,7 @@ import httpx
 
 from herdless.bench.plots import rate_panels
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
-from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
+from herdless.bench.runner import Arm, GaveUp, Progress, Runs, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.shared_arms import GIVE_UP, Call, Crowd, arms, chat_body
 from herdless.bench.stats import ratio
@@ -136,7 +136,7 @@ def _measure(
     crowds: dict[str, Crowd],
     progress: Progress | None,
     arrivals: dict[str, list[float]] | None = None,
-) -> dict[str, list[dict[str, float]]]:
+) -> Runs:
     """Every arm, interleaved; ``arrivals`` gets each arm's send times of its first run."""
 
     def arm(name: str, crowd: Crowd) -> Arm:
@@ -195,7 +195,7 @@ def _plot(
 def _result(
     name: str,
     p: SharedParams,
-    runs: dict[str, list[dict[str, float]]],
+    runs: Runs,
     ideal: float,
     service: float,
     *,

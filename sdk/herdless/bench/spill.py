@@ -28,7 +28,7 @@ import httpx
 
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.runner import Arm, Progress, Runs, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.launch.servers import ServerProcess
 
@@ -210,7 +210,7 @@ def _until_unready(gateway: str, timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
+def _crowd_result(p: SpillParams, runs: Runs) -> ScenarioResult:
     table = Medians(runs)
     busy, short, guarded = table.rows
     return table.result(
@@ -259,7 +259,7 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
     )
 
 
-def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
+def _outage_result(runs: Runs) -> ScenarioResult:
     table = Medians(runs)
     return table.result(
         name="spill-outage",

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from herdless.bench.plots import table_bars
-from herdless.bench.report import Column, ScenarioResult, Target, medians, write_result
+from herdless.bench.report import (
+    Column,
+    Medians,
+    ScenarioResult,
+    Target,
+    knobs,
+    medians,
+    write_result,
+)
 from herdless.bench.runner import Arm, interleaved_order, run_arms
 from herdless.bench.stats import median, peak_rate, ratio
 
@@ -63,6 +71,37 @@ def test_run_arms_gives_each_repetition_its_seed_and_reports_progress() -> None:
     assert runs == {"a": [{"x": 10.0}, {"x": 11.0}], "b": [{"x": 10.0}, {"x": 11.0}]}
     assert progress == ["a #1", "b #1", "b #2", "a #2"]
     assert medians(runs) == [{"arm": "a", "x": 10.5}, {"arm": "b", "x": 10.5}]
+
+
+def test_medians_find_rows_by_arm_add_relative_figures_and_carry_the_runs() -> None:
+    runs = {"base": [{"x": 2.0}, {"x": 4.0}], "b": [{"x": 6.0}, {"x": 6.0}], "z": [{"x": 0.0}]}
+    table = Medians(runs)
+    table.relative("x_rel", "x", base="base")
+    assert table["b"] == {"arm": "b", "x": 6.0, "x_rel": 2.0}
+    assert table["base"]["x_rel"] == 1.0
+    with pytest.raises(KeyError):
+        table["missing"]
+    result = table.result(name="n", title="t", params={}, columns=[Column(key="x", label="x")])
+    assert result.rows is table.rows
+    assert result.runs is runs
+    assert (result.targets, result.notes, result.plots) == ([], [], [])
+    zero = Medians({"a": [{"x": 1.0}], "z": [{"x": 0.0}]})
+    zero.relative("x_rel", "x", base="z")
+    assert math.isnan(zero["a"]["x_rel"])
+
+
+def test_knobs_are_the_parameters_fields_in_order_but_those_left_out() -> None:
+    from herdless.bench.spill import SpillParams
+
+    p = SpillParams(n=3)
+    assert knobs(p, leave_out={"deadline", "short_deadline"}) == {
+        "n": 3,
+        "slots": p.slots,
+        "queue": p.queue,
+        "max_tokens": p.max_tokens,
+        "repeats": p.repeats,
+    }
+    assert list(knobs(p))[-3:] == ["deadline", "short_deadline", "repeats"]
 
 
 def test_target_met_and_missing() -> None:

@@ -51,7 +51,7 @@ from herdless.bench.fairness_stats import CallRecord, FairnessParams, cumulative
 from herdless.bench.plots import service_panels
 from herdless.bench.report import ScenarioResult
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.launch.servers import emulator_process, gateway_process
+from herdless.bench.servers import quiet_emulator, quiet_gateway
 
 __all__ = ["ARMS", "RESERVES", "run"]
 
@@ -187,12 +187,8 @@ def _crowd(*, batch: bool, priorities: bool, hosted: str) -> Load:
 def _emulators(p: FairnessParams) -> Iterator[tuple[str, str]]:
     """The GPU, and a small hosted model (the batch user's external fallback)."""
     with (
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as gpu,
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as hosted,
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as gpu,
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as hosted,
     ):
         yield gpu.url, f"{hosted.url}/v1"
 
@@ -215,13 +211,11 @@ def _measure(
     def arm(name: str, flags: dict[str, Any], load: Load) -> Arm:
         def once(seed: int) -> dict[str, float]:
             records: list[CallRecord] = []
-            with gateway_process(
+            with quiet_gateway(
                 upstream=gpu,
                 max_concurrency=p.slots,
                 max_queue=p.queue,
                 queue_timeout=120,
-                access_log=False,
-                log_level="warning",
                 **flags,
             ) as gateway:
                 asyncio.run(load(f"{gateway.url}/v1", p, seed, records))

@@ -19,7 +19,8 @@ from herdless.bench.fairness_stats import (
     throughput,
     window_jain,
 )
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.runner import Runs
 from herdless.bench.stats import ratio
 from herdless.gateway.core.service import jain_index
 
@@ -31,8 +32,6 @@ __all__ = [
     "window_figures",
     "window_table",
 ]
-
-Runs = dict[str, list[dict[str, float]]]
 
 _MEASURED = (
     "Real processes on 127.0.0.1; every arm in the same run, against the same emulator; "
@@ -77,10 +76,9 @@ def tokens_figures(records: Sequence[CallRecord], p: FairnessParams) -> dict[str
 
 def tokens_table(runs: Runs, p: FairnessParams) -> ScenarioResult:
     """Scenario 1's table."""
-    rows = medians(runs)
-    by = {str(row["arm"]): row for row in rows}
-    vtc, rr = by["vtc"], by["round-robin"]
-    return ScenarioResult(
+    table = Medians(runs)
+    vtc, rr = table["vtc"], table["round-robin"]
+    return table.result(
         name="fairness-tokens",
         title=(
             f"two backlogged users of one key, {p.long_tokens}-token against "
@@ -95,8 +93,6 @@ def tokens_table(runs: Runs, p: FairnessParams) -> ScenarioResult:
             Column(key="window_jain_min", label="Jain (worst window)", fmt="{:.3f}"),
             Column(key="errors", label="errors", fmt="{:.0f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(label="vtc: larger / smaller service", value=vtc["ratio"], limit=1.10),
             Target(label="vtc: Jain over the two", value=vtc["jain"], limit=0.99, at_least=True),
@@ -151,9 +147,9 @@ def priority_table(runs: Runs, p: FairnessParams, *, baseline: str) -> ScenarioR
         for run in figures:
             run["p95_x"] = ratio(run["p95"], base_p95)
             run["throughput_x"] = math.nan if arm == baseline else ratio(run["throughput"], fcfs)
-    rows = medians(runs)
-    vtc = next(row for row in rows if row["arm"] == "vtc")
-    return ScenarioResult(
+    table = Medians(runs)
+    vtc = table["vtc"]
+    return table.result(
         name="fairness-priority",
         title=(
             f"{p.users} interactive users and one batch user ({p.batch_calls} calls "
@@ -178,8 +174,6 @@ def priority_table(runs: Runs, p: FairnessParams, *, baseline: str) -> ScenarioR
             Column(key="throughput", label="GPU tokens/s", fmt="{:.0f}"),
             Column(key="throughput_x", label="throughput / fcfs"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(label="vtc: chat p95 / without batch", value=vtc["p95_x"], limit=1.2),
             Target(label="vtc: batch errors seen by its code", value=vtc["batch_errors"], limit=0),
@@ -231,9 +225,9 @@ def window_figures(records: Sequence[CallRecord], p: FairnessParams) -> dict[str
 
 def window_table(runs: Runs, p: FairnessParams) -> ScenarioResult:
     """Scenario 3's table."""
-    rows = medians(runs)
-    vtc = next(row for row in rows if row["arm"] == "vtc")
-    return ScenarioResult(
+    table = Medians(runs)
+    vtc = table["vtc"]
+    return table.result(
         name="fairness-no-priority",
         title=(
             f"the same {p.users} interactive users and batch user, no priority set "
@@ -247,8 +241,6 @@ def window_table(runs: Runs, p: FairnessParams) -> ScenarioResult:
             Column(key="p95", label="chat p95 (s)"),
             Column(key="throughput", label="GPU tokens/s", fmt="{:.0f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label=f"vtc: Jain over the backlogged users, every {p.window:g} s window",

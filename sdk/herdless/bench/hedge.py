@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
+from herdless.bench.runner import Arm, Progress, Runs, run_arms
+from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.stats import ratio
-from herdless.launch.servers import emulator_process, gateway_process
 
 __all__ = ["HedgeParams", "run"]
 
@@ -173,15 +173,10 @@ async def _reference(hosted: str, p: HedgeParams) -> list[tuple[float, str]]:
 def _primary(p: HedgeParams, seed: int) -> Iterator[str]:
     """A fresh slow GPU and its gateway (the same seed: the same calls are slow)."""
     with (
-        emulator_process(
-            model=_GPU_MODEL,
-            slow_rate=p.slow_rate,
-            slow_latency=p.slow_latency,
-            seed=seed,
-            access_log=False,
-            log_level="warning",
+        quiet_emulator(
+            model=_GPU_MODEL, slow_rate=p.slow_rate, slow_latency=p.slow_latency, seed=seed
         ) as gpu,
-        gateway_process(upstream=gpu.url, access_log=False, log_level="warning") as gateway,
+        quiet_gateway(upstream=gpu.url) as gateway,
     ):
         yield f"{gateway.url}/v1"
 
@@ -210,9 +205,7 @@ def run(p: HedgeParams, out: Path, progress: Progress | None = None) -> list[Sce
     def keep(arm: str, results: list[tuple[float, str]]) -> None:
         samples.setdefault(arm, [latency for latency, _ in results])
 
-    with emulator_process(
-        model=_HOSTED_MODEL, access_log=False, log_level="warning"
-    ) as hosted_server:
+    with quiet_emulator(model=_HOSTED_MODEL) as hosted_server:
         hosted = f"{hosted_server.url}/v1"
 
         def herdless_arm(name: str, *, hedge: bool) -> Callable[[int], dict[str, float]]:
@@ -248,39 +241,24 @@ def run(p: HedgeParams, out: Path, progress: Progress | None = None) -> list[Sce
     return [result]
 
 
-def _result(p: HedgeParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    by_arm = {row["arm"]: row for row in rows}
-    plain, hedged, reference = by_arm[NO_HEDGE], by_arm[p.hedged], by_arm[REFERENCE]
+def _result(p: HedgeParams, runs: Runs) -> ScenarioResult:
+    table = Medians(runs)
+    plain, hedged, reference = table[NO_HEDGE], table[p.hedged], table[REFERENCE]
     tail_limit = float(hedged["hedge_delay"]) + float(reference["p99"]) + 0.1
-    return ScenarioResult(
+    return table.result(
         name="hedge",
         title=(
             f"{p.calls} calls at {p.rate:g}/s from one client; the GPU holds "
             f"{p.slow_rate:.0%} of its requests {p.slow_latency:g} s before the first byte"
         ),
-        params={
-            "calls": p.calls,
-            "rate": p.rate,
-            "slow_rate": p.slow_rate,
-            "slow_latency": p.slow_latency,
-            "max_tokens": p.max_tokens,
-            "max_share": p.max_share,
-            "repeats": p.repeats,
-            "seed": p.seed,
-        },
+        params=knobs(p, leave_out={"reference_calls"}),
         columns=[
-            Column(key="p50", label="p50 s", fmt="{:.3f}"),
-            Column(key="p90", label="p90 s", fmt="{:.3f}"),
-            Column(key="p99", label="p99 s", fmt="{:.3f}"),
-            Column(key="max", label="max s", fmt="{:.3f}"),
+            *(Column(key=q, label=f"{q} s", fmt="{:.3f}") for q in ("p50", "p90", "p99", "max")),
             Column(key="fallback_share", label="answered by the fallback", fmt="{:.1%}"),
             Column(key="hedge_share", label="calls that hedged", fmt="{:.1%}"),
             Column(key="hedge_delay", label="hedge delay s (median)", fmt="{:.3f}"),
             Column(key="errors", label="errors", fmt="{:.1%}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="hedging: p50 / no hedging's p50",

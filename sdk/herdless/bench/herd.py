@@ -33,9 +33,9 @@ from pathlib import Path
 from herdless.bench.herd_arms import ARMS, CallFactory
 from herdless.bench.herd_server import HerdServer, ServerParams
 from herdless.bench.plots import rate_panels
-from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
-from herdless.bench.stats import peak_rate, ratio
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.runner import Arm, GaveUp, Progress, Runs, run_arms
+from herdless.bench.stats import peak_rate
 from herdless.bench.vtime import run_virtual
 
 __all__ = ["HerdParams", "run", "simulate"]
@@ -122,13 +122,11 @@ def run(params: HerdParams, out: Path, progress: Progress | None = None) -> list
             params, server=dataclasses.replace(params.server, cooperative=cooperative)
         )
         runs, first_arrivals = _run_arms(p, progress)
-        results.append(_result(name, cooperative, p, runs, medians(runs), first_arrivals, out))
+        results.append(_result(name, cooperative, p, Medians(runs), first_arrivals, out))
     return results
 
 
-def _run_arms(
-    p: HerdParams, progress: Progress | None
-) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[float]]]:
+def _run_arms(p: HerdParams, progress: Progress | None) -> tuple[Runs, dict[str, list[float]]]:
     """Every arm, interleaved and repeated; also the arrivals of each arm's first run (to plot)."""
     first_arrivals: dict[str, list[float]] = {}
 
@@ -148,15 +146,12 @@ def _result(
     name: str,
     cooperative: bool,
     p: HerdParams,
-    runs: dict[str, list[dict[str, float]]],
-    rows: list[dict[str, float | str]],
+    table: Medians,
     arrivals: dict[str, list[float]],
     out: Path,
 ) -> ScenarioResult:
-    by_arm = {str(r["arm"]): r for r in rows}
-    base_attempts = float(by_arm[_BASELINE]["attempts"])
-    for row in rows:
-        row["attempts_vs_no_jitter"] = ratio(float(row["attempts"]), base_attempts)
+    table.relative("attempts_vs_no_jitter", "attempts", base=_BASELINE)
+    base_attempts = float(table[_BASELINE]["attempts"])
     server = (
         "the herdless gateway (staggered Retry-After)"
         if cooperative
@@ -172,8 +167,8 @@ def _result(
         until=min(40.0, 1 + max((max(a) for a in arrivals.values() if a), default=0.0)),
     )
     targets = []
-    if cooperative and "herdless" in by_arm:
-        h = by_arm["herdless"]
+    if cooperative and "herdless" in table:
+        h = table["herdless"]
         # Every first attempt is refused by construction: 2.0 attempts per request is
         # the floor for any client, so two targets cannot be met as the issue words them.
         floor_vs_base = _FLOOR / base_attempts
@@ -201,7 +196,7 @@ def _result(
             ),
         ]
     sv = p.server
-    return ScenarioResult(
+    return table.result(
         name=name,
         title=title,
         params={
@@ -216,8 +211,6 @@ def _result(
             "seed": p.seed,
         },
         columns=[*COLUMNS, Column(key="attempts_vs_no_jitter", label="attempts vs no-jitter")],
-        rows=rows,
-        runs=runs,
         targets=targets,
         notes=[
             "Virtual time: real client code (openai, tenacity, herdless) on an event loop "

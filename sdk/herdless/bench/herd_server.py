@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from herdless.bench.answers import chat_completion
 from herdless.bench.vtime import VirtualClock
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Enqueued, Refuse
@@ -128,19 +129,7 @@ class HerdServer:
 
 def completion_body() -> bytes:
     """A minimal OpenAI chat completion."""
-    return json.dumps(
-        {
-            "id": "chatcmpl-herd",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "herd",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "ok"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
-        }
-    ).encode()
+    answer = chat_completion(
+        id_="chatcmpl-herd", model="herd", content="ok", prompt_tokens=8, completion_tokens=1
+    )
+    return json.dumps(answer).encode()

@@ -33,10 +33,10 @@ import httpx
 
 import herdless
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.servers import quiet_emulator
 from herdless.events import BreakerStateChanged, Event, FallbackUsed
-from herdless.launch.servers import emulator_process
 
 __all__ = ["OutageParams", "run"]
 
@@ -87,8 +87,7 @@ class _Log:
 
 @contextlib.contextmanager
 def _servers(p: OutageParams) -> Iterator[tuple[str, str]]:
-    quiet = {"access_log": False, "log_level": "warning", "speed": p.speed}
-    with emulator_process(**quiet) as primary, emulator_process(**quiet) as hosted:  # type: ignore[arg-type]
+    with quiet_emulator(speed=p.speed) as primary, quiet_emulator(speed=p.speed) as hosted:
         yield primary.url, hosted.url
 
 
@@ -167,17 +166,17 @@ def run(p: OutageParams, progress: Progress | None = None) -> list[ScenarioResul
             ),
         ]
         runs = run_arms(arms, repeats=p.repeats, seed=0, progress=progress)
-    rows = medians(runs)
-    direct, outage = rows[0], rows[1]
+    table = Medians(runs)
+    direct, outage = table.rows
     added_ms = (float(outage["fallback_p50"]) - float(direct["direct_p50"])) * 1000
     outage["added_ms"] = added_ms
     ms = 1000.0
-    for row in rows:
+    for row in table.rows:
         for key in ("direct_p50", "fallback_p50"):
             if key in row:
                 row[key] = float(row[key]) * ms
     return [
-        ScenarioResult(
+        table.result(
             name="outage",
             title="the primary hangs, then recovers; one app, a shared client",
             params={
@@ -200,8 +199,6 @@ def run(p: OutageParams, progress: Progress | None = None) -> list[ScenarioResul
                 Column(key="failed", label="calls failed", fmt="{:.0f}"),
                 Column(key="calls", label="calls", fmt="{:.0f}"),
             ],
-            rows=rows,
-            runs=runs,
             targets=[
                 Target(label="added latency, breaker open (ms)", value=added_ms, limit=5.0),
                 Target(

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import httpx
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.bench.stats import ratio
-from herdless.launch.servers import ServerProcess, emulator_process, flags
+from herdless.bench.servers import quiet_emulator, quiet_flags
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["LEVELS", "OverloadParams", "run"]
 
@@ -68,19 +68,11 @@ def _deployment(p: OverloadParams) -> Iterator[str]:
     if p.target is not None:
         yield p.target.rstrip("/")
         return
-    gateway_options = {
-        "max_concurrency": p.slots,
-        "max_queue": p.queue,
-        "queue_timeout": 30,
-        "access_log": False,
-        "log_level": "warning",
-    }
+    gateway_options = {"max_concurrency": p.slots, "max_queue": p.queue, "queue_timeout": 30}
     with (
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as vllm,
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as vllm,
         ServerProcess(
-            ["serve", "--upstream", vllm.url, *flags(gateway_options)],
+            ["serve", "--upstream", vllm.url, *quiet_flags(gateway_options)],
             ready_path="/readyz",  # measured only once the gateway sees vLLM ready
         ) as gateway,
     ):
@@ -187,6 +179,10 @@ def _params(p: OverloadParams, capacity: float) -> dict[str, object]:
     }
 
 
+def _name(level: float) -> str:
+    return f"{level:g}x capacity"
+
+
 def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioResult]:
     """Measure the capacity, then every level interleaved; returns the result table."""
     with _deployment(p) as url:
@@ -195,18 +191,15 @@ def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioRes
 
         def arm(level: float) -> Arm:
             return Arm(
-                name=f"{level:g}x capacity",
+                name=_name(level),
                 run=lambda seed: asyncio.run(_level(url, p, body, level * capacity, capacity)),
             )
 
         runs = run_arms([arm(x) for x in LEVELS], repeats=p.repeats, seed=0, progress=progress)
-    rows = medians(runs)
-    base_p99 = float(rows[0]["p99"])
-    for row in rows:
-        row["p99_x"] = ratio(float(row["p99"]), base_p99)
-    by = {str(r["arm"]): r for r in rows}
+    table = Medians(runs)
+    table.relative("p99_x", "p99", base=_name(LEVELS[0]))
     return [
-        ScenarioResult(
+        table.result(
             name="overload",
             title="steady offered load against the gateway in front of one GPU",
             params=_params(p, capacity),
@@ -218,29 +211,33 @@ def run(p: OverloadParams, progress: Progress | None = None) -> list[ScenarioRes
                 Column(key="refused", label="refused", fmt="{:.1%}"),
                 Column(key="errors", label="errors", fmt="{:.0f}"),
             ],
-            rows=rows,
-            runs=runs,
             targets=[
                 Target(
                     label="goodput at 2x",
-                    value=float(by["2x capacity"]["goodput_x"]),
+                    value=float(table["2x capacity"]["goodput_x"]),
                     limit=0.90,
                     at_least=True,
                 ),
                 Target(
                     label="goodput at 4x",
-                    value=float(by["4x capacity"]["goodput_x"]),
+                    value=float(table["4x capacity"]["goodput_x"]),
                     limit=0.85,
                     at_least=True,
                 ),
                 Target(
-                    label="p99 at 2x / at 0.8x", value=float(by["2x capacity"]["p99_x"]), limit=1.5
+                    label="p99 at 2x / at 0.8x",
+                    value=float(table["2x capacity"]["p99_x"]),
+                    limit=1.5,
                 ),
                 Target(
-                    label="p99 at 4x / at 0.8x", value=float(by["4x capacity"]["p99_x"]), limit=1.5
+                    label="p99 at 4x / at 0.8x",
+                    value=float(table["4x capacity"]["p99_x"]),
+                    limit=1.5,
                 ),
                 Target(
-                    label="refused at 0.8x", value=float(by["0.8x capacity"]["refused"]), limit=0.0
+                    label="refused at 0.8x",
+                    value=float(table["0.8x capacity"]["refused"]),
+                    limit=0.0,
                 ),
             ],
             notes=[

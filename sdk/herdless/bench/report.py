@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from herdless.bench.stats import median
+from herdless.bench.runner import Runs
+from herdless.bench.stats import median, ratio
 
-__all__ = ["Column", "ScenarioResult", "Target", "medians", "write_result"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = [
+    "Column",
+    "Medians",
+    "ScenarioResult",
+    "Target",
+    "knobs",
+    "medians",
+    "write_result",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +78,7 @@ class ScenarioResult:
     params: dict[str, Any]
     columns: list[Column]
     rows: list[dict[str, Any]]
-    runs: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    runs: Runs = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
@@ -136,6 +148,68 @@ def medians(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> list[dict[str,
         row.update({k: median(s.get(k, math.nan) for s in samples) for k in keys})
         rows.append(row)
     return rows
+
+
+def knobs(params: DataclassInstance, *, leave_out: Collection[str] = ()) -> dict[str, Any]:
+    """What a table states its scenario ran with: every field of its parameters (a
+    dataclass), in their order, but those in ``leave_out``."""
+    return {f.name: getattr(params, f.name) for f in fields(params) if f.name not in leave_out}
+
+
+class Medians:
+    """Each arm's median figures over its runs: the rows of a result table, found by arm.
+
+    A scenario's table in three steps: ``table = Medians(runs)``; figures relative to a
+    baseline arm added with :meth:`relative` and read back by arm (``table["vtc"]["p95"]``)
+    for the targets; then :meth:`result`, which carries the rows and the raw runs.
+    """
+
+    __slots__ = ("rows", "runs")
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs = runs
+        self.rows = medians(runs)
+
+    def __contains__(self, arm: object) -> bool:
+        return arm in self.runs
+
+    def __getitem__(self, arm: str) -> dict[str, Any]:
+        """The row of ``arm`` (``KeyError`` if no arm has that name)."""
+        for row in self.rows:
+            if row["arm"] == arm:
+                return row
+        raise KeyError(arm)
+
+    def relative(self, key: str, figure: str, base: str) -> None:
+        """Give every row ``key``: its ``figure`` over the ``base`` arm's (``nan`` where
+        that is zero or missing)."""
+        baseline = float(self[base][figure])
+        for row in self.rows:
+            row[key] = ratio(float(row[figure]), baseline)
+
+    def result(
+        self,
+        *,
+        name: str,
+        title: str,
+        params: dict[str, Any],
+        columns: list[Column],
+        targets: Sequence[Target] = (),
+        notes: Sequence[str] = (),
+        plots: Sequence[Path] = (),
+    ) -> ScenarioResult:
+        """The scenario's result: these rows and runs, with the rest of its table."""
+        return ScenarioResult(
+            name=name,
+            title=title,
+            params=params,
+            columns=columns,
+            rows=self.rows,
+            runs=self.runs,
+            targets=list(targets),
+            notes=list(notes),
+            plots=list(plots),
+        )
 
 
 def write_result(result: ScenarioResult, out: Path) -> tuple[Path, Path]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Arm", "GaveUp", "Progress", "interleaved_order", "run_arms"]
+__all__ = ["Arm", "GaveUp", "Progress", "Runs", "interleaved_order", "run_arms"]
+
+Runs = dict[str, list[dict[str, float]]]
+"""Every repetition's figures, per arm, in arm order (what :func:`run_arms` returns)."""
 
 Progress = Callable[[str], None]
 """Called once per finished run with a short description (drives the progress bar)."""
@@ -34,13 +37,13 @@ def interleaved_order(n_arms: int, repeats: int) -> list[tuple[int, int]]:
 
 def run_arms(
     arms: Sequence[Arm], *, repeats: int, seed: int, progress: Progress | None = None
-) -> dict[str, list[dict[str, float]]]:
+) -> Runs:
     """Run every arm ``repeats`` times, interleaved; returns the figures per arm, in arm order.
 
     Repetition ``r`` runs every arm with seed ``seed + r``, so arms face the same
     randomness in the same repetition.
     """
-    runs: dict[str, list[dict[str, float]]] = {arm.name: [] for arm in arms}
+    runs: Runs = {arm.name: [] for arm in arms}
     for rep, index in interleaved_order(len(arms), repeats):
         arm = arms[index]
         runs[arm.name].append(dict(arm.run(seed + rep)))

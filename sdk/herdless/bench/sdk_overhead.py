@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 import httpx
 
 import herdless
+from herdless.bench.answers import chat_completion
 from herdless.bench.stats import median, ratio
 from herdless.launch.servers import free_port
 
@@ -54,20 +55,13 @@ __all__ = ["ArmResult", "main", "run"]
 
 _MESSAGES = [{"role": "user", "content": "Say hello in five words."}]
 _COMPLETION = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "bench",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Hello there, how are you?"},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
-    },
+    chat_completion(
+        id_="chatcmpl-bench",
+        model="bench",
+        content="Hello there, how are you?",
+        prompt_tokens=12,
+        completion_tokens=7,
+    ),
     separators=(",", ":"),
 ).encode()
 _STREAM = b"".join(

@@ -36,11 +36,12 @@ from pathlib import Path
 import httpx
 
 from herdless.bench.plots import rate_panels
-from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, GaveUp, Progress, run_arms
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.runner import Arm, GaveUp, Progress, Runs, run_arms
+from herdless.bench.servers import quiet_emulator, quiet_gateway
 from herdless.bench.shared_arms import GIVE_UP, Call, Crowd, arms, chat_body
 from herdless.bench.stats import ratio
-from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["SharedParams", "run"]
 
@@ -115,16 +116,9 @@ async def _service(url: str, p: SharedParams, model: str) -> float:
 @contextlib.contextmanager
 def _gateway_case(p: SharedParams) -> Iterator[str]:
     with (
-        emulator_process(
-            speed=p.speed, max_num_seqs=p.slots, access_log=False, log_level="warning"
-        ) as vllm,
-        gateway_process(
-            upstream=vllm.url,
-            max_concurrency=p.slots,
-            max_queue=p.queue,
-            queue_timeout=GIVE_UP,
-            access_log=False,
-            log_level="warning",
+        quiet_emulator(speed=p.speed, max_num_seqs=p.slots) as vllm,
+        quiet_gateway(
+            upstream=vllm.url, max_concurrency=p.slots, max_queue=p.queue, queue_timeout=GIVE_UP
         ) as gateway,
     ):
         yield f"{gateway.url}/v1"
@@ -132,13 +126,7 @@ def _gateway_case(p: SharedParams) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _vllm_case(p: SharedParams, queued: int | None) -> Iterator[ServerProcess]:
-    with emulator_process(
-        speed=p.speed,
-        max_num_seqs=p.slots,
-        max_num_queued_reqs=queued,
-        access_log=False,
-        log_level="warning",
-    ) as vllm:
+    with quiet_emulator(speed=p.speed, max_num_seqs=p.slots, max_num_queued_reqs=queued) as vllm:
         yield vllm
 
 
@@ -148,7 +136,7 @@ def _measure(
     crowds: dict[str, Crowd],
     progress: Progress | None,
     arrivals: dict[str, list[float]] | None = None,
-) -> dict[str, list[dict[str, float]]]:
+) -> Runs:
     """Every arm, interleaved; ``arrivals`` gets each arm's send times of its first run."""
 
     def arm(name: str, crowd: Crowd) -> Arm:
@@ -207,7 +195,7 @@ def _plot(
 def _result(
     name: str,
     p: SharedParams,
-    runs: dict[str, list[dict[str, float]]],
+    runs: Runs,
     ideal: float,
     service: float,
     *,
@@ -216,9 +204,8 @@ def _result(
     for figures in runs.values():
         for run in figures:
             run["makespan_x"] = ratio(run["makespan"], ideal)
-    rows = medians(runs)
-    by = {str(r["arm"]): r for r in rows}
-    h = by["herdless (shared)"]
+    table = Medians(runs)
+    h = table["herdless (shared)"]
     if gateway:
         title = f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue} on the emulator"
         base = f"ideal = n / slots x service = {ideal:.2f} s (service {service:.3f} s, measured)"
@@ -237,7 +224,7 @@ def _result(
         Target(label=f"{arm} attempts / request", value=float(h["attempts"]), limit=attempts),
         Target(label=f"{arm} {label}", value=float(h["makespan_x"]), limit=makespan),
     ]
-    return ScenarioResult(
+    return table.result(
         name=name,
         title=title,
         params={
@@ -255,8 +242,6 @@ def _result(
             Column(key="makespan", label="makespan (s)"),
             Column(key="makespan_x", label=label),
         ],
-        rows=rows,
-        runs=runs,
         targets=targets,
         notes=[
             "Real processes on 127.0.0.1; every arm in the same run, against the same servers.",

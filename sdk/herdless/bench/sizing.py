@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.sizing_load import (
     SELF,
@@ -92,16 +92,12 @@ def _flood(engine: ServerProcess, p: SizingParams, progress: Progress) -> Scenar
     specs |= STATIC_ARMS | {SELF: dict(p.gateway)}
     arms = [_flood_arm(engine, p, name, opts) for name, opts in specs.items()]
     runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
-    rows = medians(runs)
-    base = next(r for r in rows if r["arm"] == "chats alone")
-    alone = next(r for r in rows if r["arm"] == "vLLM alone, no gateway")
-    best = next(r for r in rows if r["arm"] == "best static (24, reserve 8)")
-    for row in rows:
-        row["p50_x"] = ratio(row["chat_p50"], base["chat_p50"])
-        row["p95_x"] = ratio(row["chat_p95"], base["chat_p95"])
-        row["tps_x"] = ratio(row["batch_tps"], alone["batch_tps"])
-    me = next(r for r in rows if r["arm"] == SELF)
-    return ScenarioResult(
+    table = Medians(runs)
+    table.relative("p50_x", "chat_p50", base="chats alone")
+    table.relative("p95_x", "chat_p95", base="chats alone")
+    table.relative("tps_x", "batch_tps", base="vLLM alone, no gateway")
+    me, best = table[SELF], table["best static (24, reserve 8)"]
+    return table.result(
         name="sizing-flood",
         title="A batch flood beside 6 chatting employees (emulated GPU, KV 60,000, 256 seqs)",
         params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed, "seconds": p.flood},
@@ -114,8 +110,6 @@ def _flood(engine: ServerProcess, p: SizingParams, progress: Progress) -> Scenar
             Column(key="tps_x", label="x vLLM alone"),
             Column(key="preemptions", label="preemptions", fmt="{:.0f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(label="self-sized chat p50 / alone", value=me["p50_x"], limit=1.5),
             Target(label="self-sized chat p95 / alone", value=me["p95_x"], limit=2.2),
@@ -168,12 +162,10 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
         specs[SELF] = dict(p.gateway)
         arms = [_crowd_arm(engine, name, opts) for name, opts in specs.items()]
         runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
-    rows = medians(runs)
-    alone = next(r for r in rows if r["arm"] == "vLLM alone, no gateway")
-    for row in rows:
-        row["makespan_x"] = ratio(row["makespan"], alone["makespan"])
-    me = next(r for r in rows if r["arm"] == SELF)
-    return ScenarioResult(
+    table = Medians(runs)
+    table.relative("makespan_x", "makespan", base="vLLM alone, no gateway")
+    me, alone = table[SELF], table["vLLM alone, no gateway"]
+    return table.result(
         name="sizing-crowd",
         title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
         params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed},
@@ -184,8 +176,6 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
             Column(key="waiting_p50", label="engine waiting p50", fmt="{:.0f}"),
             Column(key="answered", label="answered", fmt="{:.0f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(label="self-sized makespan / vLLM alone", value=me["makespan_x"], limit=1.03),
             Target(

@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 
+from herdless.bench.servers import quiet_gateway
 from herdless.bench.stats import median
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.watcher import parse_metrics
-from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.launch.servers import ServerProcess, emulator_process
 
 __all__ = [
     "SELF",
@@ -96,7 +97,6 @@ class SizingParams:
     gateway: Mapping[str, object] = field(default_factory=dict)
 
 
-_QUIET: dict[str, Any] = {"access_log": False, "log_level": "warning"}
 SELF = "herdless serve (self-sized)"
 STATIC_ARMS: dict[str, dict[str, object]] = {
     "herdless serve, static defaults": {"sizing": "static"},
@@ -117,8 +117,7 @@ STATIC_ARMS: dict[str, dict[str, object]] = {
 @contextlib.contextmanager
 def gateway(upstream: str, options: Mapping[str, Any]) -> Iterator[ServerProcess]:
     """A gateway with ``options`` (flags) in front of ``upstream``, quiet, a long queue."""
-    flags: dict[str, Any] = {"max_queue": 1024, **_QUIET, **options}
-    with gateway_process(upstream=upstream, **flags) as gw:
+    with quiet_gateway(upstream=upstream, **{"max_queue": 1024, **options}) as gw:
         yield gw
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from herdless.bench.report import Column, ScenarioResult, Target, medians
+from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.sizing_load import (
     SELF,
@@ -71,10 +71,10 @@ def mixes(p: SizingParams, progress: Progress) -> ScenarioResult:
             _mix_arm(engine, p, mix, name, opts) for mix in MIXES for name, opts in specs.items()
         ]
         runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
-    rows = medians(runs)
+    table = Medians(runs)
     targets = []
     for mix in MIXES:
-        mine = [r for r in rows if r["arm"].startswith(mix + ":")]
+        mine = [r for r in table.rows if r["arm"].startswith(mix + ":")]
         best = max((r for r in mine if SELF not in r["arm"]), key=lambda r: r["goodput"])
         me = next(r for r in mine if SELF in r["arm"])
         for row in mine:
@@ -87,7 +87,7 @@ def mixes(p: SizingParams, progress: Progress) -> ScenarioResult:
                 at_least=True,
             )
         )
-    return ScenarioResult(
+    return table.result(
         name="sizing-mixes",
         title="Three mixes, closed loop: goodput against a sweep of static limits",
         params={"seconds": p.mix, "warmup": p.warmup, "deadline": p.deadline, "kv": p.kv},
@@ -95,8 +95,6 @@ def mixes(p: SizingParams, progress: Progress) -> ScenarioResult:
             Column(key="goodput", label="answers in deadline /s"),
             Column(key="of_best", label="x best static"),
         ],
-        rows=rows,
-        runs=runs,
         targets=targets,
         notes=[
             "Mixes (callers x prompt + answer tokens): "

@@ -29,9 +29,10 @@ from typing import Any
 import httpx
 
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, ScenarioResult, Target, medians
-from herdless.bench.runner import Arm, Progress, run_arms
-from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
+from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
+from herdless.bench.runner import Arm, Progress, Runs, run_arms
+from herdless.bench.servers import quiet_emulator, quiet_gateway
+from herdless.launch.servers import ServerProcess
 
 __all__ = ["SpillParams", "run"]
 
@@ -154,19 +155,15 @@ async def _outage(gateway: str, hosted: str, tokens: int) -> dict[str, float]:
 def _stack(p: SpillParams) -> Iterator[tuple[ServerProcess, str, str]]:
     """The emulated GPU, the gateway in front of it, and a fast emulated hosted model."""
     with (
-        emulator_process(max_num_seqs=p.slots, access_log=False, log_level="warning") as gpu,
-        emulator_process(
-            model="hosted-model", speed=50.0, access_log=False, log_level="warning"
-        ) as hosted,
-        gateway_process(
+        quiet_emulator(max_num_seqs=p.slots) as gpu,
+        quiet_emulator(model="hosted-model", speed=50.0) as hosted,
+        quiet_gateway(
             upstream=gpu.url,
             max_concurrency=p.slots,
             max_queue=p.queue,
             queue_timeout=120,
             health_interval=0.25,
             upstream_retry_after=5.0,
-            access_log=False,
-            log_level="warning",
         ) as gateway,
     ):
         yield gpu, f"{gateway.url}/v1", f"{hosted.url}/v1"
@@ -218,22 +215,16 @@ def _until_unready(gateway: str, timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    busy, short, guarded = (rows[0], rows[1], rows[2])
-    return ScenarioResult(
+def _crowd_result(p: SpillParams, runs: Runs) -> ScenarioResult:
+    table = Medians(runs)
+    busy, short, guarded = table.rows
+    return table.result(
         name="spill",
         title=(
             f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue}, "
             "an external hosted model as fallback"
         ),
-        params={
-            "n": p.n,
-            "slots": p.slots,
-            "queue": p.queue,
-            "max_tokens": p.max_tokens,
-            "repeats": p.repeats,
-        },
+        params=knobs(p, leave_out={"deadline", "short_deadline"}),
         columns=[
             Column(key="gpu", label="served by the GPU", fmt="{:.0%}"),
             Column(key="hosted", label="sent to the hosted model", fmt="{:.0%}"),
@@ -243,8 +234,6 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
             Column(key="lag_max_ms", label="max ms", fmt="{:.1f}"),
             Column(key="batch_ms", label="a batch, ms", fmt="{:.0f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="busy GPU, ample deadline: sent to the hosted model",
@@ -278,9 +267,9 @@ def _crowd_result(p: SpillParams, runs: dict[str, list[dict[str, float]]]) -> Sc
     )
 
 
-def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
-    rows = medians(runs)
-    return ScenarioResult(
+def _outage_result(runs: Runs) -> ScenarioResult:
+    table = Medians(runs)
+    return table.result(
         name="spill-outage",
         title="the vLLM behind the gateway is stopped: the first call",
         params={"repeats": 1},
@@ -289,12 +278,10 @@ def _outage_result(runs: dict[str, list[dict[str, float]]]) -> ScenarioResult:
             Column(key="hosted", label="answered by the hosted model", fmt="{:.0%}"),
             Column(key="after_503_ms", label="ms from the 503 to the hosted answer", fmt="{:.1f}"),
         ],
-        rows=rows,
-        runs=runs,
         targets=[
             Target(
                 label="first call answered after the 503 (ms)",
-                value=float(rows[0]["after_503_ms"]),
+                value=float(table.rows[0]["after_503_ms"]),
                 limit=200.0,
             )
         ],

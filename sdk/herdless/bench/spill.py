@@ -101,7 +101,8 @@ async def _crowd(
         await asyncio.gather(*(one() for _ in range(n)))
         makespan = time.monotonic() - start
     lags = _lags(events)
-    first = min(e.at for e in events if isinstance(e, CallFinished) and e.backend == "gpu")
+    gpu = [e.at for e in events if isinstance(e, CallFinished) and e.backend == "gpu"]
+    first = min(gpu, default=start)  # none served by the GPU: no batch measured
     return {
         "batch_ms": (first - start) * 1000,  # the first batch went straight in
         "gpu": outcomes.count("gpu") / n,

@@ -212,11 +212,6 @@ class Gate:
         return self.admission.draining
 
     @property
-    def drain_left(self) -> float | None:
-        """Seconds left of the announced maintenance window (``None``: none announced)."""
-        return self.admission.drain_left
-
-    @property
     def inflight(self) -> int:
         """Requests running upstream."""
         return self.admission.inflight

@@ -44,7 +44,7 @@ class AttemptLimit(threading.local):
             return timeout
         left = end - time.monotonic()
         if left <= 0:
-            raise error("the call's time for this read ran out")
+            raise error("the call's time for this attempt ran out")
         return left if timeout is None or timeout > left else timeout
 
 
@@ -69,13 +69,7 @@ class _BoundedStream(httpcore.NetworkStream):
         return self._stream.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        end = self._limit.end  # clip(), inlined: every request writes
-        if end != math.inf:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise httpcore.WriteTimeout("the call's time for this write ran out")
-            if timeout is None or timeout > left:
-                timeout = left
+        timeout = self._limit.clip(timeout, httpcore.WriteTimeout)
         self._stream.write(buffer, timeout)
 
     def close(self) -> None:

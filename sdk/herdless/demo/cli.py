@@ -126,19 +126,7 @@ def _day(opts: DemoSettings, as_json: bool) -> int:
             hold=hold,
         ) as stack:
             tally = Tally(start=time.monotonic(), deadline=opts.deadline)
-            crowd = Crowd(
-                stack=stack,
-                day=day,
-                tally=tally,
-                seed=opts.seed,
-                fallback=opts.fallback,
-                deadline=opts.deadline,
-                max_words=opts.max_words,
-                max_tokens=opts.max_tokens,
-                gpu_seqs=opts.gpu_seqs,
-                frontend=opts.frontend,
-                hold=hold,
-            )
+            crowd = Crowd(stack=stack, day=day, tally=tally, settings=opts, hold=hold)
             with Live(console=console, refresh_per_second=4, transient=False) as live:
 
                 def tick() -> None:

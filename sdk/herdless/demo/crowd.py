@@ -26,6 +26,7 @@ import httpx
 
 import herdless
 from herdless.demo.day import Day
+from herdless.demo.settings import DemoSettings
 from herdless.demo.stack import Stack
 from herdless.demo.tally import Tally
 from herdless.gateway.maintain import MaintainSettings, maintain
@@ -81,36 +82,30 @@ _RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", re.MUL
 
 @dataclass(slots=True)
 class Crowd:
-    """Plays the day against ``stack``; :meth:`run` returns when every call has ended.
+    """Plays the day against ``stack`` with the demo's ``settings``; :meth:`run` returns
+    when every call has ended.
 
     Attributes:
-        max_words: caps the question lengths (15 to 300 words).
-        max_tokens: caps the answer lengths employees ask for.
-        gpu_seqs: the GPU's ``max_num_seqs`` (its busy share is running / this).
+        hold: seconds the chat front-end's gateway key holds a request.
+        think: mean seconds an employee thinks between two questions.
         started: calls started (each ends served or failed: the accounting checks it).
     """
 
     stack: Stack
     day: Day
     tally: Tally
-    seed: int
-    fallback: bool = True
-    think: float = 3.0
-    deadline: float = 20.0
-    max_words: int = 300
-    max_tokens: int = 512
-    gpu_seqs: int = 16
-    frontend: float = 0.0
+    settings: DemoSettings
     hold: float = 20.0
+    think: float = 3.0
     started: int = 0
 
     def on_frontend(self, index: int) -> bool:
         """Whether employee ``index`` is on the chat front-end (spread evenly)."""
-        return int((index + 1) * self.frontend) > int(index * self.frontend)
+        return int((index + 1) * self.settings.frontend) > int(index * self.settings.frontend)
 
     def _client(self, index: int, http: httpx.AsyncClient) -> herdless.AsyncClient:
         fallback = None
-        if self.fallback:
+        if self.settings.fallback:
             fallback = herdless.Backend(
                 name=FALLBACK,
                 base_url=f"{self.stack.hosted}/v1",
@@ -129,9 +124,9 @@ class Crowd:
                 api_key=self.stack.app_key,
             ),
             fallback=fallback,
-            deadline=self.deadline,
+            deadline=self.settings.deadline,
             on_event=hook,
-            rng=random.Random(self.seed * 100_003 + index),
+            rng=random.Random(self.settings.seed * 100_003 + index),
             env_file=None,
             http_client=http,
         )
@@ -140,7 +135,7 @@ class Crowd:
         if self.on_frontend(index):
             await self._frontend_user(index, stop, http)
             return
-        rng = random.Random(self.seed * 7_919 + index)
+        rng = random.Random(self.settings.seed * 7_919 + index)
         async with self._client(index, http) as client:
             while not stop.is_set():
                 elapsed = time.monotonic() - self.tally.start
@@ -150,14 +145,18 @@ class Crowd:
                 await _pause(stop, rng.expovariate(1 / self.think))
                 if stop.is_set():
                     break
-                length = rng.randint(min(15, self.max_words), self.max_words)
-                words = " ".join(rng.choices(_WORDS, k=length))
+                words, max_tokens = self._question(rng)
                 self.started += 1
-                max_tokens = min(rng.choice(_MAX_TOKENS), self.max_tokens)
                 # Failures are counted from the client's CallFailed event; the
                 # employee shrugs and asks again later.
                 with contextlib.suppress(herdless.HerdlessError):
                     await client.chat([{"role": "user", "content": words}], max_tokens=max_tokens)
+
+    def _question(self, rng: random.Random) -> tuple[str, int]:
+        """An employee's next question and the answer length they ask for."""
+        most = self.settings.max_words
+        words = " ".join(rng.choices(_WORDS, k=rng.randint(min(15, most), most)))
+        return words, min(rng.choice(_MAX_TOKENS), self.settings.max_tokens)
 
     async def _frontend_user(
         self, index: int, stop: asyncio.Event, http: httpx.AsyncClient
@@ -165,7 +164,7 @@ class Crowd:
         """An employee on the chat front-end: each question is one request, never retried;
         its outcome (the GPU's answer, after a hold or not, the hosted model's, or an error)
         goes to the tally."""
-        rng = random.Random(self.seed * 7_919 + index)
+        rng = random.Random(self.settings.seed * 7_919 + index)
         headers = {
             "authorization": f"Bearer {self.stack.frontend_key}",
             "x-openwebui-user-id": f"employee-{index}",
@@ -177,13 +176,11 @@ class Crowd:
             await _pause(stop, rng.expovariate(1 / self.think))
             if stop.is_set():
                 break
-            words = " ".join(
-                rng.choices(_WORDS, k=rng.randint(min(15, self.max_words), self.max_words))
-            )
+            words, max_tokens = self._question(rng)
             body = {
                 "model": self.stack.gpu_model,
                 "messages": [{"role": "user", "content": words}],
-                "max_tokens": min(rng.choice(_MAX_TOKENS), self.max_tokens),
+                "max_tokens": max_tokens,
             }
             self.tally.frontend_started += 1
             try:
@@ -191,7 +188,7 @@ class Crowd:
                     f"{self.stack.gateway}/v1/chat/completions",
                     json=body,
                     headers=headers,
-                    timeout=self.hold + self.deadline,
+                    timeout=self.hold + self.settings.deadline,
                 )
             except httpx.HTTPError:
                 self.tally.frontend["refused"] += 1
@@ -235,7 +232,7 @@ class Crowd:
                     text = (await http.get(f"{self.stack.gpu}/metrics")).text
                     running = _RUNNING.search(text)
                     if running is not None:
-                        busy = min(1.0, float(running.group(1)) / self.gpu_seqs)
+                        busy = min(1.0, float(running.group(1)) / self.settings.gpu_seqs)
                         self.tally.sample_gpu(time.monotonic(), busy)
                 await _pause(stop, 0.25)
 

@@ -205,16 +205,8 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
             "e.g. http://gpu-gateway.internal:8080/v1",
             variable=_var("primary_url"),
         )
-    primary = _build(
-        Backend,
-        {
-            "name": ("", "primary"),
-            "base_url": (_var("primary_url"), settings.primary_url),
-            "api_key": (_var("primary_api_key"), _secret(settings.primary_api_key)),
-        },
-    )
     return EnvOptions(
-        primary=primary,
+        primary=_backend(settings, "primary"),
         fallback=_fallback(settings),
         model=settings.model,
         deadline=settings.deadline,
@@ -271,18 +263,29 @@ def _fallback(settings: Any) -> tuple[Backend, ...]:
             f"{_var('fallback_model')} is not set: a fallback needs its own model name",
             variable=_var("fallback_model"),
         )
-    backend = _build(
-        Backend,
-        {
-            "name": ("", "fallback"),
-            "base_url": (_var("fallback_url"), settings.fallback_url),
-            "api_key": (_var("fallback_api_key"), _secret(settings.fallback_api_key)),
-            "model": (_var("fallback_model"), settings.fallback_model),
-            "external": (_var("fallback_external"), settings.fallback_external),
-            "price": ("", _price(settings)),
-        },
+    backend = _backend(
+        settings,
+        "fallback",
+        model=(_var("fallback_model"), settings.fallback_model),
+        external=(_var("fallback_external"), settings.fallback_external),
+        price=("", _price(settings)),
     )
     return (backend,)
+
+
+def _backend(settings: Any, role: str, **more: tuple[str, Any]) -> Backend:
+    """The ``Backend`` named ``role`` at ``HERDLESS_{ROLE}_URL`` with
+    ``HERDLESS_{ROLE}_API_KEY``, and ``more`` fields as ``(variable, value)``."""
+    backend: Backend = _build(
+        Backend,
+        {
+            "name": ("", role),
+            "base_url": (_var(f"{role}_url"), getattr(settings, f"{role}_url")),
+            "api_key": (_var(f"{role}_api_key"), _secret(getattr(settings, f"{role}_api_key"))),
+            **more,
+        },
+    )
+    return backend
 
 
 def _price(settings: Any) -> Price | None:

@@ -166,15 +166,14 @@ class CallFlow(Call):
         latency = now - self.start
         state.counts.finished(backend.name, latency)
         if self.watched:
-            self.publish(
-                CallFinished(
-                    call_id=self.request_id,
-                    backend=backend.name,
-                    at=now,
-                    attempts=self.sent,
-                    latency=latency,
-                    fallback_reason=reason,
-                )
+            self.emit(
+                CallFinished,
+                now,
+                counted=True,
+                backend=backend.name,
+                attempts=self.sent,
+                latency=latency,
+                fallback_reason=reason,
             )
         if reason == "hedge":
             # A hedge answers for a primary that is late, not down: that is no degraded

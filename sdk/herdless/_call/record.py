@@ -171,12 +171,24 @@ class Call:
         events, self._events = self._events, []
         return events
 
-    def emit(self, event_type: type[Event], /, now: float | None = None, **fields: Any) -> None:
-        """Emit one event of this call, at ``now`` when the caller just read the clock."""
+    def emit(
+        self,
+        event_type: type[Event],
+        /,
+        now: float | None = None,
+        *,
+        counted: bool = False,
+        **fields: Any,
+    ) -> None:
+        """Emit one event of this call, at ``now`` when the caller just read the clock.
+
+        ``counted``: the caller has counted it already (an event of every call, counted
+        without building it); the caller emits it only when ``watched``."""
         state = self.state
         at = state.clock.monotonic() if now is None else now
         event = event_type(call_id=self.request_id, at=at, **fields)
-        state.counts.record(event)
+        if not counted:
+            state.counts.record(event)
         self.publish(event)
 
     def publish(self, event: Event) -> None:
@@ -192,15 +204,8 @@ class Call:
         someone would see it)."""
         self.state.counts.sent(backend.name)
         if self.watched:
-            self.publish(
-                AttemptStarted(
-                    call_id=self.request_id,
-                    backend=backend.name,
-                    at=now,
-                    attempt=attempt,
-                    model=model,
-                )
-            )
+            name = backend.name
+            self.emit(AttemptStarted, now, counted=True, backend=name, attempt=attempt, model=model)
 
     def transition(self, backend: Backend, transition: Transition | None) -> None:
         """Emit ``BreakerStateChanged`` for a breaker's transition, if any."""
@@ -254,19 +259,17 @@ def response_received(
             ident = raw.get("id")
             response_id = ident if isinstance(ident, str) else None
         host, port = _address(backend.base_url)
-        call.publish(
-            ResponseReceived(
-                call_id=call.request_id,
-                backend=backend.name,
-                at=state.clock.monotonic(),
-                model=model,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cost=cost,
-                finish_reason=finish_reason,
-                response_id=response_id,
-                server_address=host,
-                server_port=port,
-                external=backend.external,
-            )
+        call.emit(
+            ResponseReceived,
+            counted=True,
+            backend=backend.name,
+            model=model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost=cost,
+            finish_reason=finish_reason,
+            response_id=response_id,
+            server_address=host,
+            server_port=port,
+            external=backend.external,
         )

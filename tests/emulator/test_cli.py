@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import get_type_hints
 
 import pytest
 
@@ -43,6 +45,25 @@ def test_the_scheduler_flags_reach_the_engine_with_vllms_defaults() -> None:
     assert (config.max_num_batched_tokens, config.block_size) == (2048, 32)
     os.environ["HERDLESS_EMULATOR_MAX_NUM_BATCHED_TOKENS"] = "512"
     assert load_settings([]).engine_config().max_num_batched_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("build", "unnamed"),
+    [(EmulatorSettings.engine_config, {"max_lag"}), (EmulatorSettings.faults, set())],
+)
+def test_each_config_field_is_the_setting_of_its_name(
+    build: Callable[[EmulatorSettings], object], unnamed: set[str]
+) -> None:
+    # The engine's config and the faults are built by name: a field is the setting of its
+    # name, of the same type and value, but for those no setting names.
+    settings = load_settings(["--max-num-seqs", "8", "--block-size", "32", "--cut-after", "3"])
+    config = build(settings)
+    hints = get_type_hints(type(config))
+    shared = hints.keys() & EmulatorSettings.model_fields.keys()
+    assert hints.keys() - shared == unnamed
+    for name in shared:
+        assert hints[name] == EmulatorSettings.model_fields[name].annotation, name
+        assert getattr(config, name) == getattr(settings, name), name
 
 
 def test_the_metrics_fault_flags_begin_a_window_at_start() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
+from typing import get_type_hints
 
 import pytest
 from tests.gateway.fakes import until
@@ -108,6 +110,28 @@ def test_flags_override_the_environment() -> None:
 def test_key_share_applies_only_with_keys() -> None:
     assert GatewaySettings().admission_config().key_queue_share == 1.0
     assert GatewaySettings(api_keys="k").admission_config().key_queue_share == 0.5
+
+
+@pytest.mark.parametrize(
+    ("build", "unnamed"),
+    [
+        (GatewaySettings.admission_config, {"initial_service_time", "ewma_alpha", "stale_after"}),
+        (GatewaySettings.connection_limits, set()),
+    ],
+)
+def test_each_config_field_is_the_setting_of_its_name(
+    build: Callable[[GatewaySettings], object], unnamed: set[str]
+) -> None:
+    # The configs are built by name: a field is the setting of its name, of the same type
+    # and value, but for the few no setting names (a renamed setting would land here).
+    settings = GatewaySettings(api_keys="k", rate=3.0, max_head_bytes=2048, max_headers=9)
+    config = build(settings)
+    hints = get_type_hints(type(config))
+    shared = hints.keys() & GatewaySettings.model_fields.keys()
+    assert hints.keys() - shared == unnamed
+    for name in shared:
+        assert hints[name] == GatewaySettings.model_fields[name].annotation, name
+        assert getattr(config, name) == getattr(settings, name), name
 
 
 @pytest.mark.parametrize(

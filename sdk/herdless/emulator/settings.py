@@ -5,7 +5,8 @@ Precedence: command-line flag, then environment variable, then the default.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from dataclasses import fields
+from typing import TYPE_CHECKING, Literal, Self, TypeVar
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,7 +18,12 @@ from herdless.emulator.engine import (
 )
 from herdless.emulator.faults import FaultActions, Faults, MetricsOutage
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = ["EmulatorSettings"]
+
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 
 class EmulatorSettings(BaseSettings):
@@ -168,30 +174,13 @@ class EmulatorSettings(BaseSettings):
         return self
 
     def engine_config(self) -> EngineConfig:
-        """The engine's part of these settings."""
-        return EngineConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            kv_cache_tokens=self.kv_cache_tokens,
-            block_size=self.block_size,
-            decode_base=self.decode_base,
-            decode_per_seq=self.decode_per_seq,
-            prefill_tokens_per_s=self.prefill_tokens_per_s,
-            speed=self.speed,
-            on_kv_exhausted=self.on_kv_exhausted,
-        )
+        """The engine's part of these settings (each of its fields by name, see
+        :func:`_config`)."""
+        return _config(EngineConfig, self)
 
     def faults(self) -> Faults:
-        """The steady faults switched on at start."""
-        return Faults(
-            hang=self.hang,
-            error_rate=self.error_rate,
-            error_status=self.error_status,
-            extra_latency=self.extra_latency,
-            cut_after=self.cut_after,
-            slow_rate=self.slow_rate,
-            slow_latency=self.slow_latency,
-        )
+        """The steady faults switched on at start (each by name, see :func:`_config`)."""
+        return _config(Faults, self)
 
     def metrics_outage(self) -> MetricsOutage | None:
         """The ``/metrics`` fault to begin when serving starts, if one is set."""
@@ -199,3 +188,17 @@ class EmulatorSettings(BaseSettings):
             metrics_error_for=self.metrics_error_for, metrics_stall_for=self.metrics_stall_for
         )
         return actions.metrics_outage()
+
+
+def _config(config: type[_Config], settings: EmulatorSettings) -> _Config:
+    """``config`` (a frozen dataclass) with each field set from the setting of its name;
+    a field no setting names keeps its default.
+
+    The names are the contract: a knob is ``--<name>``, ``HERDLESS_EMULATOR_<NAME>`` and
+    the field ``<name>`` of the engine's config or of the faults (the name a fault is
+    posted under at run time), so a new one is declared in both places and wired by its
+    name, with no third list to keep in step (the tests check that each shared name has
+    one type on both sides).
+    """
+    names = {f.name for f in fields(config)} & EmulatorSettings.model_fields.keys()
+    return config(**{name: getattr(settings, name) for name in names})

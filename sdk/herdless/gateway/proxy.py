@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -65,6 +66,18 @@ _UPSTREAM = (b"x-herdless-backend", b"upstream")
 _HOSTED = (b"x-herdless-backend", b"hosted")
 
 
+@dataclass(frozen=True, slots=True)
+class _Exchange:
+    """One request on the wire: its ASGI scope and channels, its headers, and its access
+    record, filled in as the request is served."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    headers: dict[str, str]
+    access: Access
+
+
 class AdmittedProxy:
     """The ASGI app of one admitted route (default: ``POST /v1/chat/completions``); the
     upstream path is the route's own."""
@@ -79,7 +92,9 @@ class AdmittedProxy:
         arrived = time.perf_counter()
         headers = header_map(scope)
         access = Access()
-        status, reason, ticket = await self._handle(scope, receive, send, headers, access)
+        status, reason, ticket = await self._handle(
+            _Exchange(scope, receive, send, headers, access)
+        )
         rt = self._rt
         rt.metrics.requests[status] += 1
         if reason is not None and status in (429, 503):
@@ -103,29 +118,22 @@ class AdmittedProxy:
                 backend=access.backend,
             )
 
-    async def _handle(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        headers: dict[str, str],
-        access: Access,
-    ) -> tuple[int, str | None, Ticket | None]:
+    async def _handle(self, call: _Exchange) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
         try:
-            raw, request, deadline, early = await self._read(scope, receive, send, headers, access)
+            raw, request, deadline, early = await self._read(call)
         except Answered as answered:
             return answered.status, answered.reason, None
-        rt = self._rt
+        rt, headers, access = self._rt, call.headers, call.access
         assert access.key_id is not None
         assert access.policy is not None
         policy = access.policy
-        rid = access.request_id = request_id(headers)
+        access.request_id = request_id(headers)
         spill = self._spill(policy, deadline, access.klass)
         if early is not None:  # only when it may spill: the upstream is out or draining
             assert spill is not None
             return *await self._until_gone(
-                receive, self._spilled(send, spill, raw, early, access)
+                call.receive, self._spilled(call, spill, raw, early)
             ), None
         # The fairness unit: the key, refined by the user the request names (the key's own
         # header first, then X-Herdless-User: what a proxy in front of an app that cannot
@@ -144,15 +152,14 @@ class AdmittedProxy:
         )
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
-                work = self._spilled(send, spill, raw, decision, access)
-                return *await self._until_gone(receive, work), None
-            await send_refusal(send, decision)
+                work = self._spilled(call, spill, raw, decision)
+                return *await self._until_gone(call.receive, work), None
+            await send_refusal(call.send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
         try:
-            work = self._admitted(send, decision, headers | {"x-request-id": rid}, raw, deadline,
-                                  spill=spill, access=access)  # fmt: skip
-            outcome = await self._until_gone(receive, work)
+            work = self._admitted(call, decision, raw, deadline, spill=spill)
+            outcome = await self._until_gone(call.receive, work)
         finally:
             rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
         status, reason = outcome
@@ -190,10 +197,10 @@ class AdmittedProxy:
         return None if deadline is not None or klass == "batch" else spill
 
     async def _spilled(
-        self, send: Send, spill: Spill, raw: bytes, refused: Refuse, access: Access
+        self, call: _Exchange, spill: Spill, raw: bytes, refused: Refuse
     ) -> tuple[int, str | None]:
         """Answer from the hosted model instead of sending ``refused``; count and audit it."""
-        rt = self._rt
+        rt, access = self._rt, call.access
         rid = access.request_id or ""
         reason = refused.code
         extra = [
@@ -202,7 +209,7 @@ class AdmittedProxy:
             _HOSTED,
             (b"x-herdless-fallback-reason", reason.encode()),
         ]
-        ended = await spill.answer(send, json_object(raw), refused, extra)
+        ended = await spill.answer(call.send, json_object(raw), refused, extra)
         key = access.key_id or ""
         rt.metrics.spills[(key, reason, ended.outcome)] += 1
         for kind, tokens in (
@@ -218,14 +225,7 @@ class AdmittedProxy:
               request_id=rid)  # fmt: skip
         return ended.status, reason
 
-    async def _read(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        headers: dict[str, str],
-        access: Access,
-    ) -> tuple[bytes, Priced, float | None, Refuse | None]:
+    async def _read(self, call: _Exchange) -> tuple[bytes, Priced, float | None, Refuse | None]:
         """Everything before admission: the key, the refusals that need no body (a flood
         is refused before its bodies are read, unless it may spill), the class, the body
         and its parse.
@@ -237,7 +237,7 @@ class AdmittedProxy:
         Raises:
             Answered: the request was answered here (an error or a refusal).
         """
-        rt = self._rt
+        rt, send, headers, access = self._rt, call.send, call.headers, call.access
         key_id = access.key_id = rt.identify(headers)
         if key_id is None:
             message = "a valid API key is required (Authorization: Bearer <key>)"
@@ -259,7 +259,7 @@ class AdmittedProxy:
             raise Answered(early.status, early.code)
         try:
             async with asyncio.timeout(settings.body_timeout):
-                raw = await read_body(scope, receive, headers, settings.max_body_bytes)
+                raw = await read_body(call.scope, call.receive, headers, settings.max_body_bytes)
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
@@ -278,26 +278,26 @@ class AdmittedProxy:
 
     async def _admitted(
         self,
-        send: Send,
+        call: _Exchange,
         decision: Admit | Enqueued,
-        headers: dict[str, str],
         raw: bytes,
         deadline: float | None,
         *,
         spill: Spill | None,
-        access: Access,
     ) -> tuple[int, str | None]:
-        rt = self._rt
+        rt, send = self._rt, call.send
         ticket = decision.ticket
         if isinstance(decision, Enqueued):
             refused = await rt.gate.wait(ticket, deadline=deadline)
             if refused is not None:
                 if spill is not None and spills(refused):
-                    return await self._spilled(send, spill, raw, refused, access)
+                    return await self._spilled(call, spill, raw, refused)
                 await send_refusal(send, refused)
                 return refused.status, refused.code
             rt.metrics.held += 1
         rt.metrics.queue_wait.observe(ticket.queue_wait)
+        rid = call.access.request_id or ""
+        headers = call.headers | {"x-request-id": rid}
         started = time.perf_counter()
         try:
             response = await rt.upstream.open("POST", self._route.path, body=raw, headers=headers)
@@ -307,7 +307,7 @@ class AdmittedProxy:
                 rt.gate.set_upstream(ready=False, code=exc.code)
             refused = rt.gate.unavailable(exc.code, str(exc))
             if spill is not None:
-                return await self._spilled(send, spill, raw, refused, access)
+                return await self._spilled(call, spill, raw, refused)
             await send_refusal(send, refused)
             return 503, exc.code
         if spill is not None and response.status_code in (429, 503):  # vLLM's own refusal
@@ -317,9 +317,8 @@ class AdmittedProxy:
             said = f"the model server answered {response.status_code}"
             refused = Refuse(status=response.status_code, code=code, message=said,
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
-            return await self._spilled(send, spill, raw, refused, access)
+            return await self._spilled(call, spill, raw, refused)
         try:
-            rid = headers["x-request-id"]
             sniffer = await _relay(send, response, rid, started, rt, ticket.queue_wait)
         finally:
             await response.aclose()

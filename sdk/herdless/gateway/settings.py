@@ -13,8 +13,9 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,6 +24,9 @@ from herdless.gateway.connections import ConnectionLimits
 from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import STATIC_CONCURRENCY, AdmissionConfig
 from herdless.gateway.policies import KeyPolicies, load_policies
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "ANONYMOUS",
@@ -34,6 +38,8 @@ __all__ = [
     "secret_digest",
     "token_matches",
 ]
+
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 ANONYMOUS = "anonymous"
 """The key id of every request when no API keys are configured."""
@@ -238,40 +244,19 @@ class GatewaySettings(BaseSettings):
         return load_policies(self.key_policies, flags)
 
     def admission_config(self) -> AdmissionConfig:
-        """The admission limits. ``key_queue_share`` applies only when keys are set."""
+        """The admission limits: each setting of a limit's name (see :func:`_config`).
+        ``key_queue_share`` applies only when keys are set."""
         keyed = self.api_keys is not None or self.key_policies is not None
-        return AdmissionConfig(
-            max_concurrency=self.max_concurrency,
-            max_queue=self.max_queue,
-            queue_timeout=self.queue_timeout,
-            rate=self.rate,
-            burst=self.burst,
-            tokens_per_minute=self.tokens_per_minute,
-            max_inflight_tokens=self.max_inflight_tokens,
+        return _config(
+            AdmissionConfig,
+            self,
             key_queue_share=self.key_queue_share if keyed else 1.0,
-            max_retry_after=self.max_retry_after,
-            drain_retry_after=self.drain_retry_after,
-            upstream_retry_after=self.upstream_retry_after,
-            scheduler=self.scheduler,
-            prompt_weight=self.prompt_weight,
-            completion_weight=self.completion_weight,
-            max_users=self.max_users,
-            interactive_reserve=self.interactive_reserve,
-            reserve_window=self.reserve_window,
-            fair_window=self.fair_window,
-            sizing=self.sizing,
             stale_after=max(1.0, 4 * self.metrics_interval),
         )
 
     def connection_limits(self) -> ConnectionLimits:
         """What one client connection may hold (head size, timeouts, per-peer cap)."""
-        return ConnectionLimits(
-            max_head_bytes=self.max_head_bytes,
-            max_headers=self.max_headers,
-            head_timeout=self.head_timeout,
-            keep_alive_timeout=self.keep_alive_timeout,
-            max_connections_per_peer=self.max_connections_per_peer,
-        )
+        return _config(ConnectionLimits, self)
 
     def user_ids(self) -> UserIds:
         """Hashes users with ``key_id_secret`` (a random secret when it is unset)."""
@@ -297,6 +282,19 @@ class GatewaySettings(BaseSettings):
 
 
 _HASHED = re.compile(r"key-[0-9a-f]{8}")  # a hashed key id, not a key policy's name
+
+
+def _config(config: type[_Config], settings: GatewaySettings, **given: object) -> _Config:
+    """``config`` (a frozen dataclass) with each field set from the setting of its name,
+    but those in ``given``; a field no setting names keeps its default.
+
+    The names are the contract: a limit is ``HERDLESS_GATEWAY_<NAME>``, ``--<name>`` and
+    the field ``<name>`` of its config, so a new one is declared in both places and wired
+    by its name, with no third list to keep in step (the tests check that each shared
+    name has one type on both sides).
+    """
+    names = {f.name for f in fields(config)} & GatewaySettings.model_fields.keys()
+    return config(**{name: getattr(settings, name) for name in names - given.keys()}, **given)
 
 
 def _split(raw: str) -> list[str]:

@@ -33,7 +33,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypedDict
 
 import httpx
 from aiolimiter import AsyncLimiter
@@ -243,16 +242,18 @@ async def _crowd(
     return codes, peak
 
 
-class _Overload(TypedDict):
-    overload_callers: int
-    overload_served_per_s: float
-    overload_refused_per_s: float
-    overload_codes: dict[str, int]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Crowded:
+    """What the overload measured: its figures are derived in :func:`run`."""
+
+    callers: int
+    codes: Counter[str]
+    seconds: float
     rss_at_rest: int
     rss_peak: int
 
 
-def _overload(vllm: ServerProcess, params: OverheadParams) -> _Overload:
+def _overload(vllm: ServerProcess, params: OverheadParams) -> _Crowded:
     concurrency, queue = 32, 64
     with gateway_process(
         upstream=vllm.url,
@@ -271,14 +272,9 @@ def _overload(vllm: ServerProcess, params: OverheadParams) -> _Overload:
             _crowd(gateway.port, request, callers, params.overload_seconds, gateway.pid)
         )
         elapsed = time.perf_counter() - start
-    return {
-        "overload_callers": callers,
-        "overload_served_per_s": codes["200"] / elapsed,
-        "overload_refused_per_s": codes["429"] / elapsed,
-        "overload_codes": dict(codes),
-        "rss_at_rest": at_rest,
-        "rss_peak": peak,
-    }
+    return _Crowded(
+        callers=callers, codes=codes, seconds=elapsed, rss_at_rest=at_rest, rss_peak=peak
+    )
 
 
 def run(params: OverheadParams) -> OverheadResult:
@@ -303,7 +299,12 @@ def run(params: OverheadParams) -> OverheadResult:
         refusals_per_cpu_s=refusals["refusals_per_cpu_s"],
         healthz_per_cpu_s=refusals["healthz_per_cpu_s"],
         refusal_cpu_ratio=ratio(refusals["refusals_per_cpu_s"], refusals["healthz_per_cpu_s"]),
-        **overload,
+        overload_callers=overload.callers,
+        overload_served_per_s=overload.codes["200"] / overload.seconds,
+        overload_refused_per_s=overload.codes["429"] / overload.seconds,
+        overload_codes=dict(overload.codes),
+        rss_at_rest=overload.rss_at_rest,
+        rss_peak=overload.rss_peak,
     )
 
 

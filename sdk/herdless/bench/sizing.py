@@ -44,6 +44,7 @@ from herdless.bench.sizing_load import (
     arm_url,
     closed_loop,
     emulator,
+    gpu_knobs,
     idle,
     preemptions,
     sampled,
@@ -100,7 +101,7 @@ def _flood(engine: ServerProcess, p: SizingParams, progress: Progress) -> Scenar
     return table.result(
         name="sizing-flood",
         title="A batch flood beside 6 chatting employees (emulated GPU, KV 60,000, 256 seqs)",
-        params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed, "seconds": p.flood},
+        params={**gpu_knobs(p), "seconds": p.flood},
         columns=[
             Column(key="chat_p50", label="chat p50 s"),
             Column(key="p50_x", label="x alone"),
@@ -168,7 +169,7 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
     return table.result(
         name="sizing-crowd",
         title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
-        params={"kv": p.kv, "seqs": p.seqs, "speed": p.speed},
+        params=gpu_knobs(p),
         columns=[
             Column(key="makespan", label="makespan s"),
             Column(key="makespan_x", label="x vLLM alone"),

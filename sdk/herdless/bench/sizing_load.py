@@ -36,6 +36,7 @@ __all__ = [
     "closed_loop",
     "emulator",
     "gateway",
+    "gpu_knobs",
     "idle",
     "metric",
     "preemptions",
@@ -124,6 +125,11 @@ def gateway(upstream: str, options: Mapping[str, Any]) -> Iterator[ServerProcess
 def emulator(p: SizingParams, **more: Any) -> contextlib.AbstractContextManager[ServerProcess]:
     """The emulated GPU of the scenarios, with ``more`` flags."""
     return emulator_process(kv_cache_tokens=p.kv, max_num_seqs=p.seqs, speed=p.speed, **more)
+
+
+def gpu_knobs(p: SizingParams) -> dict[str, object]:
+    """What a table states of the emulated GPU it ran against (see :func:`emulator`)."""
+    return {"kv": p.kv, "seqs": p.seqs, "speed": p.speed}
 
 
 async def _read(client: httpx.AsyncClient, engine: str) -> Reading:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import get_type_hints
 
 import pytest
+from tests.by_name import assert_built_by_name
 
 from herdless.emulator.cli import build_parser, load_settings, main
 from herdless.emulator.faults import MetricsOutage
@@ -57,13 +57,7 @@ def test_each_config_field_is_the_setting_of_its_name(
     # The engine's config and the faults are built by name: a field is the setting of its
     # name, of the same type and value, but for those no setting names.
     settings = load_settings(["--max-num-seqs", "8", "--block-size", "32", "--cut-after", "3"])
-    config = build(settings)
-    hints = get_type_hints(type(config))
-    shared = hints.keys() & EmulatorSettings.model_fields.keys()
-    assert hints.keys() - shared == unnamed
-    for name in shared:
-        assert hints[name] == EmulatorSettings.model_fields[name].annotation, name
-        assert getattr(config, name) == getattr(settings, name), name
+    assert_built_by_name(build(settings), settings, unnamed)
 
 
 def test_the_metrics_fault_flags_begin_a_window_at_start() -> None:

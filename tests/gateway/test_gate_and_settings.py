@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import get_type_hints
 
 import pytest
+from tests.by_name import assert_built_by_name
 from tests.gateway.fakes import until
 
 from herdless._exposition import Exposition, Histogram
@@ -125,13 +125,7 @@ def test_each_config_field_is_the_setting_of_its_name(
     # The configs are built by name: a field is the setting of its name, of the same type
     # and value, but for the few no setting names (a renamed setting would land here).
     settings = GatewaySettings(api_keys="k", rate=3.0, max_head_bytes=2048, max_headers=9)
-    config = build(settings)
-    hints = get_type_hints(type(config))
-    shared = hints.keys() & GatewaySettings.model_fields.keys()
-    assert hints.keys() - shared == unnamed
-    for name in shared:
-        assert hints[name] == GatewaySettings.model_fields[name].annotation, name
-        assert getattr(config, name) == getattr(settings, name), name
+    assert_built_by_name(build(settings), settings, unnamed)
 
 
 @pytest.mark.parametrize(

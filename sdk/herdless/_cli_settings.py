@@ -34,17 +34,22 @@ import textwrap
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from pydantic import AnyUrl, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsError
 
-__all__ = ["SettingsCommand", "exit_status", "fail"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["SettingsCommand", "config_by_name", "exit_status", "fail"]
 
 S = TypeVar("S", bound=BaseSettings)
+C = TypeVar("C", bound="DataclassInstance")
 
 _USAGE_ERROR = 2  # argparse's status for a bad command line
 
@@ -280,3 +285,16 @@ class SettingsCommand(Generic[S]):
                 shown = self.source(name, given, environ).split(" ", 1)[1]
                 message = re.sub(rf"\b{name}\b", shown, message)
         return message
+
+
+def config_by_name(config: type[C], settings: BaseSettings, **given: object) -> C:
+    """``config`` (a dataclass) with each field the setting of its name, but those in
+    ``given``; a field no setting names keeps its default.
+
+    The names are the contract: a knob is ``--<name>``, ``<PREFIX><NAME>`` and the field
+    ``<name>`` of the config it belongs to, so a new one is declared in both places and
+    wired by its name, with no third list to keep in step (each command's tests check
+    that every shared name has one type and one value on both sides).
+    """
+    names = {f.name for f in fields(config)} & type(settings).model_fields.keys()
+    return config(**{name: getattr(settings, name) for name in names - given.keys()}, **given)

@@ -5,12 +5,12 @@ Precedence: command-line flag, then environment variable, then the default.
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import TYPE_CHECKING, Literal, Self, TypeVar
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from herdless._cli_settings import config_by_name
 from herdless.emulator.engine import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -18,12 +18,7 @@ from herdless.emulator.engine import (
 )
 from herdless.emulator.faults import FaultActions, Faults, MetricsOutage
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
 __all__ = ["EmulatorSettings"]
-
-_Config = TypeVar("_Config", bound="DataclassInstance")
 
 
 class EmulatorSettings(BaseSettings):
@@ -175,12 +170,12 @@ class EmulatorSettings(BaseSettings):
 
     def engine_config(self) -> EngineConfig:
         """The engine's part of these settings (each of its fields by name, see
-        :func:`_config`)."""
-        return _config(EngineConfig, self)
+        ``config_by_name``)."""
+        return config_by_name(EngineConfig, self)
 
     def faults(self) -> Faults:
-        """The steady faults switched on at start (each by name, see :func:`_config`)."""
-        return _config(Faults, self)
+        """The steady faults switched on at start (each by name, see ``config_by_name``)."""
+        return config_by_name(Faults, self)
 
     def metrics_outage(self) -> MetricsOutage | None:
         """The ``/metrics`` fault to begin when serving starts, if one is set."""
@@ -188,17 +183,3 @@ class EmulatorSettings(BaseSettings):
             metrics_error_for=self.metrics_error_for, metrics_stall_for=self.metrics_stall_for
         )
         return actions.metrics_outage()
-
-
-def _config(config: type[_Config], settings: EmulatorSettings) -> _Config:
-    """``config`` (a frozen dataclass) with each field set from the setting of its name;
-    a field no setting names keeps its default.
-
-    The names are the contract: a knob is ``--<name>``, ``HERDLESS_EMULATOR_<NAME>`` and
-    the field ``<name>`` of the engine's config or of the faults (the name a fault is
-    posted under at run time), so a new one is declared in both places and wired by its
-    name, with no third list to keep in step (the tests check that each shared name has
-    one type on both sides).
-    """
-    names = {f.name for f in fields(config)} & EmulatorSettings.model_fields.keys()
-    return config(**{name: getattr(settings, name) for name in names})

@@ -13,20 +13,17 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal
 
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from herdless._cli_settings import config_by_name
 from herdless.gateway.connections import ConnectionLimits
 from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import STATIC_CONCURRENCY, AdmissionConfig
 from herdless.gateway.policies import KeyPolicies, load_policies
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 __all__ = [
     "ANONYMOUS",
@@ -38,8 +35,6 @@ __all__ = [
     "secret_digest",
     "token_matches",
 ]
-
-_Config = TypeVar("_Config", bound="DataclassInstance")
 
 ANONYMOUS = "anonymous"
 """The key id of every request when no API keys are configured."""
@@ -244,10 +239,10 @@ class GatewaySettings(BaseSettings):
         return load_policies(self.key_policies, flags)
 
     def admission_config(self) -> AdmissionConfig:
-        """The admission limits: each setting of a limit's name (see :func:`_config`).
+        """The admission limits: each setting of a limit's name (see ``config_by_name``).
         ``key_queue_share`` applies only when keys are set."""
         keyed = self.api_keys is not None or self.key_policies is not None
-        return _config(
+        return config_by_name(
             AdmissionConfig,
             self,
             key_queue_share=self.key_queue_share if keyed else 1.0,
@@ -256,7 +251,7 @@ class GatewaySettings(BaseSettings):
 
     def connection_limits(self) -> ConnectionLimits:
         """What one client connection may hold (head size, timeouts, per-peer cap)."""
-        return _config(ConnectionLimits, self)
+        return config_by_name(ConnectionLimits, self)
 
     def user_ids(self) -> UserIds:
         """Hashes users with ``key_id_secret`` (a random secret when it is unset)."""
@@ -282,19 +277,6 @@ class GatewaySettings(BaseSettings):
 
 
 _HASHED = re.compile(r"key-[0-9a-f]{8}")  # a hashed key id, not a key policy's name
-
-
-def _config(config: type[_Config], settings: GatewaySettings, **given: object) -> _Config:
-    """``config`` (a frozen dataclass) with each field set from the setting of its name,
-    but those in ``given``; a field no setting names keeps its default.
-
-    The names are the contract: a limit is ``HERDLESS_GATEWAY_<NAME>``, ``--<name>`` and
-    the field ``<name>`` of its config, so a new one is declared in both places and wired
-    by its name, with no third list to keep in step (the tests check that each shared
-    name has one type on both sides).
-    """
-    names = {f.name for f in fields(config)} & GatewaySettings.model_fields.keys()
-    return config(**{name: getattr(settings, name) for name in names - given.keys()}, **given)
 
 
 def _split(raw: str) -> list[str]:

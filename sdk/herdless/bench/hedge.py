@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from herdless._percentiles import percentile
+from herdless.bench.plots import save, subplots
 from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
 from herdless.bench.runner import Arm, Progress, Runs, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
@@ -290,12 +291,7 @@ def _result(p: HedgeParams, runs: Runs) -> ScenarioResult:
 
 def _cdf(samples: dict[str, list[float]], path: Path, p: HedgeParams) -> Path:
     """Each arm's latency CDF: the whole range (log x) and the tail (fraction >= 0.8)."""
-    import matplotlib  # lazy: heavy; only loaded when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (whole, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (whole, tail) = subplots(1, 2, figsize=(11, 4.2))
     for arm, latencies in samples.items():
         ordered = sorted(latencies)
         if not ordered:
@@ -318,13 +314,10 @@ def _cdf(samples: dict[str, list[float]], path: Path, p: HedgeParams) -> Path:
     tail.set_ylim(0.8, 1.001)
     tail.set_title("the tail", fontsize=9, loc="left")
     whole.legend(fontsize=7, loc="lower right")
-    fig.suptitle(
+    return save(
+        fig,
+        path,
         f"hedge: {p.calls} calls at {p.rate:g}/s, {p.slow_rate:.0%} of the GPU's requests "
         f"held {p.slow_latency:g} s",
         fontsize=10,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path

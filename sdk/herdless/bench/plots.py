@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from herdless.bench.report import ScenarioResult
 
-__all__ = ["rate_panels", "service_panels", "table_bars"]
+__all__ = ["rate_panels", "save", "service_panels", "subplots", "table_bars"]
 
 
 def rate_panels(
@@ -34,14 +34,9 @@ def rate_panels(
         bin_width: seconds per bar.
         until: last second shown (default: the last event).
     """
-    import matplotlib  # lazy: heavy; only loaded when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     end = until if until is not None else max((max(t) for t in series.values() if t), default=1.0)
     bins = [i * bin_width for i in range(int(end / bin_width) + 2)]
-    fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(8, 1.6 * len(series) + 0.8))
+    fig, axes = subplots(len(series), 1, sharex=True, figsize=(8, 1.6 * len(series) + 0.8))
     axes = list(axes) if len(series) > 1 else [axes]
     for ax, (name, times) in zip(axes, series.items(), strict=True):
         counts = [0.0] * (len(bins) - 1)
@@ -66,7 +61,7 @@ def rate_panels(
     )
     axes[-1].set_xlabel(f"seconds ({legend})")
     axes[-1].set_xlim(0, end)
-    return _save(fig, path, title, fontsize=10)
+    return save(fig, path, title, fontsize=10)
 
 
 def service_panels(
@@ -87,12 +82,7 @@ def service_panels(
             are more than four users, are thin grey lines and their sum a dashed one.
         bin_width: seconds per bin.
     """
-    import matplotlib  # lazy: heavy; only loaded when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
+    fig, axes = subplots(
         1, len(panels), sharey=True, figsize=(3.6 * len(panels) + 0.6, 3.4), squeeze=False
     )
     colours = ["#c44e52", "#4c72b0", "#55a868", "#8172b2"]
@@ -121,7 +111,7 @@ def service_panels(
             ax.legend(fontsize=7, loc="upper left")
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("weighted tokens served (thousands)")
-    return _save(fig, path, title, fontsize=9)
+    return save(fig, path, title, fontsize=9)
 
 
 def table_bars(result: ScenarioResult, path: Path) -> Path | None:
@@ -137,15 +127,10 @@ def table_bars(result: ScenarioResult, path: Path) -> Path | None:
     panels = [(label, values) for label, values in panels if any(map(math.isfinite, values))]
     if not panels:
         return None
-    import matplotlib  # lazy: heavy; only loaded when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = [str(row["arm"]) for row in result.rows]
     width = min(4, len(panels))
     rows = math.ceil(len(panels) / width)
-    fig, axes = plt.subplots(rows, width, figsize=(3.2 * width, 0.5 * len(arms) * rows + 1.6))
+    fig, axes = subplots(rows, width, figsize=(3.2 * width, 0.5 * len(arms) * rows + 1.6))
     flat = list(axes.flat) if hasattr(axes, "flat") else [axes]
     for ax, (label, values) in zip(flat, panels, strict=False):
         shown = [v if math.isfinite(v) else 0.0 for v in values]
@@ -159,14 +144,28 @@ def table_bars(result: ScenarioResult, path: Path) -> Path | None:
         ax.tick_params(labelsize=7)
     for ax in flat[len(panels) :]:
         ax.set_visible(False)
-    return _save(fig, path, f"{result.name}: {result.title}", fontsize=9)
+    return save(fig, path, f"{result.name}: {result.title}", fontsize=9)
 
 
-def _save(fig: Any, path: Path, title: str, *, fontsize: int) -> Path:
-    """Title ``fig``, write it to ``path`` (a PNG) and free it."""
+def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``matplotlib.pyplot.subplots``, headless (the Agg backend). matplotlib is heavy:
+    it is loaded here, by the first plot, never by importing a scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(*args, **kwargs)
+    return figure, axes
+
+
+def save(fig: Any, path: Path, title: str | None = None, *, fontsize: int = 10) -> Path:
+    """Title ``fig`` (unless ``title`` is ``None``), write it to ``path`` (a PNG) and
+    free it."""
     import matplotlib.pyplot as plt  # loaded already: ``fig`` is one of its figures
 
-    fig.suptitle(title, fontsize=fontsize)
+    if title is not None:
+        fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)

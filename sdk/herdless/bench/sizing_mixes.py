@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from herdless.bench.plots import save, subplots
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.sizing_load import (
@@ -227,12 +228,7 @@ def stale(p: SizingParams, progress: Progress) -> ScenarioResult:
 
 
 def _plot(seen: Engine, path: Path, mark: float) -> Path:
-    import matplotlib  # lazy: heavy; only loaded when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(8, 5))
+    fig, axes = subplots(3, 1, sharex=True, figsize=(8, 5))
     axes[0].plot(seen.times, seen.limit, color="#4c72b0")
     axes[0].set_ylabel("dispatch limit")
     axes[1].plot(seen.times, [k * 100 for k in seen.kv], color="#55a868")
@@ -242,8 +238,4 @@ def _plot(seen: Engine, path: Path, mark: float) -> Path:
     for ax in axes:
         ax.axvline(mark, color="grey", linewidth=1, linestyle="--")
     axes[-1].set_xlabel("seconds (dashed: the mix switches from short chat to RAG)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(fig, path)

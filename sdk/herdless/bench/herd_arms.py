@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from herdless.bench.herd_server import HerdServer
-from herdless.bench.runner import GaveUp
+from herdless.bench.runner import GaveUp, cookbook_call
 from herdless.bench.vtime import VirtualClock
 
 __all__ = ["ARMS", "CallFactory"]
@@ -92,7 +92,6 @@ def _openai(server: HerdServer, seed: int, give_up: float) -> Call:
 def _tenacity(server: HerdServer, seed: int, give_up: float) -> Call:
     import httpx2  # lazy: see _openai
     import openai
-    import tenacity
 
     client = openai.AsyncOpenAI(
         api_key="bench",
@@ -101,22 +100,10 @@ def _tenacity(server: HerdServer, seed: int, give_up: float) -> Call:
         http_client=httpx2.AsyncClient(transport=server.transport(httpx2)),
     )
 
-    # The cookbook's recipe ("How to handle rate limits"), verbatim but async.
-    @tenacity.retry(
-        wait=tenacity.wait_random_exponential(min=1, max=60),
-        stop=tenacity.stop_after_attempt(6),
-        retry=tenacity.retry_if_exception_type((openai.RateLimitError, openai.InternalServerError)),
-    )
-    async def completion_with_backoff() -> None:
+    async def send() -> None:
         await client.chat.completions.create(model="herd", messages=_MESSAGES, max_tokens=16)  # type: ignore[arg-type]  # a plain dict, not the SDK TypedDict
 
-    async def call() -> None:
-        try:
-            await completion_with_backoff()
-        except tenacity.RetryError as exc:
-            raise GaveUp("6 attempts") from exc
-
-    return call
+    return cookbook_call(send)
 
 
 def _herdless(server: HerdServer, seed: int, give_up: float) -> Call:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Arm", "GaveUp", "Progress", "Runs", "interleaved_order", "run_arms"]
+__all__ = ["Arm", "GaveUp", "Progress", "Runs", "cookbook_call", "interleaved_order", "run_arms"]
 
 Runs = dict[str, list[dict[str, float]]]
 """Every repetition's figures, per arm, in arm order (what :func:`run_arms` returns)."""
@@ -17,6 +17,28 @@ Progress = Callable[[str], None]
 class GaveUp(Exception):
     """An arm's client stopped trying before the call was answered (a figure, not a
     failure of the benchmark)."""
+
+
+def cookbook_call(send: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
+    """``send``, retried by the OpenAI cookbook's recipe ("How to handle rate limits"),
+    verbatim but async: random exponential waits of 1 to 60 s, on a 429 or a 5xx, six
+    attempts; then ``GaveUp``. The retrying arm the scenarios set beside herdless."""
+    import openai  # lazy: the bench extra
+    import tenacity
+
+    retrying = tenacity.retry(
+        wait=tenacity.wait_random_exponential(min=1, max=60),
+        stop=tenacity.stop_after_attempt(6),
+        retry=tenacity.retry_if_exception_type((openai.RateLimitError, openai.InternalServerError)),
+    )(send)
+
+    async def call() -> None:
+        try:
+            await retrying()
+        except tenacity.RetryError as exc:
+            raise GaveUp("6 attempts") from exc
+
+    return call
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

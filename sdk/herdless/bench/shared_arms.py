@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from herdless.bench.runner import GaveUp
+from herdless.bench.runner import GaveUp, cookbook_call
 
 __all__ = ["GIVE_UP", "MESSAGES", "Call", "Crowd", "arms", "chat_body"]
 
@@ -81,18 +81,11 @@ async def _tenacity_crowd(
 ) -> list[Call]:
     import httpx2
     import openai
-    import tenacity
 
     http = httpx2.AsyncClient(event_hooks=_counting(sent), timeout=600)
     client = openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0, http_client=http)
 
-    # The cookbook's recipe ("How to handle rate limits"), verbatim but async.
-    @tenacity.retry(
-        wait=tenacity.wait_random_exponential(min=1, max=60),
-        stop=tenacity.stop_after_attempt(6),
-        retry=tenacity.retry_if_exception_type((openai.RateLimitError, openai.InternalServerError)),
-    )
-    async def completion_with_backoff() -> None:
+    async def send() -> None:
         await client.chat.completions.create(
             model=model,
             messages=MESSAGES,  # type: ignore[arg-type]  # a plain dict
@@ -100,12 +93,7 @@ async def _tenacity_crowd(
             extra_body={"ignore_eos": True},
         )
 
-    async def call() -> None:
-        try:
-            await completion_with_backoff()
-        except tenacity.RetryError as exc:
-            raise GaveUp("6 attempts") from exc
-
+    call = cookbook_call(send)
     return [call for _ in range(n)]
 
 

@@ -19,7 +19,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -135,28 +135,28 @@ class Crowd:
         if self.on_frontend(index):
             await self._frontend_user(index, stop, http)
             return
-        rng = random.Random(self.settings.seed * 7_919 + index)
         async with self._client(index, http) as client:
-            while not stop.is_set():
-                elapsed = time.monotonic() - self.tally.start
-                if index >= self.day.active(elapsed):
-                    await _pause(stop, 0.25)  # not at their desk right now
-                    continue
-                await _pause(stop, rng.expovariate(1 / self.think))
-                if stop.is_set():
-                    break
-                words, max_tokens = self._question(rng)
+            async for words, max_tokens in self._questions(index, stop):
                 self.started += 1
                 # Failures are counted from the client's CallFailed event; the
                 # employee shrugs and asks again later.
                 with contextlib.suppress(herdless.HerdlessError):
                     await client.chat([{"role": "user", "content": words}], max_tokens=max_tokens)
 
-    def _question(self, rng: random.Random) -> tuple[str, int]:
-        """An employee's next question and the answer length they ask for."""
+    async def _questions(self, index: int, stop: asyncio.Event) -> AsyncIterator[tuple[str, int]]:
+        """Employee ``index``'s questions, each when they ask it (at their desk, after a
+        thought), with the answer length they ask for; until ``stop``."""
+        rng = random.Random(self.settings.seed * 7_919 + index)
         most = self.settings.max_words
-        words = " ".join(rng.choices(_WORDS, k=rng.randint(min(15, most), most)))
-        return words, min(rng.choice(_MAX_TOKENS), self.settings.max_tokens)
+        while not stop.is_set():
+            if index >= self.day.active(time.monotonic() - self.tally.start):
+                await _pause(stop, 0.25)  # not at their desk right now
+                continue
+            await _pause(stop, rng.expovariate(1 / self.think))
+            if stop.is_set():
+                return
+            words = " ".join(rng.choices(_WORDS, k=rng.randint(min(15, most), most)))
+            yield words, min(rng.choice(_MAX_TOKENS), self.settings.max_tokens)
 
     async def _frontend_user(
         self, index: int, stop: asyncio.Event, http: httpx.AsyncClient
@@ -164,19 +164,11 @@ class Crowd:
         """An employee on the chat front-end: each question is one request, never retried;
         its outcome (the GPU's answer, after a hold or not, the hosted model's, or an error)
         goes to the tally."""
-        rng = random.Random(self.settings.seed * 7_919 + index)
         headers = {
             "authorization": f"Bearer {self.stack.frontend_key}",
             "x-openwebui-user-id": f"employee-{index}",
         }
-        while not stop.is_set():
-            if index >= self.day.active(time.monotonic() - self.tally.start):
-                await _pause(stop, 0.25)
-                continue
-            await _pause(stop, rng.expovariate(1 / self.think))
-            if stop.is_set():
-                break
-            words, max_tokens = self._question(rng)
+        async for words, max_tokens in self._questions(index, stop):
             body = {
                 "model": self.stack.gpu_model,
                 "messages": [{"role": "user", "content": words}],

@@ -27,7 +27,7 @@ from herdless._config import ChatOptions, ClientOptions
 from herdless._drive import adrive
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import AsyncSends
-from herdless._request import read_cookies_when_set
+from herdless._request import lean_headers, read_cookies_when_set
 from herdless._stream import AsyncStream
 from herdless._stream_state import StreamState
 from herdless._types import ChatResult
@@ -136,6 +136,7 @@ class AsyncClient(_BaseClient):
         self._http = http_client or httpx.AsyncClient(transport=transport)
         if self._owns_http:
             read_cookies_when_set(self._http)
+            lean_headers(self._http)
 
     @overload
     async def chat(

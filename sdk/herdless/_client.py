@@ -33,7 +33,7 @@ from herdless._config import ChatOptions, ClientOptions
 from herdless._drive import drive
 from herdless._outcomes import Body, OpenStream, failure, stream_waits, too_slow
 from herdless._parallel import SyncSends, Workers
-from herdless._request import read_cookies_when_set
+from herdless._request import lean_headers, read_cookies_when_set
 from herdless._sockets import AttemptLimit, bounded_http_client
 from herdless._stream import Stream
 from herdless._stream_state import StreamState
@@ -184,6 +184,7 @@ class Client(_BaseClient):
             self._limit = limit if bounded else None
         if self._owns_http:
             read_cookies_when_set(self._http)
+            lean_headers(self._http)
 
     @overload
     def chat(

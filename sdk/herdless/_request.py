@@ -22,11 +22,15 @@ import httpx
 
 from herdless._actions import ATTEMPT_HEADER, REQUEST_ID_HEADER, Send
 from herdless._backend import Backend, Timeouts
+from herdless._version import __version__
 from herdless._wire import encode_body, with_model
 
-__all__ = ["Endpoints", "read_cookies_when_set"]
+__all__ = ["USER_AGENT", "Endpoints", "lean_headers", "read_cookies_when_set"]
 
 # No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
+USER_AGENT = f"herdless/{__version__} python-httpx/{httpx.__version__}"
+"""The ``User-Agent`` of the requests of an HTTP client herdless made itself."""
+
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _SSE_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
@@ -146,3 +150,17 @@ def _timeout_extension(limits: Timeouts) -> dict[str, float]:
         "write": limits.connect,
         "pool": limits.connect,
     }
+
+
+def lean_headers(http: httpx.Client | httpx.AsyncClient) -> None:
+    """Trim the headers of the HTTP client herdless made itself to those that say
+    something: httpx's defaults less ``Accept: */*`` (no ``Accept`` means any media type;
+    a stream's request sets its own) and ``Connection: keep-alive`` (HTTP/1.1
+    connections persist without it), and herdless's ``User-Agent`` in place of httpx's.
+
+    Every header costs each request its encoding here and its parse at the server;
+    these two say nothing HTTP/1.1 does not already mean.
+    """
+    headers = http.headers
+    del headers["accept"], headers["connection"]
+    headers["user-agent"] = USER_AGENT

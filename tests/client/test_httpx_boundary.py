@@ -10,8 +10,8 @@ import herdless
 from herdless._actions import Send
 from herdless._backend import Backend, Timeouts
 from herdless._outcomes import failure
-from herdless._request import Endpoints, read_cookies_when_set
-from herdless.testing import Reply, ok
+from herdless._request import USER_AGENT, Endpoints, read_cookies_when_set
+from herdless.testing import Reply, ok, stream
 
 _REQUEST = httpx.Request("POST", "http://gpu.test/v1/chat/completions")
 
@@ -175,6 +175,35 @@ async def test_the_own_clients_jar_reads_only_answers_that_set_a_cookie(
 def test_a_users_http_client_keeps_httpxs_jar() -> None:
     with httpx.Client() as http, herdless.Client("http://gpu.test/v1", http_client=http):
         assert type(http.cookies) is httpx.Cookies
+
+
+async def test_the_own_clients_requests_carry_only_headers_that_say_something(
+    harness: Harness,
+) -> None:
+    # httpx's "Accept: */*" and "Connection: keep-alive" say what HTTP/1.1 means without
+    # them; a stream asks for event-stream itself; the User-Agent names herdless.
+    harness.primary.script(ok(), stream())
+    harness.build()
+    await harness.chat()
+    await harness.stream()
+    plain, streamed = (request.headers for request in harness.primary.requests)
+    assert "connection" not in plain
+    assert "connection" not in streamed
+    assert "accept" not in plain
+    assert streamed["accept"] == "text/event-stream"
+    assert plain["user-agent"] == streamed["user-agent"] == USER_AGENT
+    assert USER_AGENT.startswith(f"herdless/{herdless.__version__} ")
+    with httpx.Client() as defaults:
+        assert plain["accept-encoding"] == defaults.headers["accept-encoding"]
+
+
+def test_a_users_http_client_keeps_its_headers() -> None:
+    with (
+        httpx.Client() as http,
+        httpx.Client() as untouched,
+        herdless.Client("http://gpu.test/v1", http_client=http),
+    ):
+        assert http.headers == untouched.headers
 
 
 def _setting_cookie(reply: Reply, cookie: str) -> Reply:

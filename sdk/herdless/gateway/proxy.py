@@ -118,13 +118,13 @@ class AdmittedProxy:
                 backend=access.backend,
             )
 
-    async def _handle(self, call: _Exchange) -> tuple[int, str | None, Ticket | None]:
+    async def _handle(self, exchange: _Exchange) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
         try:
-            raw, request, deadline, early = await self._read(call)
+            raw, request, deadline, early = await self._read(exchange)
         except Answered as answered:
             return answered.status, answered.reason, None
-        rt, headers, access = self._rt, call.headers, call.access
+        rt, headers, access = self._rt, exchange.headers, exchange.access
         assert access.key_id is not None
         assert access.policy is not None
         policy = access.policy
@@ -133,7 +133,7 @@ class AdmittedProxy:
         if early is not None:  # only when it may spill: the upstream is out or draining
             assert spill is not None
             return *await self._until_gone(
-                call.receive, self._spilled(call, spill, raw, early)
+                exchange.receive, self._spilled(exchange, spill, raw, early)
             ), None
         # The fairness unit: the key, refined by the user the request names (the key's own
         # header first, then X-Herdless-User: what a proxy in front of an app that cannot
@@ -152,14 +152,14 @@ class AdmittedProxy:
         )
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
-                work = self._spilled(call, spill, raw, decision)
-                return *await self._until_gone(call.receive, work), None
-            await send_refusal(call.send, decision)
+                work = self._spilled(exchange, spill, raw, decision)
+                return *await self._until_gone(exchange.receive, work), None
+            await send_refusal(exchange.send, decision)
             return decision.status, decision.code, None
         ticket = decision.ticket
         try:
-            work = self._admitted(call, decision, raw, deadline, spill=spill)
-            outcome = await self._until_gone(call.receive, work)
+            work = self._admitted(exchange, decision, raw, deadline, spill=spill)
+            outcome = await self._until_gone(exchange.receive, work)
         finally:
             rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
         status, reason = outcome
@@ -197,10 +197,10 @@ class AdmittedProxy:
         return None if deadline is not None or klass == "batch" else spill
 
     async def _spilled(
-        self, call: _Exchange, spill: Spill, raw: bytes, refused: Refuse
+        self, exchange: _Exchange, spill: Spill, raw: bytes, refused: Refuse
     ) -> tuple[int, str | None]:
         """Answer from the hosted model instead of sending ``refused``; count and audit it."""
-        rt, access = self._rt, call.access
+        rt, access = self._rt, exchange.access
         rid = access.request_id or ""
         reason = refused.code
         extra = [
@@ -209,7 +209,7 @@ class AdmittedProxy:
             _HOSTED,
             (b"x-herdless-fallback-reason", reason.encode()),
         ]
-        ended = await spill.answer(call.send, json_object(raw), refused, extra)
+        ended = await spill.answer(exchange.send, json_object(raw), refused, extra)
         key = access.key_id or ""
         rt.metrics.spills[(key, reason, ended.outcome)] += 1
         for kind, tokens in (
@@ -225,7 +225,7 @@ class AdmittedProxy:
               request_id=rid)  # fmt: skip
         return ended.status, reason
 
-    async def _read(self, call: _Exchange) -> tuple[bytes, Priced, float | None, Refuse | None]:
+    async def _read(self, exchange: _Exchange) -> tuple[bytes, Priced, float | None, Refuse | None]:
         """Everything before admission: the key, the refusals that need no body (a flood
         is refused before its bodies are read, unless it may spill), the class, the body
         and its parse.
@@ -237,7 +237,7 @@ class AdmittedProxy:
         Raises:
             Answered: the request was answered here (an error or a refusal).
         """
-        rt, send, headers, access = self._rt, call.send, call.headers, call.access
+        rt, send, headers, access = self._rt, exchange.send, exchange.headers, exchange.access
         key_id = access.key_id = rt.identify(headers)
         if key_id is None:
             message = "a valid API key is required (Authorization: Bearer <key>)"
@@ -259,7 +259,9 @@ class AdmittedProxy:
             raise Answered(early.status, early.code)
         try:
             async with asyncio.timeout(settings.body_timeout):
-                raw = await read_body(call.scope, call.receive, headers, settings.max_body_bytes)
+                raw = await read_body(
+                    exchange.scope, exchange.receive, headers, settings.max_body_bytes
+                )
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
@@ -278,26 +280,26 @@ class AdmittedProxy:
 
     async def _admitted(
         self,
-        call: _Exchange,
+        exchange: _Exchange,
         decision: Admit | Enqueued,
         raw: bytes,
         deadline: float | None,
         *,
         spill: Spill | None,
     ) -> tuple[int, str | None]:
-        rt, send = self._rt, call.send
+        rt, send = self._rt, exchange.send
         ticket = decision.ticket
         if isinstance(decision, Enqueued):
             refused = await rt.gate.wait(ticket, deadline=deadline)
             if refused is not None:
                 if spill is not None and spills(refused):
-                    return await self._spilled(call, spill, raw, refused)
+                    return await self._spilled(exchange, spill, raw, refused)
                 await send_refusal(send, refused)
                 return refused.status, refused.code
             rt.metrics.held += 1
         rt.metrics.queue_wait.observe(ticket.queue_wait)
-        rid = call.access.request_id or ""
-        headers = call.headers | {"x-request-id": rid}
+        rid = exchange.access.request_id or ""
+        headers = exchange.headers | {"x-request-id": rid}
         started = time.perf_counter()
         try:
             response = await rt.upstream.open("POST", self._route.path, body=raw, headers=headers)
@@ -307,7 +309,7 @@ class AdmittedProxy:
                 rt.gate.set_upstream(ready=False, code=exc.code)
             refused = rt.gate.unavailable(exc.code, str(exc))
             if spill is not None:
-                return await self._spilled(call, spill, raw, refused)
+                return await self._spilled(exchange, spill, raw, refused)
             await send_refusal(send, refused)
             return 503, exc.code
         if spill is not None and response.status_code in (429, 503):  # vLLM's own refusal
@@ -317,7 +319,7 @@ class AdmittedProxy:
             said = f"the model server answered {response.status_code}"
             refused = Refuse(status=response.status_code, code=code, message=said,
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
-            return await self._spilled(call, spill, raw, refused)
+            return await self._spilled(exchange, spill, raw, refused)
         try:
             sniffer = await _relay(send, response, rid, started, rt, ticket.queue_wait)
         finally:

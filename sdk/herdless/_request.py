@@ -27,10 +27,10 @@ from herdless._wire import encode_body, with_model
 
 __all__ = ["USER_AGENT", "Endpoints", "lean_headers", "read_cookies_when_set"]
 
-# No Accept for a whole answer: httpx's default (*/*) does, and replacing it costs per call.
 USER_AGENT = f"herdless/{__version__} python-httpx/{httpx.__version__}"
 """The ``User-Agent`` of the requests of an HTTP client herdless made itself."""
 
+# No Accept for a whole answer: none means any (``lean_headers`` drops httpx's ``*/*``).
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _SSE_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 

@@ -4,7 +4,7 @@ from herdless._async_client import AsyncClient
 from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
 from herdless._client import Client
-from herdless._config import ChatOptions, ClientOptions
+from herdless._config import CallDefaults, ChatOptions, ClientOptions, DerivedOptions
 from herdless._hedge import HedgePolicy
 from herdless._pacing import PacingPolicy
 from herdless._retry import RetryPolicy
@@ -59,6 +59,7 @@ __all__ = [
     "Backend",
     "BadRequestError",
     "BreakerPolicy",
+    "CallDefaults",
     "ChatOptions",
     "ChatResult",
     "Chunk",
@@ -68,6 +69,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "DeadlineExceeded",
+    "DerivedOptions",
     "FallbackNotAllowed",
     "FallbackPolicy",
     "FunctionCall",

@@ -14,14 +14,20 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, Unpack
 
 from herdless._actions import Accepted, Outcome, Response, Send
-from herdless._backend import Backend, Timeouts
+from herdless._backend import Backend
 from herdless._call.flow import CallFlow
 from herdless._call.record import response_received
 from herdless._clock import SYSTEM_CLOCK
-from herdless._config import ChatOptions, ClientConfig, ClientOptions, derived_config
+from herdless._config import (
+    ChatOptions,
+    ClientConfig,
+    ClientOptions,
+    DerivedOptions,
+    derived_config,
+)
 from herdless._fields import check_extra_headers, llm_d_fields
 from herdless._request import Endpoints
 from herdless._state import ClientState
@@ -32,9 +38,6 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Self
 
-    from herdless._config import Priority
-    from herdless._retry import RetryPolicy
-    from herdless._routing import FallbackPolicy
     from herdless._stats import ClientStats
     from herdless.events import Event
 
@@ -122,43 +125,36 @@ class _BaseClient:
         states, latency percentiles, tokens and cost, computed from this client's events."""
         return self._state.stats()
 
-    def with_options(
-        self,
-        *,
-        model: str | None = None,
-        retry: RetryPolicy | None = None,
-        timeouts: Timeouts | None = None,
-        deadline: float | None = None,
-        stream_deadline: float | None = None,
-        fallback_policy: FallbackPolicy | None = None,
-        allow_fallback: bool | None = None,
-        priority: Priority | None = None,
-    ) -> Self:
+    def with_options(self, **options: Unpack[DerivedOptions]) -> Self:
         """A client with other per-call defaults, sharing this one's connections and state.
 
         The new client sends through the same connection pool and shares everything this
         client learns: the breakers, windows, retry budgets, pacers, backend holds, spend
         guard and ``stats()`` (and ``on_event``). Only the defaults below change; an
-        argument left ``None`` keeps this client's. Close this client, not the new one
-        (closing the new one does nothing): it uses this one's connections.
+        argument left out or ``None`` keeps this client's. Close this client, not the new
+        one (closing the new one does nothing): it uses this one's connections.
 
         Args:
-            model: the model asked of the primary.
-            retry: retry and backoff policy. Its retry-budget fields (``budget_ratio``,
-                ``budget_floor``, ``budget_window``) must stay this client's: the budgets
-                are shared state.
-            timeouts: per-attempt limits for backends that set none.
-            deadline: seconds for a whole call, waits included.
-            stream_deadline: seconds from a streamed call's start to the stream's end
-                (``math.inf``: no limit).
-            fallback_policy: when to leave a backend, where a call may not go. Its spend
-                caps (``max_external_*``, ``spend_window``) and ``degraded_interval``
-                must stay this client's: the spend guard and the degraded signal are
-                shared state.
-            allow_fallback: ``False``: no call of the new client reaches a fallback, even
-                one that passes ``allow_fallback=True`` (a data guard for a whole module).
-            priority: the class of the new client's calls (``"interactive"`` or
-                ``"batch"``) unless a call says otherwise.
+            **options: the defaults to change (``DerivedOptions``), below.
+
+        Other Parameters:
+            model (str | None): the model asked of the primary.
+            retry (RetryPolicy | None): retry and backoff policy. Its retry-budget fields
+                (``budget_ratio``, ``budget_floor``, ``budget_window``) must stay this
+                client's: the budgets are shared state.
+            timeouts (Timeouts | None): per-attempt limits for backends that set none.
+            deadline (float | None): seconds for a whole call, waits included.
+            stream_deadline (float | None): seconds from a streamed call's start to the
+                stream's end (``math.inf``: no limit).
+            fallback_policy (FallbackPolicy | None): when to leave a backend, where a call
+                may not go. Its spend caps (``max_external_*``, ``spend_window``) and
+                ``degraded_interval`` must stay this client's: the spend guard and the
+                degraded signal are shared state.
+            allow_fallback (bool | None): ``False``: no call of the new client reaches a
+                fallback, even one that passes ``allow_fallback=True`` (a data guard for a
+                whole module).
+            priority (Priority | None): the class of the new client's calls
+                (``"interactive"`` or ``"batch"``) unless a call says otherwise.
 
         What cannot change here, because it is the state shared with this client: the
         backends, the breaker, window, pacing and hedge policies, ``on_event``, the clock
@@ -167,18 +163,11 @@ class _BaseClient:
         >>> strict = client.with_options(deadline=5, allow_fallback=False)  # doctest: +SKIP
 
         Raises:
+            TypeError: a name that is not one of the options above.
             ValueError: an argument is out of range, or changes shared state (above).
         """
-        config = derived_config(
-            self.config,
-            model=model,
-            retry=retry,
-            timeouts=timeouts,
-            deadline=deadline,
-            stream_deadline=stream_deadline,
-            fallback_policy=fallback_policy,
-            priority=priority,
-        )
+        allow_fallback = options.pop("allow_fallback", None)
+        config = derived_config(self.config, options)
         derived = copy.copy(self)  # the same HTTP client, hooks and sleep
         derived._state = _derived_state(self._state, config)
         derived._endpoints = Endpoints(config.backends, config.timeouts)

@@ -29,8 +29,10 @@ from herdless._window import WindowPolicy
 __all__ = [
     "DEFAULT_DEADLINE",
     "PRIORITIES",
+    "CallDefaults",
     "ClientConfig",
     "ClientOptions",
+    "DerivedOptions",
     "Priority",
     "derived_config",
 ]
@@ -40,31 +42,51 @@ __all__ = [
 # still bounds a caller that would otherwise wait forever.
 DEFAULT_DEADLINE = 60.0
 
+# The constructors' own arguments, besides ClientOptions: their types differ sync/async.
+_OWN_ARGUMENTS = ("on_event", "sleep", "http_client", "transport")
+
 Priority = Literal["interactive", "batch"]
 """A call's class, sent as ``X-Herdless-Priority``: a herdless gateway serves interactive
 work first and lets batch work use the capacity it leaves idle."""
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 
 
-class ClientOptions(TypedDict, total=False):
-    """The keyword arguments ``Client`` and ``AsyncClient`` share.
+class CallDefaults(TypedDict, total=False):
+    """What a client's calls get unless a call says otherwise: part of ``ClientOptions``,
+    and what ``with_options`` may change (``DerivedOptions``).
 
     Attributes:
-        fallback: backends to fall back to, in order.
         model: the model asked of the primary.
         retry: retry, backoff and retry-budget policy.
-        breaker: circuit-breaker policy (one breaker per backend, per client).
         deadline: seconds for a whole call, waits included (default 60); for a stream,
             until its first chunk.
         stream_deadline: seconds from a streamed call's start to the stream's end
             (default: none, ``Timeouts.read`` bounds each silence).
         timeouts: per-attempt limits for backends that set none.
         fallback_policy: when to leave a backend, where a call may not go.
-        window: flow control: how many calls may be at one backend at once.
-        pacing: a rate the client never exceeds toward each backend (off by default).
         priority: the class of the client's calls unless a call says otherwise:
             ``"interactive"`` (default) or ``"batch"`` (``X-Herdless-Priority``). Batch
             calls wait for the primaries and never spill to an ``external`` fallback.
+    """
+
+    model: str | None
+    retry: RetryPolicy | None
+    deadline: float | None
+    stream_deadline: float | None
+    timeouts: Timeouts | None
+    fallback_policy: FallbackPolicy | None
+    priority: Priority | None
+
+
+class ClientOptions(CallDefaults, total=False):
+    """The keyword arguments ``Client`` and ``AsyncClient`` share: the ``CallDefaults``,
+    and these.
+
+    Attributes:
+        fallback: backends to fall back to, in order.
+        breaker: circuit-breaker policy (one breaker per backend, per client).
+        window: flow control: how many calls may be at one backend at once.
+        pacing: a rate the client never exceeds toward each backend (off by default).
         hedge: send a late attempt again to the next backend, keep the first answer
             (off by default).
         clock: monotonic clock (a ``herdless.testing.FakeClock`` in tests).
@@ -76,21 +98,25 @@ class ClientOptions(TypedDict, total=False):
     """
 
     fallback: Backend | Sequence[Backend] | None
-    model: str | None
-    retry: RetryPolicy | None
     breaker: BreakerPolicy | None
-    deadline: float | None
-    stream_deadline: float | None
-    timeouts: Timeouts | None
-    fallback_policy: FallbackPolicy | None
     window: WindowPolicy | None
     pacing: PacingPolicy | None
-    priority: Priority | None
     hedge: HedgePolicy | None
     clock: Clock
     rng: random.Random | None
     env_file: str | Path | None
     llm_d_headers: bool
+
+
+class DerivedOptions(CallDefaults, total=False):
+    """The keyword arguments of ``with_options``: the ``CallDefaults``, and this.
+
+    Attributes:
+        allow_fallback: ``False``: no call of the new client reaches a fallback, even one
+            that passes ``allow_fallback=True`` (a data guard for a whole module).
+    """
+
+    allow_fallback: bool | None
 
 
 class ChatOptions(TypedDict, total=False):
@@ -226,7 +252,8 @@ class ClientConfig:
         """
         unknown = sorted(set(options) - set(ClientOptions.__annotations__))
         if unknown:
-            raise TypeError(_unknown_message(unknown[0]))
+            known = [*ClientOptions.__annotations__, *_OWN_ARGUMENTS]
+            raise TypeError(_unknown_message("the client", unknown[0], known))
         fallback = options.get("fallback")
         model = options.get("model")
         deadline = options.get("deadline")
@@ -283,13 +310,18 @@ _SHARED_FIELDS = {
 }
 
 
-def derived_config(config: ClientConfig, **changes: object) -> ClientConfig:
+def derived_config(config: ClientConfig, changes: CallDefaults) -> ClientConfig:
     """``config`` with ``changes`` (those not ``None``), for ``with_options``.
 
     Raises:
+        TypeError: a change that is not one of the ``CallDefaults``.
         ValueError: a change is out of range, or touches a field the client's shared state
             was built from (``_SHARED_FIELDS``).
     """
+    unknown = sorted(set(changes) - set(CallDefaults.__annotations__))
+    if unknown:
+        known = list(DerivedOptions.__annotations__)
+        raise TypeError(_unknown_message("with_options()", unknown[0], known))
     given = {name: value for name, value in changes.items() if value is not None}
     for name, fields in _SHARED_FIELDS.items():
         if name in given:
@@ -302,11 +334,10 @@ def derived_config(config: ClientConfig, **changes: object) -> ClientConfig:
     return dataclasses.replace(config, **given)  # type: ignore[arg-type]
 
 
-def _unknown_message(name: str) -> str:
-    known = [*ClientOptions.__annotations__, "on_event", "sleep", "http_client", "transport"]
+def _unknown_message(caller: str, name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"the client got an unexpected keyword argument {name!r}{hint}"
+    return f"{caller} got an unexpected keyword argument {name!r}{hint}"
 
 
 def _primaries(primary: str | Backend | Sequence[str | Backend]) -> tuple[Backend, ...]:

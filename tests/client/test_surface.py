@@ -316,6 +316,15 @@ async def test_with_options_refuses_to_change_shared_state(harness: Harness) -> 
     )
 
 
+async def test_with_options_refuses_a_name_it_does_not_know(harness: Harness) -> None:
+    client = harness.build()
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'deadlin'.*'deadline'"):
+        client.with_options(deadlin=5.0)  # type: ignore[call-arg]
+    # A ClientOptions name that is shared state is no call default: refused by name too.
+    with pytest.raises(TypeError, match="'breaker'"):
+        client.with_options(breaker=herdless.BreakerPolicy())  # type: ignore[call-arg]
+
+
 async def test_closing_a_derived_client_leaves_the_pool_open(harness: Harness) -> None:
     harness.primary.script(ok())
     client = harness.build()

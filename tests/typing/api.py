@@ -146,6 +146,8 @@ def sync_usage() -> None:
             allow_fallback=False,
             priority="batch",
         )
+        # with_options()'s are DerivedOptions: a misspelled one is the type checker's error.
+        client.with_options(deadlin=5.0)  # type: ignore[call-arg]
         del strict
     herdless.Client.from_env(env_file=None, on_event=on_event).close()
     herdless.Client(primary=[hosted, "http://gpu-2:8080/v1"]).close()

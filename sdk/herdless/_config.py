@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from herdless._backend import Backend, Timeouts
 from herdless._breaker import BreakerPolicy
@@ -254,42 +254,27 @@ class ClientConfig:
         if unknown:
             known = [*ClientOptions.__annotations__, *_OWN_ARGUMENTS]
             raise TypeError(_unknown_message("the client", unknown[0], known))
-        fallback = options.get("fallback")
-        model = options.get("model")
-        deadline = options.get("deadline")
-        stream_deadline = options.get("stream_deadline")
-        timeouts = options.get("timeouts")
-        retry = options.get("retry")
-        breaker = options.get("breaker")
-        hedge = options.get("hedge")
-        llm_d_headers = options.get("llm_d_headers")
         if primary is None:  # the environment says everything not given
             from herdless._settings import env_options  # lazy: pydantic only when needed
 
-            env = env_options(options.get("env_file", ".env"))
-            primary = env.primary
-            fallback = env.fallback if fallback is None else fallback
-            model = env.model if model is None else model
-            deadline = env.deadline if deadline is None else deadline
-            stream_deadline = env.stream_deadline if stream_deadline is None else stream_deadline
-            timeouts = timeouts or env.timeouts
-            retry = retry or env.retry
-            breaker = breaker or env.breaker
-            hedge = hedge or env.hedge
-            llm_d_headers = env.llm_d_headers if llm_d_headers is None else llm_d_headers
+            primary, env = env_options(options.get("env_file", ".env"))
+            given = {name: value for name, value in options.items() if value is not None}
+            options = cast(ClientOptions, env | given)  # what is given wins
+        deadline = options.get("deadline")
+        llm_d_headers = options.get("llm_d_headers")
         return cls(
             primaries=_primaries(primary),
-            fallbacks=_as_tuple(fallback),
-            model=model,
-            retry=retry or RetryPolicy(),
-            breaker=breaker or BreakerPolicy(),
+            fallbacks=_as_tuple(options.get("fallback")),
+            model=options.get("model"),
+            retry=options.get("retry") or RetryPolicy(),
+            breaker=options.get("breaker") or BreakerPolicy(),
             fallback_policy=options.get("fallback_policy") or FallbackPolicy(),
             window=options.get("window") or WindowPolicy(),
             pacing=options.get("pacing"),
-            hedge=hedge,
-            timeouts=timeouts or Timeouts(),
+            hedge=options.get("hedge"),
+            timeouts=options.get("timeouts") or Timeouts(),
             deadline=DEFAULT_DEADLINE if deadline is None else deadline,
-            stream_deadline=stream_deadline,
+            stream_deadline=options.get("stream_deadline"),
             priority=options.get("priority") or "interactive",
             llm_d_headers=True if llm_d_headers is None else bool(llm_d_headers),
         )

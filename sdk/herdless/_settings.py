@@ -46,7 +46,6 @@ import os
 import re
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -60,7 +59,7 @@ from herdless._hedge import HedgePolicy
 from herdless._retry import RetryPolicy
 from herdless.errors import ConfigurationError
 
-__all__ = ["EnvOptions", "HerdlessSettings", "env_options"]
+__all__ = ["HerdlessSettings", "env_options"]
 
 _PREFIX = "HERDLESS_"
 
@@ -106,22 +105,6 @@ HerdlessSettings = create_model(
     **_policy_fields(RetryPolicy, "retry_"),
     **_policy_fields(BreakerPolicy, "breaker_"),
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EnvOptions:
-    """Client constructor arguments read from the environment."""
-
-    primary: Backend
-    fallback: tuple[Backend, ...]
-    model: str | None
-    deadline: float | None
-    stream_deadline: float | None
-    timeouts: Timeouts
-    retry: RetryPolicy
-    breaker: BreakerPolicy
-    hedge: HedgePolicy | None = None
-    llm_d_headers: bool | None = None
 
 
 def _var(field: str) -> str:
@@ -182,8 +165,9 @@ def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
-def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
-    """Read the ``HERDLESS_*`` environment (and ``env_file``, when it exists).
+def env_options(env_file: str | Path | None = ".env") -> tuple[Backend, dict[str, Any]]:
+    """Read the ``HERDLESS_*`` environment (and ``env_file``, when it exists): the
+    primary, and the ``ClientOptions`` it sets (``None`` where a variable is unset).
 
     Raises:
         ConfigurationError: a variable is missing or malformed; ``.variable`` names it.
@@ -205,13 +189,12 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
             "e.g. http://gpu-gateway.internal:8080/v1",
             variable=_var("primary_url"),
         )
-    return EnvOptions(
-        primary=_backend(settings, "primary"),
-        fallback=_fallback(settings),
-        model=settings.model,
-        deadline=settings.deadline,
-        stream_deadline=settings.stream_deadline,
-        timeouts=_build(
+    return _backend(settings, "primary"), {
+        "fallback": _fallback(settings),
+        "model": settings.model,
+        "deadline": settings.deadline,
+        "stream_deadline": settings.stream_deadline,
+        "timeouts": _build(
             Timeouts,
             {
                 "connect": (_var("connect_timeout"), settings.connect_timeout),
@@ -219,11 +202,11 @@ def env_options(env_file: str | Path | None = ".env") -> EnvOptions:
                 "read": (_var("read_timeout"), settings.read_timeout),
             },
         ),
-        retry=_build(RetryPolicy, _group(settings, "retry_")),
-        breaker=_build(BreakerPolicy, _group(settings, "breaker_")),
-        hedge=_hedge(settings),
-        llm_d_headers=settings.llm_d_headers,
-    )
+        "retry": _build(RetryPolicy, _group(settings, "retry_")),
+        "breaker": _build(BreakerPolicy, _group(settings, "breaker_")),
+        "hedge": _hedge(settings),
+        "llm_d_headers": settings.llm_d_headers,
+    }
 
 
 def _hedge(settings: Any) -> HedgePolicy | None:

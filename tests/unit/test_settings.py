@@ -8,6 +8,7 @@ import pytest
 
 from herdless._backend import Price, Timeouts
 from herdless._breaker import BreakerPolicy
+from herdless._config import ClientOptions
 from herdless._hedge import HedgePolicy
 from herdless._retry import RetryPolicy
 from herdless._settings import env_options
@@ -23,17 +24,17 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_the_minimum_is_a_primary_url(env: pytest.MonkeyPatch) -> None:
-    options = env_options(None)
-    assert options.primary.base_url == URL
-    assert options.primary.name == "primary"
-    assert options.primary.api_key is None
-    assert options.fallback == ()
-    assert options.model is None
-    assert options.deadline is None
-    assert options.timeouts == Timeouts()
-    assert options.retry == RetryPolicy()
-    assert options.breaker == BreakerPolicy()
-    assert options.hedge is None  # hedging is off unless asked for
+    primary, options = env_options(None)
+    assert primary.base_url == URL
+    assert primary.name == "primary"
+    assert primary.api_key is None
+    assert options["fallback"] == ()
+    assert options["model"] is None
+    assert options["deadline"] is None
+    assert options["timeouts"] == Timeouts()
+    assert options["retry"] == RetryPolicy()
+    assert options["breaker"] == BreakerPolicy()
+    assert options["hedge"] is None  # hedging is off unless asked for
 
 
 @pytest.mark.parametrize(
@@ -49,7 +50,13 @@ def test_hedging_from_the_environment(
 ) -> None:
     for name, value in variables.items():
         env.setenv(f"HERDLESS_{name}", value)
-    assert env_options(None).hedge == policy
+    assert env_options(None)[1]["hedge"] == policy
+
+
+def test_the_environment_sets_only_client_options(env: pytest.MonkeyPatch) -> None:
+    # ClientConfig.build merges these into the given ClientOptions, a cast mypy cannot check.
+    _, options = env_options(None)
+    assert set(options) <= set(ClientOptions.__annotations__)
 
 
 def test_a_client_from_the_environment_hedges(env: pytest.MonkeyPatch) -> None:
@@ -68,7 +75,7 @@ def test_llm_d_headers_can_be_turned_off_from_the_environment(env: pytest.Monkey
     with herdless.Client(env_file=None) as client:
         assert client.config.llm_d_headers  # on by default
     env.setenv("HERDLESS_LLM_D_HEADERS", "false")
-    assert env_options(None).llm_d_headers is False
+    assert env_options(None)[1]["llm_d_headers"] is False
     with herdless.Client(env_file=None) as client:
         assert not client.config.llm_d_headers
     with herdless.Client(env_file=None, llm_d_headers=True) as client:
@@ -97,26 +104,26 @@ def test_everything_set(env: pytest.MonkeyPatch) -> None:
         "BREAKER_CONSECUTIVE_FAILURES": "7",
     }.items():
         env.setenv(f"HERDLESS_{name}", value)
-    options = env_options(None)
-    assert options.primary.api_key == "sk-p"
-    assert options.model == "gemma-4"
-    [fallback] = options.fallback
+    primary, options = env_options(None)
+    assert primary.api_key == "sk-p"
+    assert options["model"] == "gemma-4"
+    [fallback] = options["fallback"]
     assert (fallback.name, fallback.base_url, fallback.api_key) == (
         "fallback",
         "https://api.hosted.test/v1",
         "sk-f",
     )
     assert (fallback.model, fallback.external) == ("gpt-mini", False)
-    assert options.deadline == 20.0
-    assert options.timeouts == Timeouts(connect=1.5, first_byte=12.0, read=9.0)
-    assert options.retry == RetryPolicy(max_attempts=3, cap=4.0, max_retry_after=30.0)
-    assert options.breaker == BreakerPolicy(open_for=2.5, consecutive_failures=7)
+    assert options["deadline"] == 20.0
+    assert options["timeouts"] == Timeouts(connect=1.5, first_byte=12.0, read=9.0)
+    assert options["retry"] == RetryPolicy(max_attempts=3, cap=4.0, max_retry_after=30.0)
+    assert options["breaker"] == BreakerPolicy(open_for=2.5, consecutive_failures=7)
 
 
 def test_a_fallback_is_external_by_default(env: pytest.MonkeyPatch) -> None:
     env.setenv("HERDLESS_FALLBACK_URL", "https://api.hosted.test/v1")
     env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
-    assert env_options(None).fallback[0].external is True
+    assert env_options(None)[1]["fallback"][0].external is True
 
 
 def test_a_dotenv_file_is_read(tmp_path: Path) -> None:
@@ -124,14 +131,14 @@ def test_a_dotenv_file_is_read(tmp_path: Path) -> None:
     dotenv.write_text(
         f"HERDLESS_PRIMARY_URL={URL}\nHERDLESS_MODEL=from-file\nHERDLESS_GATEWAY_PORT=9\n"
     )
-    options = env_options(dotenv)
-    assert options.model == "from-file"  # and the gateway's variable is ignored, not an error
+    _, options = env_options(dotenv)
+    assert options["model"] == "from-file"  # and the gateway's variable is ignored, not an error
 
 
 def test_the_environment_wins_over_the_dotenv_file(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     dotenv = tmp_path / ".env"
     dotenv.write_text("HERDLESS_PRIMARY_URL=http://file.test/v1\n")
-    assert env_options(dotenv).primary.base_url == URL
+    assert env_options(dotenv)[0].base_url == URL
 
 
 @pytest.mark.parametrize(
@@ -203,8 +210,8 @@ def test_a_misspelled_variable_is_named_with_the_one_it_resembles(
 ) -> None:
     env.setenv("HERDLESS_DEADLNE", "5")
     with pytest.warns(UserWarning, match="HERDLESS_DEADLNE .* did you mean HERDLESS_DEADLINE"):
-        options = env_options(None)
-    assert options.deadline is None  # ignored, as the warning says
+        _, options = env_options(None)
+    assert options["deadline"] is None  # ignored, as the warning says
 
 
 def test_a_misspelled_variable_in_the_dotenv_file_is_named(
@@ -239,9 +246,9 @@ def test_stream_deadline_and_a_fallback_price_from_the_environment(
     env.setenv("HERDLESS_FALLBACK_MODEL", "gpt-mini")
     env.setenv("HERDLESS_FALLBACK_PRICE_INPUT", "0.15")
     env.setenv("HERDLESS_FALLBACK_PRICE_OUTPUT", "0.6")
-    options = env_options(None)
-    assert options.stream_deadline == 120.0
-    assert options.fallback[0].price == Price(input=0.15, output=0.6)
+    _, options = env_options(None)
+    assert options["stream_deadline"] == 120.0
+    assert options["fallback"][0].price == Price(input=0.15, output=0.6)
 
 
 def test_a_fallback_price_needs_both_variables(env: pytest.MonkeyPatch) -> None:

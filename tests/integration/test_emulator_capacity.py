@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from herdless.bench.emulator_capacity import main, run_capacity
+from herdless.bench.emulator_capacity import CapacityParams, main, run_capacity
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 
 
 def test_a_tiny_capacity_run_reports_every_level() -> None:
-    report = run_capacity(levels=(1, 4), speed=50, max_tokens=8, duration=0.3)
+    report = run_capacity(CapacityParams(speed=50, max_tokens=8, duration=0.3), levels=(1, 4))
     assert [lv.concurrency for lv in report.levels] == [1, 4]
     for level in report.levels:
         assert level.errors == 0

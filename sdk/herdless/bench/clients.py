@@ -45,7 +45,7 @@ from herdless.bench.js_clients import (
     node_available,
     run_clients_async,
 )
-from herdless.bench.report import Column, ScenarioResult, Target
+from herdless.bench.report import Column, ScenarioResult, Target, knobs
 from herdless.bench.runner import Progress
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
@@ -357,12 +357,7 @@ def _result(
     return ScenarioResult(
         name="clients",
         title="clients that do not embed herdless: key policies, holds, the hosted fallback",
-        params={
-            "calls": params.calls,
-            "concurrency": params.concurrency,
-            "window_s": params.window,
-            "long_window_s": params.long_window,
-        },
+        params=knobs(params, leave_out={"window_calls", "cache"}),
         columns=[
             Column(key="calls", label="calls", fmt="{:.0f}"),
             Column(key="errors", label="errors", fmt="{:.0f}"),

@@ -36,9 +36,31 @@ from herdless.bench.procfs import cpu_seconds
 from herdless.emulator.engine import EngineConfig
 from herdless.launch.servers import emulator_process
 
-__all__ = ["CapacityReport", "LevelResult", "main", "run_capacity"]
+__all__ = ["LEVELS", "CapacityParams", "CapacityReport", "LevelResult", "main", "run_capacity"]
 
 _PROMPT = [{"role": "user", "content": "Tell me about herds."}]
+
+LEVELS = (1, 50, 100, 250, 500)
+"""The concurrency levels measured unless others are asked for."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityParams:
+    """How every level is measured.
+
+    Attributes:
+        speed: the emulator's ``--speed``.
+        max_tokens: tokens per stream.
+        duration: seconds each level runs (streams started before it ends finish).
+        threshold: the efficiency a level needs to count as sustained.
+        stream_interval: the emulator's ``--stream-interval`` (tokens per write).
+    """
+
+    speed: float = 10.0
+    max_tokens: int = 64
+    duration: float = 5.0
+    threshold: float = 0.9
+    stream_interval: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,19 +89,15 @@ class LevelResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityReport:
-    """All levels, and the largest one sustained."""
+    """All levels, how they were measured, and the largest one sustained."""
 
-    speed: float
-    max_tokens: int
-    duration: float
-    threshold: float
-    stream_interval: int
+    params: CapacityParams
     levels: list[LevelResult]
 
     @property
     def sustained(self) -> int:
         """The largest concurrency sustained (0 when none was)."""
-        ok = [lv.concurrency for lv in self.levels if lv.sustained_at >= self.threshold]
+        ok = [lv.concurrency for lv in self.levels if lv.sustained_at >= self.params.threshold]
         return max(ok, default=0)
 
     def to_markdown(self) -> str:
@@ -97,11 +115,12 @@ class CapacityReport:
             f"| {lv.cpu_per_token * 1e6:.1f} |\n"
             for lv in self.levels
         )
+        p = self.params
         return (
-            f"Emulator capacity at --speed {self.speed:g} --stream-interval "
-            f"{self.stream_interval}, {self.max_tokens} tokens per stream, "
-            f"{self.duration:g} s per level: sustained **{self.sustained}** concurrent streams "
-            f"(efficiency >= {self.threshold:g}, no errors).\n\n{head}{rows}"
+            f"Emulator capacity at --speed {p.speed:g} --stream-interval "
+            f"{p.stream_interval}, {p.max_tokens} tokens per stream, "
+            f"{p.duration:g} s per level: sustained **{self.sustained}** concurrent streams "
+            f"(efficiency >= {p.threshold:g}, no errors).\n\n{head}{rows}"
         )
 
 
@@ -225,40 +244,30 @@ async def _level(url: str, pid: int | None, n: int, max_tokens: int, duration: f
 
 
 def run_capacity(
-    *,
-    levels: Sequence[int] = (1, 50, 100, 250, 500),
-    speed: float = 10.0,
-    max_tokens: int = 64,
-    duration: float = 5.0,
-    threshold: float = 0.9,
-    stream_interval: int = 1,
+    params: CapacityParams = CapacityParams(), *, levels: Sequence[int] = LEVELS
 ) -> CapacityReport:
     """Measure the emulator at each concurrency level (see the module docstring).
 
     Args:
+        params: how every level is measured.
         levels: concurrent streams per level.
-        speed: the emulator's ``--speed``.
-        max_tokens: tokens per stream.
-        duration: seconds each level runs (streams started before it ends finish).
-        threshold: the efficiency a level needs to count as sustained.
-        stream_interval: the emulator's ``--stream-interval`` (tokens per write).
     """
     if not levels or min(levels) < 1:
         raise ValueError("levels must be positive integers")
-    if speed <= 0 or max_tokens < 1 or duration <= 0:
+    if params.speed <= 0 or params.max_tokens < 1 or params.duration <= 0:
         raise ValueError("speed, max_tokens and duration must be positive")
     top = max(levels)
-    model = EngineConfig(max_num_seqs=top, speed=speed)
+    model = EngineConfig(max_num_seqs=top, speed=params.speed)
     results = []
     with emulator_process(
-        speed=speed,
+        speed=params.speed,
         max_num_seqs=top,
         kv_cache_tokens=max(400_000, top * 200),
-        stream_interval=stream_interval,
+        stream_interval=params.stream_interval,
         log_level="warning",
     ) as server:
         for n in levels:
-            got = asyncio.run(_level(server.url, server.pid, n, max_tokens, duration))
+            got = asyncio.run(_level(server.url, server.pid, n, params.max_tokens, params.duration))
             step = model.step_time(n, 0)
             itl = percentile(got.itls, 50)
             results.append(
@@ -279,37 +288,33 @@ def run_capacity(
                     cpu_per_token=got.cpu / got.tokens if got.tokens else math.nan,
                 )
             )
-    return CapacityReport(
-        speed=speed,
-        max_tokens=max_tokens,
-        duration=duration,
-        threshold=threshold,
-        stream_interval=stream_interval,
-        levels=results,
-    )
+    return CapacityReport(params=params, levels=results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m herdless.bench.emulator_capacity``: print the table (and write JSON)."""
     parser = argparse.ArgumentParser(prog="python -m herdless.bench.emulator_capacity")
-    parser.add_argument("--levels", default="1,50,100,250,500", help="comma-separated streams")
-    parser.add_argument("--speed", type=float, default=10.0, help="the emulator's --speed")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per stream")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per level")
-    parser.add_argument("--threshold", type=float, default=0.9, help="efficiency to sustain")
-    parser.add_argument("--stream-interval", type=int, default=1, help="tokens per write")
+    parser.add_argument(
+        "--levels", default=",".join(map(str, LEVELS)), help="comma-separated streams"
+    )
+    parser.add_argument("--speed", type=float, help="the emulator's --speed")
+    parser.add_argument("--max-tokens", type=int, help="tokens per stream")
+    parser.add_argument("--duration", type=float, help="seconds per level")
+    parser.add_argument("--threshold", type=float, help="efficiency to sustain")
+    parser.add_argument("--stream-interval", type=int, help="tokens per write")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.set_defaults(**asdict(CapacityParams()))  # the knobs' defaults are its fields'
     args = parser.parse_args(argv)
     try:
         levels = [int(x) for x in args.levels.split(",")]
-        report = run_capacity(
-            levels=levels,
+        params = CapacityParams(
             speed=args.speed,
             max_tokens=args.max_tokens,
             duration=args.duration,
             threshold=args.threshold,
             stream_interval=args.stream_interval,
         )
+        report = run_capacity(params, levels=levels)
     except ValueError as exc:
         print(f"emulator_capacity: {exc}", file=sys.stderr)
         return 2

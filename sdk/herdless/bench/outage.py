@@ -33,7 +33,7 @@ import httpx
 
 import herdless
 from herdless._percentiles import percentile
-from herdless.bench.report import Column, Medians, ScenarioResult, Target
+from herdless.bench.report import Column, Medians, ScenarioResult, Target, knobs
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.servers import quiet_emulator
 from herdless.events import BreakerStateChanged, Event, FallbackUsed
@@ -179,13 +179,7 @@ def run(p: OutageParams, progress: Progress | None = None) -> list[ScenarioResul
         table.result(
             name="outage",
             title="the primary hangs, then recovers; one app, a shared client",
-            params={
-                "workers": p.workers,
-                "hang_s": p.hang,
-                "first_byte_timeout_s": p.first_byte,
-                "breaker_open_for_s": p.open_for,
-                "repeats": p.repeats,
-            },
+            params=knobs(p, leave_out={"warmup", "after", "speed"}),
             columns=[
                 Column(key="direct_p50", label="p50 direct to hosted (ms)", fmt="{:.1f}"),
                 Column(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from herdless.bench import emulator_capacity, gateway_overhead, sdk_overhead
 from herdless.bench.emulator_capacity import CapacityReport
 from herdless.bench.gateway_overhead import OverheadResult
-from herdless.bench.report import Column, ScenarioResult, Target
+from herdless.bench.report import Column, ScenarioResult, Target, knobs
 from herdless.bench.runner import Progress
 from herdless.bench.sdk_overhead import ArmResult
 
@@ -183,11 +183,7 @@ def _emulator(report: CapacityReport) -> ScenarioResult:
     return ScenarioResult(
         name="overhead-emulator",
         title="the emulator keeps up with the GPU it emulates",
-        params={
-            "speed": report.speed,
-            "max_tokens": report.max_tokens,
-            "s_per_level": report.duration,
-        },
+        params=knobs(report.params, leave_out={"threshold", "stream_interval"}),
         columns=[
             Column(key="tps", label="tokens/s received", fmt="{:,.0f}"),
             Column(key="model", label="tokens/s modelled", fmt="{:,.0f}"),
@@ -204,5 +200,8 @@ def _emulator(report: CapacityReport) -> ScenarioResult:
                 at_least=True,
             )
         ],
-        notes=["herdless.bench.emulator_capacity; sustained = no errors, efficiency >= 0.9."],
+        notes=[
+            "herdless.bench.emulator_capacity; sustained = no errors, "
+            f"efficiency >= {report.params.threshold:g}."
+        ],
     )

@@ -205,7 +205,8 @@ def _result(
         for run in figures:
             run["makespan_x"] = ratio(run["makespan"], ideal)
     table = Medians(runs)
-    h = table["herdless (shared)"]
+    arm = "herdless (shared)"
+    h = table[arm]
     if gateway:
         title = f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue} on the emulator"
         base = f"ideal = n / slots x service = {ideal:.2f} s (service {service:.3f} s, measured)"
@@ -218,7 +219,6 @@ def _result(
         base = f"baseline = the same server with an unbounded queue: makespan {ideal:.2f} s"
         limits = (1.20, 1.15, "makespan / unbounded")
     attempts, makespan, label = limits
-    arm = "herdless (shared)"
     targets = [
         Target(label=f"{arm} served", value=float(h["served"]), limit=1.0, at_least=True),
         Target(label=f"{arm} attempts / request", value=float(h["attempts"]), limit=attempts),

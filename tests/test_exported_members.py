@@ -17,3 +17,21 @@ def test_all_is_sorted_and_complete() -> None:
         if not name.startswith("_") and not isinstance(getattr(herdless, name), types.ModuleType)
     }
     assert public <= exported
+
+
+def test_the_testing_package_exports_its_clock_and_all_of_mock() -> None:
+    import __future__
+
+    import herdless.testing
+    from herdless.testing import mock
+
+    assert herdless.testing.__all__ == ["FakeClock", *mock.__all__]
+    for name in herdless.testing.__all__:
+        assert hasattr(herdless.testing, name), name
+    public = {
+        name
+        for name in dir(herdless.testing)
+        if not name.startswith("_")
+        and not isinstance(getattr(herdless.testing, name), types.ModuleType | __future__._Feature)
+    }
+    assert public == set(herdless.testing.__all__)

@@ -8,7 +8,7 @@ import httpx
 
 import herdless
 from herdless import events
-from herdless.testing import FakeClock
+from herdless.testing import FakeClock, MockBackend, Reply, ok
 
 version: str = herdless.__version__
 
@@ -38,6 +38,9 @@ pacing = herdless.PacingPolicy(rate=20.0, burst=5)
 hedge = herdless.HedgePolicy(after="auto", max_share=0.05, min_after=0.1)
 fixed_hedge = herdless.HedgePolicy(after=2.0)
 clock = FakeClock()
+# herdless.testing re-exports mock's names (its __all__): a user's type check sees them.
+scripted: type[MockBackend] = MockBackend
+reply: Reply = ok("hi")
 
 
 def on_event(event: events.Event) -> None:

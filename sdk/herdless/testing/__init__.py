@@ -13,38 +13,11 @@ and vLLM are started by ``herdless.launch``.
 
 from __future__ import annotations
 
-from herdless.testing.mock import (
-    MockBackend,
-    Reply,
-    ToolCallSpec,
-    connect_error,
-    deadline_unattainable,
-    draining,
-    hang,
-    ok,
-    overloaded,
-    rate_limited,
-    server_error,
-    stream,
-    unavailable,
-)
+# As asyncio's __init__ does: the names are mock's ``__all__``, written once, there.
+from herdless.testing import mock
+from herdless.testing.mock import *  # noqa: F403
 
-__all__ = [
-    "FakeClock",
-    "MockBackend",
-    "Reply",
-    "ToolCallSpec",
-    "connect_error",
-    "deadline_unattainable",
-    "draining",
-    "hang",
-    "ok",
-    "overloaded",
-    "rate_limited",
-    "server_error",
-    "stream",
-    "unavailable",
-]
+__all__ = ["FakeClock", *mock.__all__]
 
 
 class FakeClock:

@@ -3,7 +3,10 @@ never asserted: the machine is noisy)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -37,6 +40,29 @@ def test_bytecodes_are_counted_and_the_tracer_is_put_back() -> None:
     assert result.httpx_bytecodes > 1000
     assert result.herdless_bytecodes > 1000
     assert result.bytecode_ratio == result.herdless_bytecodes / result.httpx_bytecodes
+
+
+def test_the_count_is_what_most_calls_run() -> None:
+    # A third of the calls run a few bytecodes more (a time-driven path, in the bench).
+    def call(more: Iterator[bool]) -> None:
+        if next(more):
+            sum(range(3))
+
+    now_and_then = functools.partial(call, itertools.cycle([True, False, False]))
+    never = functools.partial(call, itertools.repeat(False))
+    always = functools.partial(call, itertools.repeat(True))
+    assert sdk_overhead._bytecodes(now_and_then) == sdk_overhead._bytecodes(never)
+    assert sdk_overhead._bytecodes(always) > sdk_overhead._bytecodes(never)
+
+
+async def test_the_async_count_is_what_most_calls_run() -> None:
+    async def call(more: Iterator[bool]) -> None:
+        if next(more):
+            sum(range(3))
+
+    now_and_then = functools.partial(call, itertools.cycle([True, False, False]))
+    never = functools.partial(call, itertools.repeat(False))
+    assert await sdk_overhead._abytecodes(now_and_then) == await sdk_overhead._abytecodes(never)
 
 
 def test_the_report_shows_cpu_and_bytecodes() -> None:

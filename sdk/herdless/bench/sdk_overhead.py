@@ -21,9 +21,11 @@ Both arms share the process, so each call runs with the caches the other arm's c
 left: the per-call cost of herdless here is several times what a loop of herdless calls
 alone would show.
 
-A second figure does not depend on the machine at all: the Python bytecodes one warm
+A second figure does not depend on the machine's speed: the Python bytecodes one warm
 call of each arm executes (``sys.settrace`` opcode events, every frame: httpx,
-httpcore, h11, asyncio and herdless), and their ratio.
+httpcore, h11, asyncio and herdless), and their ratio. A call now and then runs a few
+hundred more than the others (a path that depends on the time that passed, in httpx as
+in herdless), so the figure is the median over ``_COUNTED`` calls: what most calls run.
 """
 
 from __future__ import annotations
@@ -177,18 +179,24 @@ async def _apairs(
 
 
 class _Bytecodes:
-    """Counts the bytecodes this thread executes while active (``sys.settrace``)."""
+    """Counts the bytecodes this thread executes in each ``with`` block (``sys.settrace``)."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.counts: list[int] = []
+
+    @property
+    def typical(self) -> int:
+        """The median count: what most blocks ran."""
+        return int(median(self.counts))
 
     def _trace(self, frame: FrameType, event: str, arg: object) -> Any:
         frame.f_trace_opcodes = True
         if event == "opcode":
-            self.count += 1
+            self.counts[-1] += 1
         return self._trace
 
     def __enter__(self) -> Self:
+        self.counts.append(0)
         self._previous = sys.gettrace()  # a coverage tracer, say: put back after
         sys.settrace(self._trace)
         return self
@@ -197,16 +205,24 @@ class _Bytecodes:
         sys.settrace(self._previous)
 
 
+# Calls counted per arm; the figure is their median (odd: one of the counts).
+_COUNTED = 9
+
+
 def _bytecodes(call: Callable[[], object]) -> int:
-    with _Bytecodes() as counter:
-        call()
-    return counter.count
+    counter = _Bytecodes()
+    for _ in range(_COUNTED):
+        with counter:
+            call()
+    return counter.typical
 
 
 async def _abytecodes(call: Callable[[], Awaitable[object]]) -> int:
-    with _Bytecodes() as counter:
-        await call()
-    return counter.count
+    counter = _Bytecodes()
+    for _ in range(_COUNTED):
+        with counter:
+            await call()
+    return counter.typical
 
 
 def _sync_arms(

@@ -3,6 +3,7 @@ reads the environment, and a developer's shell must not change test results."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -38,3 +39,13 @@ def clean_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def collect_what_a_real_test_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that talks to real processes, collect the garbage it left: a socket it
+    did not close then fails that test (pytest turns the ``ResourceWarning`` into an
+    error), not whichever test or end of session the collector happens to run in."""
+    yield
+    if any(request.node.get_closest_marker(m) for m in ("integration", "vllm", "clients")):
+        gc.collect()

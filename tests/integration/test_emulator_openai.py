@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import openai
 import pytest
 
@@ -13,8 +15,10 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture
-def client(emulator_server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=emulator_server.url + "/v1", api_key="unused", max_retries=0)
+def client(emulator_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    url = emulator_server.url + "/v1"
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_models(client: openai.OpenAI) -> None:

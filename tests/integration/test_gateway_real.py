@@ -65,25 +65,24 @@ def gateway(vllm: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def test_openai_client_streams_through_the_gateway(gateway: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k1", max_retries=0)
-    model = client.models.list().data[0].id
-    stream = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "Tell me about herds."}],
-        max_tokens=12,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens <= 12
-    answer = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5
-    )
-    assert answer.choices[0].message.content
-    client.close()
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="k1", max_retries=0) as client:
+        model = client.models.list().data[0].id
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Tell me about herds."}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens <= 12
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+        )
+        assert answer.choices[0].message.content
 
 
 def test_sse_bytes_are_those_of_the_emulator(gateway: ServerProcess, vllm: ServerProcess) -> None:

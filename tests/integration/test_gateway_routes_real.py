@@ -30,8 +30,10 @@ def vllm() -> Iterator[ServerProcess]:
 
 def test_completions_and_embeddings_pass_through_admission(vllm: ServerProcess) -> None:
     env = {"HERDLESS_GATEWAY_API_KEYS": "k1", "HERDLESS_GATEWAY_ADMIN_TOKEN": "admin-SECRET"}
-    with gateway_process(upstream=vllm.url, env=env, max_concurrency=4) as gateway:
-        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k1", max_retries=0)
+    with (
+        gateway_process(upstream=vllm.url, env=env, max_concurrency=4) as gateway,
+        openai.OpenAI(base_url=gateway.url + "/v1", api_key="k1", max_retries=0) as client,
+    ):
         model = client.models.list().data[0].id
         text = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5)
         chunks = list(

@@ -9,6 +9,8 @@ unchanged, with the finish reason and the token counts that answer implies.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import openai
 import pytest
 
@@ -22,8 +24,9 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture
-def client(gateway: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+def client(gateway: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_openai_client_chat_through_the_gateway(client: openai.OpenAI) -> None:

@@ -15,7 +15,7 @@ it (``acquire``) and tell it (``record_*``). One lock around the state makes
 (no method awaits, so a task never holds the lock across a suspension).
 
 The open period is jittered so that clients across the company, opened by the same
-outage, do not all probe at the same instant::
+outage, do not all probe at the same instant (a drain's Retry-After is kept as named)::
 
     open_for = min(max_open_for, open_for * 2**reopens) * uniform(1, 1 + open_jitter)
 """
@@ -236,16 +236,23 @@ class CircuitBreaker:
                 return self._open("closed", "failure_rate", self._period())
             return None
 
-    def force_open(self, seconds: float, reason: str) -> Transition | None:
-        """Open now for at least ``seconds`` (a draining backend's Retry-After), jittered."""
+    def force_open(self, seconds: float | None, reason: str) -> Transition | None:
+        """Open now for ``seconds`` (a draining backend's Retry-After), or for the policy's
+        ``open_for``, jittered, when the backend named no time.
+
+        A time the server named is kept to the letter: the gateway tells every caller of
+        a drain its end, and a breaker stretched past it sent calls to the fallback while
+        the GPU served again. Only a period of the breaker's own is spread."""
         with self._lock:
-            period = seconds * self._rng.uniform(1.0, 1.0 + self._policy.open_jitter)
-            until = self._clock.monotonic() + period
+            if seconds is None:
+                policy = self._policy
+                seconds = policy.open_for * self._rng.uniform(1.0, 1.0 + policy.open_jitter)
+            until = self._clock.monotonic() + seconds
             if self._state == "open" and self._open_until >= until:
                 return None
             # A probe still in flight keeps its flag: it is answered later (record_* or
             # release clear it); clearing it here let a second probe start beside it.
-            return self._open(self._state, reason, period)
+            return self._open(self._state, reason, seconds)
 
     def _period(self) -> float:
         policy = self._policy

@@ -385,6 +385,31 @@ def test_a_drain_staggers_its_waiters_and_new_callers(clock: FakeClock) -> None:
     assert waits(adm, 1) == [10.0]
 
 
+def test_the_rate_after_an_outage_is_measured_afresh(clock: FakeClock) -> None:
+    """An answer every 0.25 s before a 12 s drain and after it: a window that counted from
+    the first answer ever would read the drain's quiet as slow service (8 answers in its
+    10 s after the resume), and tell a caller refused by the full queue to come back five
+    times later than the GPU frees a place."""
+    adm = make(clock, max_concurrency=2, max_queue=1)
+
+    def answers(n: int) -> None:
+        for _ in range(n):
+            ticket = admit(adm)
+            clock.advance(0.25)
+            adm.release(ticket)
+
+    answers(10)
+    adm.drain()
+    clock.advance(12.0)
+    adm.resume()
+    answers(8)
+    assert adm.drain_rate() == pytest.approx(8 / 1.75)  # from the first answer after it
+    admit(adm)
+    admit(adm)
+    enqueue(adm)
+    assert refuse(adm).retry_after == pytest.approx(1.75 / 8)
+
+
 def test_a_not_ready_upstream_during_a_drain_shares_one_horizon(clock: FakeClock) -> None:
     adm = make(clock, max_concurrency=1, drain_retry_after=5, upstream_retry_after=2)
     adm.set_upstream(ready=False)

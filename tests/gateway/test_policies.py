@@ -198,14 +198,25 @@ def test_a_patient_request_waits_out_an_announced_window_its_hold_covers() -> No
     assert adm.dispatch() == [held.ticket]
 
 
-def test_the_window_s_refusals_are_spread_after_its_end_and_capped() -> None:
+def test_a_window_s_refusals_name_its_end_and_the_crowd_after_it_meets_the_queue() -> None:
+    """A 503's Retry-After says when the service is expected back (RFC 9110): every caller
+    refused in an announced window is told its end, not a slot spread past it. A drain
+    tells callers to use their fallback, and a herdless client does for as long as it is
+    told: promises spread past the end kept a crowd on the hosted model for seconds after
+    the GPU served again. Callers that wait instead come back at the end, where the queue
+    holds what it can and spreads the rest with its 429 reservations, as for any crowd."""
     clock = FakeClock()
-    adm = admission(clock)
+    adm = admission(clock)  # one runs, four wait
     adm.drain(expect=20.0)
-    first, second = adm.unavailable("draining"), adm.unavailable("draining")
-    assert first.retry_after == 20.0
-    assert second.retry_after > first.retry_after  # one answer's time later: spread
+    assert [adm.unavailable("draining").retry_after for _ in range(10)] == [20.0] * 10
+    clock.advance(5.0)
+    assert adm.unavailable("draining").retry_after == 15.0
+    clock.advance(15.0)
     adm.resume()
+    crowd = [adm.offer("k", 10) for _ in range(7)]
+    assert [type(d) for d in crowd] == [Admit, *[Enqueued] * 4, Refuse, Refuse]
+    spread = [d.retry_after for d in crowd[5:] if isinstance(d, Refuse)]
+    assert 0 < spread[0] < spread[1]  # one answer's time apart, from the window's end
     adm.drain(expect=600.0)
     long = adm.unavailable("draining")
     assert (long.retry_after, long.retry) == (59.0, False)  # x-should-retry: false

@@ -146,6 +146,23 @@ def test_force_open_for_a_drain_then_probe() -> None:
     assert breaker.acquire()[0] is Permit.PROBE
 
 
+def test_a_drain_s_named_time_is_kept_and_only_the_breaker_s_own_period_is_jittered() -> None:
+    """The gateway tells a drain's callers its end: a breaker stretched past it kept a
+    crowd on the fallback while the GPU served again. Only a drain that named no time
+    opens for ``open_for``, spread like any other open period."""
+    clock = FakeClock()
+    breaker = _breaker(clock, UpperRandom(), open_jitter=0.2, open_for=5.0)
+    assert breaker.force_open(12.0, "draining") == Transition(
+        "closed", "open", "draining", open_for=12.0
+    )
+    clock.advance(12.0)
+    assert breaker.acquire()[0] is Permit.PROBE
+    other = _breaker(clock, UpperRandom(), open_jitter=0.2, open_for=5.0)
+    transition = other.force_open(None, "draining")
+    assert transition is not None
+    assert transition.open_for == pytest.approx(6.0)
+
+
 def test_outcomes_of_attempts_started_before_opening_are_ignored() -> None:
     breaker = _breaker(FakeClock(), consecutive_failures=1)
     early, _ = breaker.acquire()

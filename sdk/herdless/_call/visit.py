@@ -382,8 +382,7 @@ class Visit:
                 draining=verdict.draining,
             )
         if verdict.draining:
-            hold = state.config.breaker.open_for if seconds is None else seconds
-            call.transition(backend, self.breaker.force_open(hold, "draining"))
+            call.transition(backend, self.breaker.force_open(seconds, "draining"))
 
 
 def _clip(limits: Timeouts, *, left: float, read_left: float) -> Timeouts:

@@ -290,6 +290,9 @@ class Admission:
             self._resized()
         if not was_ready and self.ready:  # serving again: the old reservations are void
             self._reservations.serving_again()
+            # And the rate measured before: its window would count the outage's quiet as
+            # slow service, and tell the crowd coming back waits far past their deadline.
+            self._drained = DrainRate()
 
     def observe(self, reading: Reading) -> None:
         """Take a reading of the engine's metrics (see :mod:`.sizing`); the caller then

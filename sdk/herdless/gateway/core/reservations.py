@@ -21,13 +21,14 @@ refused caller the next free slot after it:
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;
 * not serving (``draining``, ``upstream_loading``, ``upstream_unavailable``):
-  service is expected back after ``delay``: what is left of an announced maintenance
-  window (``POST /admin/drain?expect=SECONDS``), else the configured
-  ``drain_retry_after`` or ``upstream_retry_after``; and then the GPU takes a request every
+  service is expected back after ``delay``, the configured ``drain_retry_after`` or
+  ``upstream_retry_after``; and then the GPU takes a request every
   ``gap = 1 / drain_rate`` seconds, so
   ``retry_at = max(now + delay, horizon + gap)``. When the gateway serves again
   the promises still outstanding become the queue's ``floor`` (a caller refused
   by a full queue is told a time after them) and the next outage starts afresh.
+  An announced maintenance window (``POST /admin/drain?expect=SECONDS``) is the
+  exception: every caller is told its end, unspread (see :meth:`Reservations.unavailable`).
 
 So the k-th refused caller of a user is told a later time than the (k-1)-th, at the
 rate capacity frees for that user: they come back spread out, not as a herd on the
@@ -137,26 +138,31 @@ class Reservations:
         ``retry_at = max(now + delay, horizon + gap)`` with ``delay`` the time until
         service is expected back and ``gap`` the seconds between two answers the GPU
         finishes (the rate at which it will take the callers back), capped at
-        ``max_retry_after``. ``delay`` is what is left of an announced maintenance window
-        (``until``, clock time), else the configured ``drain_retry_after`` (a drain's wait
-        then capped at ``2 x delay``: its callers go to their fallback meanwhile) or
-        ``upstream_retry_after``. When the window has more left than the cap, coming back
-        at the cap cannot help: the refusal says so (``retry=False``). ``back_at`` (clock
-        time): when an upstream that is out is expected back, by its last measured load
-        time; the delay is then the time left of it.
+        ``max_retry_after``. ``delay`` is the configured ``drain_retry_after`` (a drain's
+        wait then capped at ``2 x delay``: its callers go to their fallback meanwhile) or
+        ``upstream_retry_after``. ``back_at`` (clock time): when an upstream that is out
+        is expected back, by its last measured load time; the delay is then the time
+        left of it.
+
+        A drain with an announced window (``until``, clock time) tells every caller what
+        is left of it, unspread: a 503's Retry-After says how long the service is
+        expected to be out (RFC 9110). Its callers use their fallback until then, and a
+        promise past the end kept them there while the GPU served again; callers that
+        wait instead come back at the end, to the queue and its spread 429s like any
+        crowd. When the window has more left than the cap, coming back at the cap cannot
+        help: the refusal says so (``retry=False``).
         """
         cfg = self._config
         draining = code == "draining"
         if draining and until is not None:
             # Past the announced end, the window ran over: expect it back shortly.
             left = until - now if until > now else cfg.upstream_retry_after
-            promise = max(left, self._outage_horizon + gap - now)
-            self._outage_horizon = now + promise
+            self._outage_horizon = max(self._outage_horizon, now + left)
             return Refuse(
                 status=503,
                 code=code,
                 message=message or _maintenance(left),
-                retry_after=min(promise, cfg.max_retry_after),
+                retry_after=min(left, cfg.max_retry_after),
                 drain=True,
                 capacity=self.capacity,
                 retry=left <= cfg.max_retry_after,

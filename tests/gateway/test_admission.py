@@ -410,6 +410,21 @@ def test_the_rate_after_an_outage_is_measured_afresh(clock: FakeClock) -> None:
     assert refuse(adm).retry_after == pytest.approx(1.75 / 8)
 
 
+def test_the_rate_after_a_quiet_spell_longer_than_its_window_is_measured_afresh(
+    clock: FakeClock,
+) -> None:
+    """A quiet hour between two busy stretches is not slow service: the morning's first
+    answers start a new measure (8 in 1.75 s), not 8 over the window's 10 s."""
+    adm = make(clock, max_concurrency=2, max_queue=1)
+    for gap in (0.0, 3600.0):
+        clock.advance(gap)
+        for _ in range(8):
+            ticket = admit(adm)
+            clock.advance(0.25)
+            adm.release(ticket)
+    assert adm.drain_rate() == pytest.approx(8 / 1.75)
+
+
 def test_a_not_ready_upstream_during_a_drain_shares_one_horizon(clock: FakeClock) -> None:
     adm = make(clock, max_concurrency=1, drain_retry_after=5, upstream_retry_after=2)
     adm.set_upstream(ready=False)

@@ -19,7 +19,10 @@ _DRAIN_SAMPLES = 4  # answers finished before the measured rate is believed
 
 
 class DrainRate:
-    """Answers finished per second over the last ``DRAIN_WINDOW`` seconds."""
+    """Answers finished per second over the last ``DRAIN_WINDOW`` seconds, counted from
+    the first answer of the current stretch: after a whole window with none (a quiet
+    night), the first answers start a new measure, as a rate over the quiet would read
+    the morning's rush at a fraction of what the GPU serves."""
 
     __slots__ = ("_first", "_times")
 
@@ -29,8 +32,11 @@ class DrainRate:
 
     def add(self, now: float) -> None:
         """An answer finished at ``now``."""
-        self._times.append(now)
-        self._first = min(self._first, now)
+        times = self._times
+        if not times or times[-1] < now - DRAIN_WINDOW:
+            times.clear()
+            self._first = now
+        times.append(now)
 
     def rate(self, now: float) -> float | None:
         """Answers per second, or ``None`` before four finished over a second at least."""

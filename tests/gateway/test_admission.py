@@ -386,10 +386,10 @@ def test_a_drain_staggers_its_waiters_and_new_callers(clock: FakeClock) -> None:
 
 
 def test_the_rate_after_an_outage_is_measured_afresh(clock: FakeClock) -> None:
-    """An answer every 0.25 s before a 12 s drain and after it: a window that counted from
-    the first answer ever would read the drain's quiet as slow service (8 answers in its
-    10 s after the resume), and tell a caller refused by the full queue to come back five
-    times later than the GPU frees a place."""
+    """An answer every 0.25 s before a 6 s drain and after it: a window that still held
+    the answers before would read the drain's quiet as slow service (17 answers in its
+    10 s after the resume), and tell a caller refused by the full queue to come back
+    2.7 times later than the GPU frees a place."""
     adm = make(clock, max_concurrency=2, max_queue=1)
 
     def answers(n: int) -> None:
@@ -400,7 +400,7 @@ def test_the_rate_after_an_outage_is_measured_afresh(clock: FakeClock) -> None:
 
     answers(10)
     adm.drain()
-    clock.advance(12.0)
+    clock.advance(6.0)  # shorter than the window: only the resume starts a new measure
     adm.resume()
     answers(8)
     assert adm.drain_rate() == pytest.approx(8 / 1.75)  # from the first answer after it

@@ -5,11 +5,16 @@
     half_open ──(the probe succeeds)──> closed
     half_open ──(the probe fails: the open period doubles, up to max_open_for)──> open
     any ──(a draining 503: open at once for its Retry-After)──> open
+    open, by a drain ──(its time elapsed: closed on trial, the first failure opens)──> closed
 
 Failures are connection errors, timeouts (first byte included) and 5xx. A 429 or
 another 4xx is *not* a failure: the server is alive; nor is a 503 that says why (a
 drain, an outage) or when (Retry-After). A bare 503 counts toward the failure rate
-only (``record_refusal``). The breaker never sleeps and never does I/O; callers ask
+only (``record_refusal``). Nor is a drain: the backend answered at once and said when
+it would be back, so when that time comes the breaker closes with the first failure
+already counted against it (one probe at a time sent a shared client's other calls to
+the fallback for the probe's whole answer while the GPU served again). The breaker
+never sleeps and never does I/O; callers ask
 it (``acquire``) and tell it (``record_*``). One lock around the state makes
 "exactly one half-open probe at a time" hold across threads and asyncio tasks alike
 (no method awaits, so a task never holds the lock across a suspension).
@@ -88,6 +93,7 @@ class Transition:
 
 
 _CALL: tuple[Permit, Transition | None] = (Permit.CALL, None)
+_SAME_END = 1.0  # Retry-After counts whole seconds: ends closer than this are one end
 
 
 class CircuitBreaker:
@@ -107,6 +113,7 @@ class CircuitBreaker:
     __slots__ = (
         "_clock",
         "_consecutive",
+        "_drained",
         "_failures",
         "_lock",
         "_open_until",
@@ -127,6 +134,7 @@ class CircuitBreaker:
         self._state: BreakerState = "closed"
         self._open_until = 0.0
         self._probing = False  # a half-open probe is in flight
+        self._drained = False  # opened by a drain: closes on trial when it elapses
         self._reopens = 0  # failed probes in a row: doubles the open period
         self._consecutive = 0
         self._outcomes: deque[tuple[float, bool]] = deque()  # (time, failed) while closed
@@ -137,10 +145,11 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        """The state a call would find now (an elapsed open period reads as ``half_open``)."""
+        """The state a call would find now (an elapsed open period reads as ``half_open``,
+        or ``closed`` after a drain)."""
         with self._lock:
             if self._state == "open" and self._clock.monotonic() >= self._open_until:
-                return "half_open"
+                return "closed" if self._drained else "half_open"
             return self._state
 
     def remaining_open(self) -> float:
@@ -163,6 +172,10 @@ class CircuitBreaker:
             if self._state == "open":
                 if self._clock.monotonic() < self._open_until:
                     return Permit.DENIED, None
+                if self._drained:
+                    self._reset()
+                    self._consecutive = self._policy.consecutive_failures - 1  # on trial
+                    return Permit.CALL, Transition("open", "closed", "drain_ended")
                 self._state = "half_open"
                 transition = Transition("open", "half_open", "open_elapsed")
             if self._probing:
@@ -248,11 +261,15 @@ class CircuitBreaker:
                 policy = self._policy
                 seconds = policy.open_for * self._rng.uniform(1.0, 1.0 + policy.open_jitter)
             until = self._clock.monotonic() + seconds
-            if self._state == "open" and self._open_until >= until:
+            if self._state == "open" and until < self._open_until + _SAME_END:
+                # The same end told again by the crowd's other refusals: no new event.
+                self._open_until = max(self._open_until, until)
                 return None
             # A probe still in flight keeps its flag: it is answered later (record_* or
             # release clear it); clearing it here let a second probe start beside it.
-            return self._open(self._state, reason, seconds)
+            transition = self._open(self._state, reason, seconds)
+            self._drained = True
+            return transition
 
     def _period(self) -> float:
         policy = self._policy
@@ -261,6 +278,7 @@ class CircuitBreaker:
 
     def _open(self, old: BreakerState, reason: str, period: float) -> Transition:
         self._state = "open"
+        self._drained = False
         self._open_until = self._clock.monotonic() + period
         self._outcomes.clear()
         self._failures = 0
@@ -270,6 +288,7 @@ class CircuitBreaker:
     def _reset(self) -> None:
         self._served_at = self._clock.monotonic()
         self._state = "closed"
+        self._drained = False
         self._reopens = 0
         self._consecutive = 0
         self._outcomes.clear()

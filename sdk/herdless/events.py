@@ -162,7 +162,8 @@ class BreakerStateChanged(Event):
     new: BreakerState
     reason: str
     """Why: ``"failure_rate"``, ``"consecutive_failures"``, ``"draining"``, ``"probe_ok"``,
-    ``"probe_failed"``, ``"open_elapsed"``."""
+    ``"probe_failed"``, ``"open_elapsed"``, ``"drain_ended"`` (open to closed: a drain's
+    named time came; the first failure opens it again)."""
     open_for: float | None = None
     """When ``new == "open"``: seconds until a probe is allowed."""
 

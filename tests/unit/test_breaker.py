@@ -133,7 +133,7 @@ def test_a_429_style_success_keeps_it_closed() -> None:
     assert breaker.state == "closed"
 
 
-def test_force_open_for_a_drain_then_probe() -> None:
+def test_force_open_for_a_drain_denies_until_its_end() -> None:
     clock = FakeClock()
     breaker = _breaker(clock)
     assert breaker.force_open(30.0, "draining") == Transition(
@@ -143,7 +143,7 @@ def test_force_open_for_a_drain_then_probe() -> None:
     clock.advance(29)
     assert breaker.acquire()[0] is Permit.DENIED
     clock.advance(1)
-    assert breaker.acquire()[0] is Permit.PROBE
+    assert breaker.acquire()[0] is Permit.CALL
 
 
 def test_a_drain_s_named_time_is_kept_and_only_the_breaker_s_own_period_is_jittered() -> None:
@@ -155,12 +155,55 @@ def test_a_drain_s_named_time_is_kept_and_only_the_breaker_s_own_period_is_jitte
     assert breaker.force_open(12.0, "draining") == Transition(
         "closed", "open", "draining", open_for=12.0
     )
+    assert breaker.acquire()[0] is Permit.DENIED
     clock.advance(12.0)
-    assert breaker.acquire()[0] is Permit.PROBE
+    assert breaker.acquire()[0] is Permit.CALL
     other = _breaker(clock, UpperRandom(), open_jitter=0.2, open_for=5.0)
     transition = other.force_open(None, "draining")
     assert transition is not None
     assert transition.open_for == pytest.approx(6.0)
+
+
+def test_when_a_drain_s_time_ends_every_call_goes_and_the_first_failure_reopens() -> None:
+    """A drain is a live backend that said when it would be back: one probe at a time
+    sent a shared client's other calls to the fallback for a whole answer's time while
+    the GPU served again. It closes on trial: the first failure opens it, as a failure."""
+    clock = FakeClock()
+    breaker = _breaker(clock, open_for=5.0, consecutive_failures=5)
+    breaker.force_open(3.0, "draining")
+    clock.advance(3.0)
+    assert breaker.state == "closed"
+    assert breaker.acquire() == (Permit.CALL, Transition("open", "closed", "drain_ended"))
+    crowd = [breaker.acquire() for _ in range(3)]
+    assert crowd == [(Permit.CALL, None)] * 3
+    breaker.record_success(Permit.CALL)  # a success ends the trial
+    assert [_fail(breaker) for _ in range(4)] == [None] * 4
+
+    breaker.force_open(3.0, "draining")
+    clock.advance(3.0)
+    first, _ = breaker.acquire()
+    second, _ = breaker.acquire()
+    assert breaker.record_failure(first) == Transition(
+        "closed", "open", "consecutive_failures", open_for=5.0
+    )
+    assert breaker.record_failure(second) is None  # already open again
+    clock.advance(5.0)
+    assert breaker.acquire()[0] is Permit.PROBE  # opened by a failure: one probe
+    assert breaker.acquire()[0] is Permit.DENIED
+
+
+def test_the_same_drain_end_told_again_is_no_new_event() -> None:
+    """A crowd's refusals name one end (Retry-After counts whole seconds): one event."""
+    clock = FakeClock()
+    breaker = _breaker(clock)
+    assert breaker.force_open(6.0, "draining") is not None
+    clock.advance(0.4)
+    assert breaker.force_open(6.0, "draining") is None  # 0.4 s later: within a second
+    assert breaker.remaining_open() == pytest.approx(6.0)  # the later end is kept
+    clock.advance(0.7)
+    assert breaker.force_open(7.0, "draining") == Transition(
+        "open", "open", "draining", open_for=7.0
+    )
 
 
 def test_outcomes_of_attempts_started_before_opening_are_ignored() -> None:

@@ -363,7 +363,8 @@ def test_a_call_closed_mid_race_frees_both_slots_and_the_probe() -> None:
     driver = make([ok(elapsed=5.0)], [ok(elapsed=3.0)], hedge=hedged(1.0))
     state = driver.policies
     breaker = state.breaker(PRIMARY)
-    breaker.force_open(0.5, "test")
+    while breaker.state == "closed":  # failures open it (a drain would close it on trial)
+        breaker.record_failure(breaker.acquire()[0])
     driver.clock.advance(breaker.remaining_open())  # the primary may be probed: by this call
     flow = driver.start()
     steps = flow.run()

@@ -13,6 +13,10 @@ gateway (``slots`` running + ``queue`` waiting) on an emulated vLLM, and three c
   answers may come split, a slow engine step apart, so its end is known only half a
   batch after its last answer) and none may end past its deadline; the same with
   ``allow_fallback=False``: a typed error;
+- ``drain``: the gateway drained for an announced window under a steady load from the
+  same client, then resumed: which calls started after the window the hosted model
+  answered (target: none; the client is told the window's end, and a GPU serving again
+  is merely busy);
 - ``outage``: the vLLM behind the gateway is stopped: how long after the gateway's
   503 the first call is answered by the hosted model.
 """
@@ -37,6 +41,7 @@ from herdless.launch.servers import ServerProcess
 __all__ = ["SpillParams", "run"]
 
 _MESSAGES = [{"role": "user", "content": "Draft a reply to this customer email."}]
+_ADMIN = "bench-admin"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +55,7 @@ class SpillParams:
         max_tokens: tokens per answer (``ignore_eos``).
         deadline: seconds per call in the ``busy`` case (ample).
         short_deadline: seconds per call in the ``short`` case (too short for the last).
+        window: the ``drain`` case's announced window, in seconds.
         repeats: repetitions per case.
     """
 
@@ -59,6 +65,7 @@ class SpillParams:
     max_tokens: int = 48
     deadline: float = 90.0
     short_deadline: float = 4.0
+    window: float = 3.0
     repeats: int = 1
 
 
@@ -137,6 +144,48 @@ def _lags(events: list[Any]) -> list[float]:
     return lags
 
 
+async def _drain(gateway: str, hosted: str, p: SpillParams) -> dict[str, float]:
+    """As many closed loops as the gateway holds (``slots + queue``), 2 s of steady
+    load, a drain announced for ``p.window`` s and resumed half a second early (the
+    upstream came back: a window that runs over is another case), then 6 s more. The
+    figures count the calls started after the announced end, a 50 ms margin for the
+    lag between the two clocks."""
+    from herdless.events import FallbackUsed
+
+    events: list[Any] = []
+    calls: list[tuple[float, str]] = []  # (started, who answered)
+    stop = asyncio.Event()
+    admin = httpx.AsyncClient(
+        base_url=gateway.removesuffix("/v1"), headers={"authorization": f"Bearer {_ADMIN}"}
+    )
+    async with _client(gateway, hosted, events, 30.0) as client, admin:
+
+        async def loop() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                result = await client.chat(_MESSAGES, max_tokens=p.max_tokens, ignore_eos=True)
+                calls.append((started, result.backend))
+
+        loops = [asyncio.create_task(loop()) for _ in range(p.slots + p.queue)]
+        await asyncio.sleep(2.0)
+        (await admin.post("/admin/drain", params={"expect": p.window})).raise_for_status()
+        end = time.monotonic() + p.window
+        await asyncio.sleep(p.window - 0.5)
+        (await admin.post("/admin/resume")).raise_for_status()
+        await asyncio.sleep(6.5)
+        stop.set()
+        await asyncio.gather(*loops)
+    after = [backend for started, backend in calls if started >= end + 0.05]
+    spills = [e for e in events if isinstance(e, FallbackUsed) and e.at >= end + 0.05]
+    return {
+        "calls": len(after),
+        "hosted": after.count("hosted") / max(1, len(after)),
+        "breaker_open": sum(e.reason == "breaker_open" for e in spills),
+        "draining": sum(e.reason == "draining" for e in spills),
+        "last_spill_s": max((e.at - end for e in spills), default=0.0),
+    }
+
+
 async def _outage(gateway: str, hosted: str, tokens: int) -> dict[str, float]:
     from herdless.events import AttemptFailed, CallFinished
 
@@ -165,6 +214,7 @@ def _stack(p: SpillParams) -> Iterator[tuple[ServerProcess, str, str]]:
             queue_timeout=120,
             health_interval=0.25,
             upstream_retry_after=5.0,
+            env={"HERDLESS_GATEWAY_ADMIN_TOKEN": _ADMIN},
         ) as gateway,
     ):
         yield gpu, f"{gateway.url}/v1", f"{hosted.url}/v1"
@@ -190,6 +240,10 @@ def run(p: SpillParams, progress: Progress | None = None) -> list[ScenarioResult
             crowd(p.short_deadline, False),
         ]
         runs = run_arms(arms, repeats=p.repeats, seed=0, progress=progress)
+        drain = Arm(
+            name=f"drained {p.window:g} s", run=lambda seed: asyncio.run(_drain(gateway, hosted, p))
+        )
+        drained = run_arms([drain], repeats=p.repeats, seed=0, progress=progress)
         gpu.stop()
         _until_unready(gateway)
         outage = run_arms(
@@ -203,7 +257,7 @@ def run(p: SpillParams, progress: Progress | None = None) -> list[ScenarioResult
             seed=0,
             progress=progress,
         )
-    return [_crowd_result(p, runs), _outage_result(outage)]
+    return [_crowd_result(p, runs), _drain_result(p, drained), _outage_result(outage)]
 
 
 def _until_unready(gateway: str, timeout: float = 10.0) -> None:
@@ -264,6 +318,37 @@ def _crowd_result(p: SpillParams, runs: Runs) -> ScenarioResult:
             "is known half a batch after its last answer (its rest may be a slow step "
             "behind): a batch is the first GPU answer's time.",
             "'Past the deadline': more than 0.5 s after it (the machine's own noise).",
+        ],
+    )
+
+
+def _drain_result(p: SpillParams, runs: Runs) -> ScenarioResult:
+    table = Medians(runs)
+    row = table.rows[0]
+    return table.result(
+        name="spill-drain",
+        title=(
+            f"one client, {p.slots + p.queue} calls at a time, across an announced "
+            f"{p.window:g} s drain: the calls started in the 6 s after its end"
+        ),
+        params=knobs(p, leave_out={"n", "deadline", "short_deadline"}),
+        columns=[
+            Column(key="calls", label="calls", fmt="{:.0f}"),
+            Column(key="hosted", label="sent to the hosted model", fmt="{:.0%}"),
+            Column(key="breaker_open", label="of them: breaker open", fmt="{:.0f}"),
+            Column(key="draining", label="of them: draining", fmt="{:.0f}"),
+            Column(key="last_spill_s", label="last one, s after the end", fmt="{:.2f}"),
+        ],
+        targets=[
+            Target(
+                label="after the window: sent to the hosted model",
+                value=float(row["hosted"]),
+                limit=0.0,
+            )
+        ],
+        notes=[
+            "Every 503 of the drain tells the window's end; the resume comes 0.5 s before it "
+            "(the GPU is back early), so no call meets a window that ran over.",
         ],
     )
 

@@ -99,9 +99,10 @@ def test_knobs_are_the_parameters_fields_in_order_but_those_left_out() -> None:
         "slots": p.slots,
         "queue": p.queue,
         "max_tokens": p.max_tokens,
+        "window": p.window,
         "repeats": p.repeats,
     }
-    assert list(knobs(p))[-3:] == ["deadline", "short_deadline", "repeats"]
+    assert list(knobs(p))[-3:] == ["short_deadline", "window", "repeats"]
 
 
 def test_target_met_and_missing() -> None:

@@ -279,7 +279,7 @@ def _crowd_result(p: SpillParams, runs: Runs) -> ScenarioResult:
             f"{p.n} chats at once from one client, gateway {p.slots}+{p.queue}, "
             "an external hosted model as fallback"
         ),
-        params=knobs(p, leave_out={"deadline", "short_deadline"}),
+        params=knobs(p, leave_out={"deadline", "short_deadline", "window"}),
         columns=[
             Column(key="gpu", label="served by the GPU", fmt="{:.0%}"),
             Column(key="hosted", label="sent to the hosted model", fmt="{:.0%}"),

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from herdless.gateway.core.admission import Admission
-from herdless.gateway.core.decisions import Admit, Enqueued, Ticket
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import AHEAD, DEFER, PACE, Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.sizing import FILL, Sizing
@@ -120,6 +120,17 @@ def test_requests_half_done_leave_room_the_final_sizes_would_not() -> None:
         fresh.start(ticket(100, 400), 3.0, predicted=None)
     # The oldest ends before the newest grows: their peak is below 4 x 500.
     assert staggered._peak(3.0) < fresh._peak(3.0) == 2_000
+
+
+def test_the_running_requests_ends_are_predicted_by_the_engines_decode_rate() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    assert sizing.predicted_ends() is None  # no decode rate yet
+    sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    assert sizing.predicted_ends() is None  # none running
+    sizing.start(ticket(10, 300), 1.0, predicted=None)  # 3 s at 100 tokens a second
+    sizing.start(ticket(10, 500), 2.0, predicted=None)  # 5 s
+    assert sizing.predicted_ends() == pytest.approx((4.0, 4.0))
 
 
 def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
@@ -377,3 +388,49 @@ def test_the_predicted_wait_uses_the_measured_drain_rate() -> None:
     assert refused.code == "deadline_unattainable"
     fits = adm.offer("key-a", 20, prompt=10, deadline=3.0)
     assert isinstance(fits, Enqueued)
+
+
+def first_wave(clock: FakeClock) -> tuple[Admission, list[Ticket]]:
+    """8 running (300 tokens each at 75 a second: 4 s) and 16 queued, a second in."""
+    adm = Admission(AdmissionConfig(max_concurrency=8, max_queue=16), clock=clock)
+    adm.observe(reading(clock.monotonic(), capacity=100_000, running=0))
+    offered = [adm.offer("key-a", 310, prompt=10) for _ in range(24)]
+    assert [type(d) for d in offered] == [Admit] * 8 + [Enqueued] * 16
+    clock.advance(0.25)
+    adm.observe(reading(clock.monotonic(), capacity=100_000, running=8))
+    clock.advance(0.25)
+    adm.observe(reading(clock.monotonic(), capacity=100_000, running=8, generation_tokens=150))
+    clock.advance(0.5)
+    return adm, [d.ticket for d in offered if isinstance(d, Admit)]
+
+
+def refused(adm: Admission) -> Refuse:
+    decision = adm.offer("key-a", 310, prompt=10)
+    assert isinstance(decision, Refuse)
+    assert decision.code == "queue_full"
+    return decision
+
+
+def test_a_first_wave_s_refusals_name_when_its_answers_end() -> None:
+    """Before any answer ended, a full queue frees no place until the first running
+    request ends: told a fraction of a second (one answer per guessed second over the
+    running), a client with two retries spends both before the wave ends."""
+    clock = FakeClock()
+    adm, _ = first_wave(clock)
+    # The wave ends 4 s after it started (3 s from now); then a place per 4 s / 8 running.
+    assert [refused(adm).retry_after for _ in range(3)] == pytest.approx([3.0, 3.5, 4.0])
+    assert adm.drain_rate() == pytest.approx(2.0)
+
+
+def test_once_answers_are_measured_their_rate_names_the_places() -> None:
+    clock = FakeClock()
+    adm, running = first_wave(clock)
+    for done in running[:5]:  # 4 answers a second, sooner than predicted
+        clock.advance(0.25)
+        adm.release(done, prompt_tokens=10, completion_tokens=300)
+        adm.dispatch()
+    assert [type(adm.offer("key-a", 310, prompt=10)) for _ in range(5)] == [Enqueued] * 5
+    # 5 answers over the second since the first: a place every 0.2 s from now, though the
+    # three first requests still running were predicted to end 1.75 s from now.
+    assert adm.drain_rate() == pytest.approx(5.0)
+    assert refused(adm).retry_after == pytest.approx(0.2)

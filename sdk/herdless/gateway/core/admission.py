@@ -145,11 +145,30 @@ class Admission:
 
     def drain_rate(self) -> float:
         """Answers finished per second, measured; before there are enough, the running
-        requests (or the limit) over the mean run time."""
-        measured = self._drained.rate(self._clock.monotonic())
-        if measured is None:
-            return max(1, self.inflight or self.limit) / self._mean_service
-        return measured
+        requests (or the limit) over their run time, as the engine predicts it (see
+        :meth:`_slots`)."""
+        return 1 / self._slots(self._clock.monotonic())[0]
+
+    def _slots(self, now: float) -> tuple[float, float | None]:
+        """(seconds between two answers, when the first one comes or ``None``): when a
+        place frees for a refused caller.
+
+        Measured: one per answer finished per second, from now. Before there are enough
+        answers (a morning's first crowd, the first after a drain), the engine tells: no
+        place frees before the first running request ends, then one per run time over
+        the running, each predicted by the engine's decode rate; else the mean run time
+        (a guess before any ended). A first wave of long answers ends together, seconds
+        away: told a fraction of a second instead, a client that retries twice has spent
+        its retries before any place frees."""
+        measured = self._drained.rate(now)
+        if measured is not None:
+            return 1 / measured, None
+        running = max(1, self.inflight or self.limit)
+        predicted = self._sizing.predicted_ends()
+        if predicted is None:
+            return self._mean_service / running, None
+        first, run_time = predicted
+        return run_time / running, first
 
     def _drain_hope(self) -> float:
         """Rule 7's rate: the answers finished per second measured, or what the running
@@ -556,12 +575,14 @@ class Admission:
         message: str | None = None,
     ) -> Refuse:
         """A queue refusal at the user's own place: its share of the slots that free."""
+        gap, first = self._slots(now)
         refused = self._reservations.queue(
             now,
             code,
             message=message,
             not_before=self._drain_until if self._draining else None,
-            gap=1 / self.drain_rate(),
+            gap=gap,
+            first=first,
             share=self._queue.share(flow),
             horizon=flow.horizon,
             queued=self._queued,

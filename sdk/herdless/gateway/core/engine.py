@@ -116,6 +116,13 @@ class Running:
         terms is a ``size + left`` of a request still running)."""
         return self.tokens[True] + self.tokens[False] + block * len(self._runs)
 
+    def ends(self, rate: float) -> tuple[float, float]:
+        """(the earliest end, the mean run time) of the running requests, each decoding
+        ``rate`` tokens a second until its predicted answer ends; with one running at least."""
+        runs = self._runs.values()
+        first = min(run.started + run.predicted / rate for run in runs)
+        return first, sum(run.predicted for run in runs) / (rate * len(runs))
+
     def sizes(self, now: float, rate: float, block: int) -> list[tuple[float, float]]:
         """(size now, tokens still to come) of each, decoding ``rate`` tokens a second."""
         out = []

@@ -12,10 +12,12 @@ refused caller the next free slot after it:
   :meth:`herdless.gateway.core.fairqueue.FairQueue.share`), so each user keeps its own
   horizon::
 
-      retry_at = max(now, horizon_user, floor) + gap / share
+      retry_at = max(max(now, horizon_user, floor) + gap / share, first)
 
-  A user alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as
-  before fairness had users. A light user refused while a heavy one floods is told
+  where ``first`` is when the first running request ends, predicted by the engine,
+  while the answers per second are not measured yet (``-inf`` otherwise). A user
+  alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as before
+  fairness had users. A light user refused while a heavy one floods is told
   a time near its turn, not after the heavy user's callers;
 * token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
   again at ``now + (cost - level) / refill``, and the next caller needs another
@@ -98,16 +100,18 @@ class Reservations:
         deadline: float | None = None,
         message: str | None = None,
         not_before: float | None = None,
+        first: float | None = None,
     ) -> Refuse:
         """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
         between two slots freeing; ``share``: the user's share of them (0 < share <= 1);
-        ``not_before``: no slot frees before then (an announced maintenance window's end).
+        ``not_before``: no slot frees before then (an announced maintenance window's end);
+        ``first``: the first slot frees then (the first running request's predicted end).
 
         The caller moves the user's horizon to ``now + retry_after``, unless the answer
         is ``deadline_unattainable`` (no reservation: it will not come back for this)."""
         cfg = self._config
         start = max(now, horizon, self.floor, _NEVER if not_before is None else not_before)
-        promise = start + gap / share - now
+        promise = max(start + gap / share, _NEVER if first is None else first) - now
         wait = min(promise, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)

@@ -284,6 +284,14 @@ class Sizing:
             return "reserve"
         return None
 
+    def predicted_ends(self) -> tuple[float, float] | None:
+        """(when the first running request ends, clock time; seconds a request runs) by the
+        engine's measured decode rate and the answers predicted at their start; ``None``
+        before the rate is measured or with none running."""
+        if self._decode_rate is None or not self._runs:
+            return None
+        return self._runs.ends(self._decode_rate)
+
     @property
     def batch_spaced_until(self) -> float:
         """The earliest time the next batch request may start while interactive work is

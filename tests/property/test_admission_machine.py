@@ -96,13 +96,22 @@ class AdmissionMachine(RuleBasedStateMachine):
         user=USERS,
         priority=PRIORITIES,
         prompt=st.none() | st.integers(0, 400),
+        call=st.none() | st.sampled_from(["req-1", "req-2", "req-3"]),  # a herdless client's
     )
     def offer(
-        self, key_id: str, price: int, user: str | None, priority: Priority, prompt: int | None
+        self,
+        key_id: str,
+        price: int,
+        user: str | None,
+        priority: Priority,
+        prompt: int | None,
+        call: str | None,
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         before = {t: t.state for t in self.tickets}
-        decision = self.adm.offer(key_id, price, user=user, priority=priority, prompt=prompt)
+        decision = self.adm.offer(
+            key_id, price, user=user, priority=priority, prompt=prompt, call=call
+        )
         klass = priority if self.config.scheduler == "vtc" else "interactive"
         unit = key_id if user is None else f"{key_id}/{user}"
         if isinstance(decision, Admit | Enqueued):
@@ -131,8 +140,8 @@ class AdmissionMachine(RuleBasedStateMachine):
     def batch_flood_then_a_chat(self, key_id: str, user: str | None, price: int) -> None:
         """Batch work fills the queue, then a chat arrives (the displacement case)."""
         for _ in range(self.config.max_concurrency + self.config.max_queue):
-            self.offer(key_id, price, user, "batch", None)
-        self.offer(key_id, price, "u-chat", "interactive", None)
+            self.offer(key_id, price, user, "batch", None, None)
+        self.offer(key_id, price, "u-chat", "interactive", None, None)
 
     def _check_queue_order(self, refused: Refuse, klass: str, unit: str) -> None:
         at = self.clock.monotonic() + refused.retry_after

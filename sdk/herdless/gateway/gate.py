@@ -61,11 +61,19 @@ class Gate:
         priority: Priority = "interactive",
         prompt: int | None = None,
         ttl: float | None = None,
+        call: str | None = None,
     ) -> Admit | Enqueued | Refuse:
         """Decide at once (see :meth:`Admission.offer`); the batch waiters an interactive
         arrival displaced are woken with their refusal."""
         decision = self.admission.offer(
-            key_id, price, deadline=deadline, user=user, priority=priority, prompt=prompt, ttl=ttl
+            key_id,
+            price,
+            deadline=deadline,
+            user=user,
+            priority=priority,
+            prompt=prompt,
+            ttl=ttl,
+            call=call,
         )
         if type(decision) is Enqueued:
             for ticket, refused in decision.displaced:

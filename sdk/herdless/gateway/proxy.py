@@ -149,6 +149,7 @@ class AdmittedProxy:
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
             ttl=ttl_header(headers),  # a cap on its queue wait, never its deadline
+            call=_call(headers, access.request_id),
         )
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
@@ -372,3 +373,10 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
+
+
+def _call(headers: dict[str, str], rid: str) -> str | None:
+    """The id a refused caller comes back with: a herdless client's ``X-Request-ID``
+    (the same on every attempt of a call, beside ``X-Herdless-Attempt``), else ``None``:
+    another client's id may be a proxy's, new on every attempt."""
+    return rid if "x-herdless-attempt" in headers and headers.get("x-request-id") == rid else None

@@ -42,6 +42,7 @@ from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.fairqueue import FairQueue, Flow
+from herdless.gateway.core.holds import Call, Holds
 from herdless.gateway.core.keys import KeyBudgets, KeyLimits
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.reservations import Reservations, unattainable
@@ -77,6 +78,7 @@ class Admission:
         self._keys = KeyBudgets(config, keys)
         self._queue = FairQueue(config)
         self._reservations = Reservations(config)
+        self._holds = Holds()
         self._sizing = Sizing(config)
         self._reservations.capacity = config.key_capacity(self._sizing.limit)
         self._queued = 0
@@ -148,6 +150,10 @@ class Admission:
         requests (or the limit) over their run time, as the engine predicts it (see
         :meth:`_slots`)."""
         return 1 / self._slots(self._clock.monotonic())[0]
+
+    def _gap(self) -> float:
+        """Seconds between two places freeing (see :meth:`_slots`)."""
+        return self._slots(self._clock.monotonic())[0]
 
     def _slots(self, now: float) -> tuple[float, float | None]:
         """(seconds between two answers, when the first one comes or ``None``): when a
@@ -350,6 +356,7 @@ class Admission:
         priority: Priority = "interactive",
         prompt: int | None = None,
         ttl: float | None = None,
+        call: str | None = None,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -362,6 +369,9 @@ class Admission:
             prompt: estimated prompt tokens within ``price`` (default: all of it).
             ttl: seconds it may wait in the queue (llm-d's ``x-llm-d-inference-ttl``):
                 caps its key's hold; not a deadline (rule 7 never reads it).
+            call: the id its caller comes back with when refused (a herdless client's
+                ``X-Request-ID``): a full queue then holds a place for it at the time
+                it names (:mod:`.holds`), and its return takes it.
         """
         cfg = self.config
         now = self._clock.monotonic()
@@ -389,18 +399,24 @@ class Admission:
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
         ticket.hold, ticket.waits_out_drain = _hold(key.limits.hold, ttl), deadline is None
         ticket.ttl = ttl is not None and ttl < key.limits.hold
+        mine = None if call is None else (key_id, call)
+        back = mine is not None and bool(self._holds) and self._holds.claim(mine, now, self._gap())
         if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
             return Admit(ticket)
         victim = None
         key_full = key.queued >= key.limits.queue_limit(cfg.max_queue)
-        if self._queued >= cfg.max_queue or key_full:
+        taken = self._queued
+        if self._holds and not back and taken < cfg.max_queue:
+            taken += self._holds.held(now, self._gap())  # places kept for callers due back
+        if taken >= cfg.max_queue or key_full:
             if interactive and cfg.scheduler == "vtc":
                 # A full key share is freed only by one of the key's own batch waiters.
                 victim = self._queue.victim(key_id if key_full else None)
             if victim is None:
-                return self._queue_refusal(flow, now, self._full_code(ticket), deadline=deadline)
+                code = self._full_code(ticket)
+                return self._queue_refusal(flow, now, code, deadline=deadline, call=mine)
         if deadline is not None:
             wait = self._queue.place(flow) / self._drain_hope()
             if wait > deadline:
@@ -573,8 +589,10 @@ class Admission:
         *,
         deadline: float | None = None,
         message: str | None = None,
+        call: Call | None = None,
     ) -> Refuse:
-        """A queue refusal at the user's own place: its share of the slots that free."""
+        """A queue refusal at the user's own place: its share of the slots that free;
+        ``call``: the caller comes back with this id, so a place is held for it then."""
         gap, first = self._slots(now)
         refused = self._reservations.queue(
             now,
@@ -590,6 +608,8 @@ class Admission:
         )
         if refused.code != "deadline_unattainable":
             flow.horizon = now + refused.retry_after
+            if call is not None and refused.retry:
+                self._holds.promise(call, flow.horizon)
         return refused
 
 

@@ -34,8 +34,9 @@ refused caller the next free slot after it:
 
 So the k-th refused caller of a user is told a later time than the (k-1)-th, at the
 rate capacity frees for that user: they come back spread out, not as a herd on the
-next second. Every answer is capped at ``max_retry_after``. Reservations are
-advisory: a caller that comes back early is judged like anyone else.
+next second. Every answer is capped at ``max_retry_after``. A caller that comes back
+early is judged like anyone else; one that says who it is (a herdless client) finds
+a place kept for it at its time (:mod:`herdless.gateway.core.holds`).
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Unpack
 
-from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.admission import Admission, OfferOptions
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.keys import KeyLimits
-from herdless.gateway.core.limits import CLASSES, AdmissionConfig, Priority
+from herdless.gateway.core.limits import CLASSES, AdmissionConfig
 from herdless.gateway.core.sizing import Sizing
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.metrics import Fairness, SizingFigures
@@ -52,29 +53,11 @@ class Gate:
         """Called when a request waits because the engine sleeps (the sleeper wakes it)."""
 
     def offer(
-        self,
-        key_id: str,
-        price: int,
-        *,
-        deadline: float | None = None,
-        user: str | None = None,
-        priority: Priority = "interactive",
-        prompt: int | None = None,
-        ttl: float | None = None,
-        call: str | None = None,
+        self, key_id: str, price: int, **options: Unpack[OfferOptions]
     ) -> Admit | Enqueued | Refuse:
         """Decide at once (see :meth:`Admission.offer`); the batch waiters an interactive
         arrival displaced are woken with their refusal."""
-        decision = self.admission.offer(
-            key_id,
-            price,
-            deadline=deadline,
-            user=user,
-            priority=priority,
-            prompt=prompt,
-            ttl=ttl,
-            call=call,
-        )
+        decision = self.admission.offer(key_id, price, **options)
         if type(decision) is Enqueued:
             for ticket, refused in decision.displaced:
                 self._wake(ticket, refused)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
+from typing import TypedDict
 
 from herdless._clock import Clock
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -49,7 +50,18 @@ from herdless.gateway.core.reservations import Reservations, unattainable
 from herdless.gateway.core.service import DrainRate
 from herdless.gateway.core.sizing import Hold, Sizing
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "OfferOptions"]
+
+
+class OfferOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Admission.offer` (for those that pass them on)."""
+
+    deadline: float | None
+    user: str | None
+    priority: Priority
+    prompt: int | None
+    ttl: float | None
+    call: str | None
 
 
 class Admission:

@@ -163,10 +163,6 @@ class Admission:
         :meth:`_slots`)."""
         return 1 / self._slots(self._clock.monotonic())[0]
 
-    def _gap(self) -> float:
-        """Seconds between two places freeing (see :meth:`_slots`)."""
-        return self._slots(self._clock.monotonic())[0]
-
     def _slots(self, now: float) -> tuple[float, float | None]:
         """(seconds between two answers, when the first one comes or ``None``): when a
         place frees for a refused caller.
@@ -412,7 +408,8 @@ class Admission:
         ticket.hold, ticket.waits_out_drain = _hold(key.limits.hold, ttl), deadline is None
         ticket.ttl = ttl is not None and ttl < key.limits.hold
         mine = None if call is None else (key_id, call)
-        back = mine is not None and bool(self._holds) and self._holds.claim(mine, now, self._gap())
+        ahead = self._slots(now)[0] if self._holds else 0.0  # a place's time: see holds
+        back = mine is not None and self._holds.claim(mine, now, ahead)
         if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
@@ -421,7 +418,7 @@ class Admission:
         key_full = key.queued >= key.limits.queue_limit(cfg.max_queue)
         taken = self._queued
         if self._holds and not back and taken < cfg.max_queue:
-            taken += self._holds.held(now, self._gap())  # places kept for callers due back
+            taken += self._holds.held(now, ahead)  # places kept for callers due back
         if taken >= cfg.max_queue or key_full:
             if interactive and cfg.scheduler == "vtc":
                 # A full key share is freed only by one of the key's own batch waiters.

@@ -9,6 +9,7 @@ import pytest
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
+from herdless.gateway.core.service import DrainRate
 from herdless.testing import FakeClock
 
 
@@ -423,6 +424,18 @@ def test_the_rate_after_a_quiet_spell_longer_than_its_window_is_measured_afresh(
             clock.advance(0.25)
             adm.release(ticket)
     assert adm.drain_rate() == pytest.approx(8 / 1.75)
+
+
+def test_a_measured_rate_is_not_believed_after_three_of_its_gaps_without_an_answer() -> None:
+    """Answers every 0.25 s, then none: the rate is believed until the silence lasts
+    three of its gaps (the requests now running are longer), and again once one ends."""
+    rate = DrainRate()
+    for i in range(1, 9):
+        rate.add(0.25 * i)
+    assert rate.rate(3.0) == pytest.approx(8 / 2.75)  # 1 s: under three gaps of 0.34 s
+    assert rate.rate(3.1) is None
+    rate.add(3.2)
+    assert rate.rate(3.2) == pytest.approx(9 / 2.95)
 
 
 def test_a_not_ready_upstream_during_a_drain_shares_one_horizon(clock: FakeClock) -> None:

@@ -180,6 +180,24 @@ def test_the_charge_is_settled_against_the_real_usage_and_learns_the_length(
     assert adm.queue.counter("interactive", "key-a/u-a") == 112 + 10 + 2 * 60
 
 
+def test_an_answer_cut_at_its_max_tokens_never_lowers_the_predicted_length(
+    clock: FakeClock,
+) -> None:
+    """A capped answer's own length is longer and unknown: it raises the user's
+    average, never lowers it (a title of 8 tokens says nothing of the next answer)."""
+    adm = make(clock, max_concurrency=1, max_queue=10)
+    first = started(adm, "u-a", prompt=10, completion=500)
+    adm.release(first, prompt_tokens=10, completion_tokens=300)  # ended on its own
+    title = started(adm, "u-a", prompt=10, completion=8)
+    assert title.charged == 10 + 2 * 8  # its max_tokens bounds it
+    adm.release(title, prompt_tokens=10, completion_tokens=8)  # cut at 8
+    again = started(adm, "u-a", prompt=10, completion=500)
+    assert again.charged == 10 + 2 * 300  # not 10 + 2 * 241.6
+    adm.release(again, prompt_tokens=10, completion_tokens=500)  # cut, but longer: raises
+    last = started(adm, "u-a", prompt=10, completion=1000)
+    assert last.charged == pytest.approx(10 + 2 * 340)
+
+
 # -- lift, FIFO ----------------------------------------------------------------------------
 
 

@@ -125,12 +125,57 @@ def test_requests_half_done_leave_room_the_final_sizes_would_not() -> None:
 def test_the_running_requests_ends_are_predicted_by_the_engines_decode_rate() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
-    assert sizing.predicted_ends() is None  # no decode rate yet
+    assert sizing.predicted_ends(1.0) is None  # no decode rate yet
     sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
-    assert sizing.predicted_ends() is None  # none running
+    assert sizing.predicted_ends(1.0) is None  # none running
     sizing.start(ticket(10, 300), 1.0, predicted=None)  # 3 s at 100 tokens a second
     sizing.start(ticket(10, 500), 2.0, predicted=None)  # 5 s
-    assert sizing.predicted_ends() == pytest.approx((4.0, 4.0))
+    assert sizing.predicted_ends(2.0) == pytest.approx((4.0, 4.0))
+
+
+def test_a_request_running_past_its_predicted_answer_is_predicted_at_its_max_tokens() -> None:
+    """Answers of 50 tokens measured, then one of max_tokens 400 starts: predicted to end
+    0.5 s later. Still running after that, its answer is longer than the typical one and
+    its max_tokens is all that is known of it: 4 s."""
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    short = ticket(10, 400)
+    sizing.start(short, 1.0, predicted=None)
+    sizing.finish(short, 1.5, prompt_tokens=10, completion_tokens=50)
+    sizing.start(ticket(10, 400), 2.0, predicted=None)
+    assert sizing.predicted_ends(2.4) == pytest.approx((2.5, 0.5))
+    assert sizing.predicted_ends(2.6) == pytest.approx((6.0, 4.0))
+    sizing.start(ticket(10, 400), 2.8, predicted=None)  # within its prediction: first to end
+    assert sizing.predicted_ends(3.0) == pytest.approx((3.3, 2.25))
+
+
+def test_a_runs_time_beyond_its_decode_is_measured_and_predicted() -> None:
+    """Runs that took 0.5 s more than their answers at the decode rate (the prompt's
+    pass, the answer's way back): the next ones are predicted to end 0.5 s later."""
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    for _ in range(3):
+        done = ticket(10, 100)
+        sizing.start(done, 1.0, predicted=None)
+        sizing.finish(done, 2.5, prompt_tokens=10, completion_tokens=100)  # 1 s + 0.5 s
+    sizing.start(ticket(10, 100), 3.0, predicted=None)
+    assert sizing.predicted_ends(3.0) == pytest.approx((4.5, 1.5))
+
+
+def test_short_answers_cut_at_their_max_tokens_leave_long_ones_predicted_long() -> None:
+    """300-token answers, then four cut at a max_tokens of 32: the next request of
+    max_tokens 300 is still predicted at 300 (3 s at 100 tokens a second), not 142."""
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    for max_tokens in (300, 32, 32, 32, 32):
+        done = ticket(10, max_tokens)
+        sizing.start(done, 1.0, predicted=None)
+        sizing.finish(done, 1.0, prompt_tokens=10, completion_tokens=max_tokens)
+    sizing.start(ticket(10, 300), 1.0, predicted=None)
+    assert sizing.predicted_ends(1.0) == pytest.approx((4.0, 3.0))
 
 
 def test_batch_leaves_the_interactive_headroom_it_measured() -> None:
@@ -417,9 +462,35 @@ def test_a_first_wave_s_refusals_name_when_its_answers_end() -> None:
     running), a client with two retries spends both before the wave ends."""
     clock = FakeClock()
     adm, _ = first_wave(clock)
-    # The wave ends 4 s after it started (3 s from now); then a place per 4 s / 8 running.
-    assert [refused(adm).retry_after for _ in range(3)] == pytest.approx([3.0, 3.5, 4.0])
+    # The wave ends 4 s after it started (3 s from now); a place frees per 4 s / 8
+    # running from then, the first caller told one past the end as one is past now.
+    assert [refused(adm).retry_after for _ in range(3)] == pytest.approx([3.5, 4.0, 4.5])
     assert adm.drain_rate() == pytest.approx(2.0)
+
+
+def test_a_wave_of_long_answers_after_short_ones_is_told_when_it_ends() -> None:
+    """Short answers measured (50 tokens, 8 a second), then 24 long requests fill the 8
+    running places and the 16 queued ones. Once no answer came for three of the measured
+    gaps, the short answers' pace is not believed, and the running requests, past the
+    short answer predicted for them, are predicted at their max_tokens: the refusals name
+    the wave's end. Told the short answers' pace (0.15 s a place), openai-node spent its
+    two retries before any place freed."""
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(max_concurrency=8, max_queue=16), clock=clock)
+    for _ in range(40):
+        short = adm.offer("key-a", 310, prompt=10)
+        assert isinstance(short, Admit)
+        clock.advance(0.125)
+        adm.release(short.ticket, prompt_tokens=10, completion_tokens=50)
+    adm.observe(reading(clock.monotonic(), capacity=100_000, running=8))
+    clock.advance(0.25)
+    adm.observe(reading(clock.monotonic(), capacity=100_000, running=8, generation_tokens=150))
+    offered = [adm.offer("key-a", 310, prompt=10) for _ in range(24)]
+    assert [type(d) for d in offered] == [Admit] * 8 + [Enqueued] * 16
+    clock.advance(0.1)  # 0.35 s since the last answer, under three gaps: its rate stands
+    assert refused(adm).retry_after == pytest.approx(5.225 / 40)  # 40 since the first
+    clock.advance(0.9)  # a second in, no answer yet: 4 s a request at 75 tokens a second
+    assert [refused(adm).retry_after for _ in range(3)] == pytest.approx([3.5, 4.0, 4.5])
 
 
 def test_once_answers_are_measured_their_rate_names_the_places() -> None:

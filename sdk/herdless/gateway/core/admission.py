@@ -168,17 +168,18 @@ class Admission:
         place frees for a refused caller.
 
         Measured: one per answer finished per second, from now. Before there are enough
-        answers (a morning's first crowd, the first after a drain), the engine tells: no
+        answers (a morning's first crowd, the first after a drain), or when none came for
+        three of the measured gaps (long answers after short ones), the engine tells: no
         place frees before the first running request ends, then one per run time over
         the running, each predicted by the engine's decode rate; else the mean run time
-        (a guess before any ended). A first wave of long answers ends together, seconds
-        away: told a fraction of a second instead, a client that retries twice has spent
-        its retries before any place frees."""
+        (a guess before any ended). A wave of long answers ends together, seconds away:
+        told a fraction of a second instead, a client that retries twice has spent its
+        retries before any place frees."""
         measured = self._drained.rate(now)
         if measured is not None:
             return 1 / measured, None
         running = max(1, self.inflight or self.limit)
-        predicted = self._sizing.predicted_ends()
+        predicted = self._sizing.predicted_ends(now)
         if predicted is None:
             return self._mean_service / running, None
         first, run_time = predicted

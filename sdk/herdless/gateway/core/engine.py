@@ -70,6 +70,7 @@ class Run:
 
     prompt: float  # calibrated prompt tokens
     predicted: float  # predicted answer tokens
+    budget: float  # its max_tokens: the longest answer it may give
     started: float
     interactive: bool
 
@@ -116,12 +117,18 @@ class Running:
         terms is a ``size + left`` of a request still running)."""
         return self.tokens[True] + self.tokens[False] + block * len(self._runs)
 
-    def ends(self, rate: float) -> tuple[float, float]:
-        """(the earliest end, the mean run time) of the running requests, each decoding
-        ``rate`` tokens a second until its predicted answer ends; with one running at least."""
-        runs = self._runs.values()
-        first = min(run.started + run.predicted / rate for run in runs)
-        return first, sum(run.predicted for run in runs) / (rate * len(runs))
+    def ends(self, rate: float, now: float, rest: float = 0.0) -> tuple[float, float]:
+        """(the earliest end, the mean run time) of the running requests, each running
+        ``rest`` seconds beside decoding ``rate`` tokens a second until its answer ends:
+        the predicted answer, or its ``max_tokens`` once it has run past that by ``now``
+        (all that is known of a longer one); with one running at least."""
+        first, tokens = math.inf, 0.0
+        for run in self._runs.values():
+            start = run.started + rest
+            answer = run.predicted if start + run.predicted / rate > now else run.budget
+            first = min(first, start + answer / rate)
+            tokens += answer
+        return first, rest + tokens / (rate * len(self._runs))
 
     def sizes(self, now: float, rate: float, block: int) -> list[tuple[float, float]]:
         """(size now, tokens still to come) of each, decoding ``rate`` tokens a second."""

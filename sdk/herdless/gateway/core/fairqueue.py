@@ -22,7 +22,8 @@ counter, in its class::
     predicted = min(max_tokens, the user's average completion), max_tokens before any
 
 where the average is an EWMA (weight 0.2, VTC's window of five) of the user's
-completions. When the request ends and vLLM reported its usage, the charge is
+completions; one cut at its ``max_tokens`` raises it and never lowers it (its own
+length is longer and unknown). When the request ends and vLLM reported its usage, the charge is
 settled to ``prompt_weight * prompt_tokens + completion_weight * completion_tokens``
 (the difference is added, or given back). The defaults weigh a completion token
 twice a prompt token, as VTC does: decoding a token costs the GPU a step, while a
@@ -58,14 +59,13 @@ from collections.abc import Iterator
 
 from herdless.gateway.core.decisions import Ticket
 from herdless.gateway.core.limits import CLASSES, AdmissionConfig, Priority
-from herdless.gateway.core.service import ServiceWindow, jain_index
+from herdless.gateway.core.service import ServiceWindow, average_answer, jain_index
 
 __all__ = ["OVERFLOW", "FairQueue", "Flow"]
 
 OVERFLOW = "other"
 """The user of a key's overflow flow, used while the user table is full of busy flows."""
 
-_EWMA = 0.2  # weight of the newest completion in a user's prediction (VTC's window of 5)
 _EVICT_SCAN = 16  # oldest flows looked at for one to forget: bounded work per new user
 
 
@@ -338,8 +338,7 @@ class FairQueue:
         flow.counter += delta
         flow.owner.counter += delta
         flow.window.add(now, delta)
-        before = flow.predicted
-        flow.predicted = completion if before is None else before + _EWMA * (completion - before)
+        flow.predicted = average_answer(flow.predicted, completion, ticket.price - ticket.prompt)
 
     # -- places -----------------------------------------------------------------------------
 

@@ -12,10 +12,13 @@ refused caller the next free slot after it:
   :meth:`herdless.gateway.core.fairqueue.FairQueue.share`), so each user keeps its own
   horizon::
 
-      retry_at = max(max(now, horizon_user, floor) + gap / share, first)
+      retry_at = max(now, horizon_user, floor, first) + gap / share
 
   where ``first`` is when the first running request ends, predicted by the engine,
-  while the answers per second are not measured yet (``-inf`` otherwise). A user
+  while the answers per second are not measured yet or have stalled (``-inf``
+  otherwise): no slot frees before it, and the first caller is told one slot past
+  it, as it is told one slot past now (told a predicted end itself, about half the
+  callers would come back a moment before it, to a queue still full). A user
   alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as before
   fairness had users. A light user refused while a heavy one floods is told
   a time near its turn, not after the heavy user's callers;
@@ -112,7 +115,7 @@ class Reservations:
         is ``deadline_unattainable`` (no reservation: it will not come back for this)."""
         cfg = self._config
         start = max(now, horizon, self.floor, _NEVER if not_before is None else not_before)
-        promise = max(start + gap / share, _NEVER if first is None else first) - now
+        promise = max(start, _NEVER if first is None else first) + gap / share - now
         wait = min(promise, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)

@@ -1,4 +1,5 @@
-"""Service measured over a sliding window, and how evenly it is shared (pure).
+"""Service measured: answers per second, the answers' average length, the service over a
+sliding window and how evenly it is shared (pure).
 
 The fair queue (:mod:`herdless.gateway.core.fairqueue`) charges each user's weighted tokens
 to a :class:`ServiceWindow`; ``/metrics`` shows the last window per user and Jain's
@@ -11,18 +12,25 @@ from __future__ import annotations
 import math
 from collections import deque
 
-__all__ = ["DRAIN_WINDOW", "DrainRate", "ServiceWindow", "jain_index"]
+__all__ = ["DRAIN_WINDOW", "DrainRate", "ServiceWindow", "average_answer", "jain_index"]
 
 DRAIN_WINDOW = 10.0
 """Seconds over which the answers finished per second are measured."""
 _DRAIN_SAMPLES = 4  # answers finished before the measured rate is believed
+_STALE = 3.0  # gaps without an answer after which the measured rate is not believed
+_EWMA = 0.2  # weight of the newest answer in an average (VTC's window of five)
 
 
 class DrainRate:
     """Answers finished per second over the last ``DRAIN_WINDOW`` seconds, counted from
     the first answer of the current stretch: after a whole window with none (a quiet
     night), the first answers start a new measure, as a rate over the quiet would read
-    the morning's rush at a fraction of what the GPU serves."""
+    the morning's rush at a fraction of what the GPU serves.
+
+    A rate is believed while answers keep coming at it: none for three of its gaps
+    says the requests now running are longer than the ones it counted (a wave of long
+    answers after short ones), and told the short answers' pace their callers would come
+    back many times before a place frees."""
 
     __slots__ = ("_first", "_times")
 
@@ -39,14 +47,31 @@ class DrainRate:
         times.append(now)
 
     def rate(self, now: float) -> float | None:
-        """Answers per second, or ``None`` before four finished over a second at least."""
+        """Answers per second; ``None`` before four finished over a second at least, or
+        when the last one is older than three of the rate's gaps."""
         times = self._times
         while times and times[0] < now - DRAIN_WINDOW:
             times.popleft()
         span = min(DRAIN_WINDOW, now - self._first)
         if len(times) < _DRAIN_SAMPLES or span < 1.0:
             return None
-        return len(times) / span
+        rate = len(times) / span
+        return None if (now - times[-1]) * rate > _STALE else rate
+
+
+def average_answer(before: float | None, completion: int, max_tokens: float) -> float:
+    """The EWMA of answers' lengths (tokens) after one more of ``completion`` tokens.
+
+    An answer that reached its ``max_tokens`` was cut there: its own length is longer
+    and unknown, so it raises the average and never lowers it. Counted as given, a
+    burst of short capped answers (a probe, a title, a classification) would predict
+    the next long ones short, and the queue would tell their refused callers a place
+    long before one frees."""
+    if before is None:
+        return completion
+    if completion >= max_tokens and completion < before:
+        return before
+    return before + _EWMA * (completion - before)
 
 
 class ServiceWindow:

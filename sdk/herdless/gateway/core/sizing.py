@@ -37,6 +37,7 @@ from herdless.gateway.core.engine import (
     kv_peak,
 )
 from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.core.service import average_answer
 
 __all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Sizing"]
 
@@ -98,6 +99,7 @@ class Sizing:
         self.fill = FILL
         """Share of the KV capacity the peak may reach now (lowered by preemptions)."""
         self._decode_rate: float | None = None  # tokens per second per running sequence
+        self._overhead: float | None = None  # EWMA of a run's seconds beyond its decode
         self._prompt_ratio = 1.0  # engine's prompt tokens / the gateway's estimate
         self._answers: dict[bool, float] = {}  # EWMA of answers, per class (interactive?)
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
@@ -284,13 +286,15 @@ class Sizing:
             return "reserve"
         return None
 
-    def predicted_ends(self) -> tuple[float, float] | None:
+    def predicted_ends(self, now: float) -> tuple[float, float] | None:
         """(when the first running request ends, clock time; seconds a request runs) by the
-        engine's measured decode rate and the answers predicted at their start; ``None``
+        engine's measured decode rate and the answers predicted at their start (at their
+        ``max_tokens`` for those running past theirs at ``now``), plus the rest of a run
+        measured on those that ended (the prompt's pass, the answer's way back); ``None``
         before the rate is measured or with none running."""
         if self._decode_rate is None or not self._runs:
             return None
-        return self._runs.ends(self._decode_rate)
+        return self._runs.ends(self._decode_rate, now, self._overhead or 0.0)
 
     @property
     def batch_spaced_until(self) -> float:
@@ -334,10 +338,13 @@ class Sizing:
         if prompt_tokens is not None and ticket.prompt > 0:
             ratio = prompt_tokens / ticket.prompt
             self._prompt_ratio += _EWMA * (ratio - self._prompt_ratio)
+        if completion_tokens is not None and self._decode_rate is not None:
+            rest = max(0.0, now - run.started - completion_tokens / self._decode_rate)
+            old = self._overhead
+            self._overhead = rest if old is None else old + _EWMA * (rest - old)
         if completion_tokens is not None:
-            old = self._answers.get(run.interactive)
-            new = completion_tokens if old is None else old + _EWMA * (completion_tokens - old)
-            self._answers[run.interactive] = new
+            before = self._answers.get(run.interactive)
+            self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -349,6 +356,7 @@ class Sizing:
         return Run(
             prompt=ticket.prompt * self._prompt_ratio,
             predicted=min(budget, predicted),
+            budget=budget,
             started=now,
             interactive=interactive,
         )

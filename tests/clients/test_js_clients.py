@@ -134,7 +134,8 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
     # The client's calls leave at start_at; a second before, 24 long requests fill the
     # 8 running places and the 16 queued ones (about 4 s a wave), so each first attempt
     # meets a full queue. No answer of the wave has ended yet: the hints come from the
-    # engine's decode rate, no earlier than the wave's predicted end.
+    # engine's decode rate, no earlier than the wave's predicted end. Openai-node and
+    # Vercel retry twice: told a fraction of a second, they ran out before it ended.
     start_at = time.time() + 4.0
     sent = scenario(client, gateway.url, calls=4, concurrency=4, start_at=start_at)
     run = asyncio.create_task(run_clients_async(sent, directory=js_clients))
@@ -153,7 +154,6 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
             raise AssertionError("the 24 long requests did not fill the gateway's queue")
         results = await run
         assert [r.status_code for r in await asyncio.gather(*fill)] == [200] * 24
-    ran_out = []
     for r in results:
         assert r.statuses[0] == 429, r
         if client == "single":
@@ -161,22 +161,12 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
             assert not r.ok
             assert_hinted_429(r)
             continue
+        # The hints name the wave's end, and one place past it: each call gets its
+        # answer, after a burst of short answers too (this runs after the overload case).
+        assert r.ok, r
         assert r.attempts >= 2, r  # the 429, then a retry at its hint
         assert set(r.statuses[:-1]) <= {429}, r.statuses
-        if r.ok:
-            assert r.statuses[-1] == 200
-        else:
-            assert_hinted_429(r)
-            ran_out.append(r.statuses)
-    if ran_out:
-        # Open: on a fresh gateway the hints name the wave's predicted end and every
-        # client gets its answers (5 of 5 runs). Right after the overload test above,
-        # the answers per second measured on its short answers still stand for 10 s and
-        # the typical answer predicts the long ones short: hints of a fraction of a
-        # second, and openai-node or Vercel (2 retries) can spend theirs before a place
-        # frees. LangChain.js (6) always got through.
-        assert client != "langchain", ran_out
-        pytest.xfail(f"{client} ran out of retries before the first wave ended: {ran_out}")
+        assert r.statuses[-1] == 200
 
 
 @pytest.fixture(scope="module")

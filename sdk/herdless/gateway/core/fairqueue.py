@@ -23,11 +23,11 @@ counter, in its class::
 
 where the average is an EWMA (weight 0.2, VTC's window of five) of the user's
 completions; one cut at its ``max_tokens`` raises it and never lowers it (its own
-length is longer and unknown). When the request ends and vLLM reported its usage, the charge is
-settled to ``prompt_weight * prompt_tokens + completion_weight * completion_tokens``
-(the difference is added, or given back). The defaults weigh a completion token
-twice a prompt token, as VTC does: decoding a token costs the GPU a step, while a
-prompt is read in a batched pass.
+length is longer and unknown). When the request ends and vLLM reported its usage,
+the charge is settled to ``prompt_weight * prompt_tokens + completion_weight *
+completion_tokens`` (the difference is added, or given back). The defaults weigh a
+completion token twice a prompt token, as VTC does: decoding a token costs the GPU a
+step, while a prompt is read in a batched pass.
 
 **Lift.** A user (or key) that starts waiting takes ``max(own counter, the least
 counter of those already waiting)``; when nobody waits, ``max(own, the counter of

@@ -99,7 +99,7 @@ class Sizing:
         self.fill = FILL
         """Share of the KV capacity the peak may reach now (lowered by preemptions)."""
         self._decode_rate: float | None = None  # tokens per second per running sequence
-        self._overhead: float | None = None  # EWMA of a run's seconds beyond its decode
+        self._rest: float | None = None  # EWMA of a run's seconds beyond its decode
         self._prompt_ratio = 1.0  # engine's prompt tokens / the gateway's estimate
         self._answers: dict[bool, float] = {}  # EWMA of answers, per class (interactive?)
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
@@ -294,7 +294,7 @@ class Sizing:
         before the rate is measured or with none running."""
         if self._decode_rate is None or not self._runs:
             return None
-        return self._runs.ends(self._decode_rate, now, self._overhead or 0.0)
+        return self._runs.ends(self._decode_rate, now, self._rest or 0.0)
 
     @property
     def batch_spaced_until(self) -> float:
@@ -340,8 +340,8 @@ class Sizing:
             self._prompt_ratio += _EWMA * (ratio - self._prompt_ratio)
         if completion_tokens is not None and self._decode_rate is not None:
             rest = max(0.0, now - run.started - completion_tokens / self._decode_rate)
-            old = self._overhead
-            self._overhead = rest if old is None else old + _EWMA * (rest - old)
+            old = self._rest
+            self._rest = rest if old is None else old + _EWMA * (rest - old)
         if completion_tokens is not None:
             before = self._answers.get(run.interactive)
             self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)

@@ -61,9 +61,7 @@ _EWMA = 0.2
 _SEQ_KV = 0.9  # the engine queues with KV below this share: its max_num_seqs is the cause
 _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
 _HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
-# Of the interactive peak, batch leaves this share free: chats beyond it are first in
-# line for the next batch end (the whole peak cost the batch a few percent of its pace).
-_RESERVE_SHARE = 0.5
+_RESERVE_SHARE = 0.5  # of the interactive peak, batch leaves this share free (rule 4)
 
 
 class Sizing:
@@ -287,11 +285,9 @@ class Sizing:
         return None
 
     def predicted_ends(self, now: float) -> tuple[float, float] | None:
-        """(when the first running request ends, clock time; seconds a request runs) by the
-        engine's measured decode rate and the answers predicted at their start (at their
-        ``max_tokens`` for those running past theirs at ``now``), plus the rest of a run
-        measured on those that ended (the prompt's pass, the answer's way back); ``None``
-        before the rate is measured or with none running."""
+        """(when the first running request ends, clock time; seconds a request runs) as
+        :meth:`Running.ends` predicts them, with the rest of a run measured on those that
+        ended; ``None`` before the decode rate is measured or with none running."""
         if self._decode_rate is None or not self._runs:
             return None
         return self._runs.ends(self._decode_rate, now, self._rest or 0.0)
@@ -336,13 +332,12 @@ class Sizing:
         if run.interactive:
             self._note_interactive(now)
         if prompt_tokens is not None and ticket.prompt > 0:
-            ratio = prompt_tokens / ticket.prompt
-            self._prompt_ratio += _EWMA * (ratio - self._prompt_ratio)
-        if completion_tokens is not None and self._decode_rate is not None:
-            rest = max(0.0, now - run.started - completion_tokens / self._decode_rate)
-            old = self._rest
-            self._rest = rest if old is None else old + _EWMA * (rest - old)
+            self._prompt_ratio += _EWMA * (prompt_tokens / ticket.prompt - self._prompt_ratio)
         if completion_tokens is not None:
+            if self._decode_rate is not None:  # the prompt's pass, the answer's way back
+                rest = max(0.0, now - run.started - completion_tokens / self._decode_rate)
+                old = rest if self._rest is None else self._rest
+                self._rest = old + _EWMA * (rest - old)
             before = self._answers.get(run.interactive)
             self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)
 

@@ -341,5 +341,6 @@ def test_the_example_key_policies_load_and_match_open_webui(compose):
     policies = load_policies(DEPLOY / "keys.toml.example", KeyLimits())
     webui = policies.of("webui")
     assert (webui.fallback, webui.user_header) == (True, "x-openwebui-user-id")
+    assert webui.retries is False  # Open WebUI never retries: a full queue keeps it waiting
     example = (DEPLOY / "openwebui.env.example").read_text()
     assert f"OPENAI_API_KEY={next(iter(policies.secrets))}" in example

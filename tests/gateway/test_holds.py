@@ -94,6 +94,22 @@ def test_a_place_held_for_a_caller_that_went_elsewhere_frees_after_its_grace() -
     assert isinstance(adm.offer("key-a", 10), Enqueued)
 
 
+@pytest.mark.parametrize("forgotten", [False, True])
+def test_a_place_held_for_a_caller_that_will_not_come_back_frees_at_once(forgotten: bool) -> None:
+    """A request the gateway kept waiting for a client that never retries, gone or past
+    its hold: nobody comes back for its place."""
+    clock = FakeClock()
+    adm, ending = full(clock)
+    told = adm.offer("key-a", 10, call="kept-1")
+    assert isinstance(told, Refuse)
+    if forgotten:
+        adm.forget("key-a", "kept-1")
+    next_place_frees(adm, clock, ending)
+    clock.advance(told.retry_after - 0.9)  # the time it was told
+    newcomer = adm.offer("key-a", 10)
+    assert isinstance(newcomer, Enqueued if forgotten else Refuse)
+
+
 @pytest.mark.parametrize(
     ("headers", "held_for"),
     [

@@ -26,6 +26,7 @@ queue_share = 0.25
 key = "sk-webui-secret"
 fallback = true
 hold = 120
+retries = false
 user_header = "X-OpenWebUI-User-Id"
 
 [keys."batch-job"]
@@ -55,6 +56,8 @@ def test_a_key_takes_its_table_then_the_defaults_then_the_flags(tmp_path: Path) 
         120,
         "x-openwebui-user-id",
     )
+    assert not webui.retries  # its clients show a 429 as an error: it waits out a full queue
+    assert batch.retries  # the default: a refusal is answered at once
     assert webui.limits.queue_share == 0.25  # [defaults]
     assert webui.limits.rate == 5.0  # the flag
     assert (batch.priority, batch.fallback, batch.limits.rate, batch.limits.hold) == (
@@ -78,6 +81,7 @@ def test_a_key_takes_its_table_then_the_defaults_then_the_flags(tmp_path: Path) 
         ('[defaults]\nhold = 10\n\n[keys.a]\nkey = "k"\nhold = -1\n', 6, "keys.a.hold"),
         ('[keys.a]\nkey = "k"\npriority = "urgent"\n', 3, "keys.a.priority"),
         ('[keys.a]\nkey = "k"\nfalback = true\n', 3, "keys.a.falback"),
+        ('[keys.a]\nkey = "k"\nretries = "sometimes"\n', 3, "keys.a.retries"),
         ("[keys.a]\nhold = 3\n", 1, "keys.a.key"),
         ("[defaults]\nqueue_share = 2\n", 2, "defaults.queue_share"),
         ('[keys.a]\nkey = "k"\nuser_header = "bad header"\n', 3, "keys.a.user_header"),
@@ -229,6 +233,7 @@ def test_no_policy_file_gives_every_key_the_flags() -> None:
     policies = KeyPolicies.flags_only(FLAGS)
     assert policies.of("anyone").limits == FLAGS
     assert policies.of("anyone").fallback is False
+    assert policies.of("anyone").retries is True  # a full queue answers 429 at once
 
 
 def test_a_burst_after_a_quiet_spell_is_not_sent_away_by_the_quiet() -> None:

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.server]
 ADMIN = {"authorization": "Bearer admin-secret"}
 WEBUI = {"authorization": "Bearer sk-webui-secret"}  # may spill, holds 20 s
 INTERNAL = {"authorization": "Bearer sk-internal-secret"}  # may not, holds 60 s
+FRONTEND = {"authorization": "Bearer sk-frontend-secret"}  # may not; its clients never retry
 POLICIES = """\
 [keys.webui]
 key = "sk-webui-secret"
@@ -29,6 +30,11 @@ user_header = "X-OpenWebUI-User-Id"
 [keys.internal]
 key = "sk-internal-secret"
 hold = 60
+
+[keys.frontend]
+key = "sk-frontend-secret"
+hold = 30
+retries = false
 """
 
 
@@ -132,6 +138,30 @@ def test_a_client_that_never_retries_sees_no_error_under_overload(
     assert backends.count("hosted") >= 1
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert 'herdless_gateway_spills_total{key="webui"' in metrics
+
+
+def test_a_front_end_that_never_retries_waits_out_a_full_queue(
+    servers: tuple[ServerProcess, ...],
+) -> None:
+    """The same overload from a key that may not spill and whose clients never retry
+    (``retries = false``): no 429 reaches them, the GPU answers every request."""
+    _, _, gateway = servers
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post("/v1/chat/completions", json=chat(max_tokens=32), headers=FRONTEND)
+                    for _ in range(18)
+                )
+            )
+
+    answers = asyncio.run(run())
+    assert [r.status_code for r in answers] == [200] * 18
+    assert {r.headers["x-herdless-backend"] for r in answers} == {"upstream"}
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    waited = [m for m in metrics.splitlines() if m.startswith("herdless_gateway_waited_out_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in waited) > 0  # it met the full queue
 
 
 def test_an_invalid_policy_file_stops_the_start_with_its_line(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8`
   at once (96 in flight against 8 running + 16 waiting); on a gateway with no key policy
   (``flags``: as the tree was before key policies), and on one where the single-attempt
   client's key holds 20 s and may spill (``spill``) or may not (``hold``) while the
-  retrying clients' key takes the flags; then ``spill`` with the default ``--max-queue``
-  (256). Per client: errors, p95, attempts per request, calls that reached the hosted
-  model, and the spilled calls' first byte against the hosted model's own p50 (the same
-  client straight at it, in the same run);
+  retrying clients' key takes the flags; both again with ``retries = false`` on the
+  single-attempt client's key (a full queue keeps its requests waiting for their place);
+  then ``spill`` with the default ``--max-queue`` (256). Per client: errors, p95,
+  attempts per request, calls that reached the hosted model, and the spilled calls'
+  first byte against the hosted model's own p50 (the same client straight at it, in the
+  same run);
 - ``window 20 s``: a maintenance window announced (``/admin/drain?expect=20``) and
   resumed after 20 s, 10 calls per client spread over it; keys that may spill, then
   keys that may not (hold 10 s: the retrying clients are told the window's end);
@@ -52,11 +54,13 @@ from herdless.launch.servers import ServerProcess, emulator_process, gateway_pro
 __all__ = ["ClientsParams", "run"]
 
 _ADMIN = "bench-admin"
-_KEYS = {  # key -> (fallback, hold); the retrying clients' key, "apps", takes the flags
-    "spill": (True, 20.0),
-    "hold": (False, 20.0),
-    "hold10": (False, 10.0),
-    "long": (False, 120.0),
+_KEYS = {  # key -> (fallback, hold, retries); the retrying clients' key, "apps", the flags
+    "spill": (True, 20.0, True),
+    "hold": (False, 20.0, True),
+    "wait": (False, 20.0, False),
+    "spill-wait": (True, 20.0, False),
+    "hold10": (False, 10.0, True),
+    "long": (False, 120.0, True),
 }
 _MODEL = "company-llm"
 _RETRYING = ("openai", "vercel", "langchain")
@@ -96,9 +100,9 @@ def _stack(folder: Path) -> Iterator[_Stack]:
     policies = folder / "keys.toml"
     policies.write_text(
         "".join(
-            f'[keys.{name}]\nkey = "{name}-key"\n'
-            f"fallback = {str(spill).lower()}\nhold = {hold:g}\nqueue_share = 1.0\n\n"
-            for name, (spill, hold) in _KEYS.items()
+            f'[keys.{name}]\nkey = "{name}-key"\nfallback = {str(spill).lower()}\n'
+            f"hold = {hold:g}\nretries = {str(retries).lower()}\nqueue_share = 1.0\n\n"
+            for name, (spill, hold, retries) in _KEYS.items()
         )
         + '[keys.apps]\nkey = "apps-key"\n'
     )
@@ -250,6 +254,8 @@ async def _measure(
         ("overload, flags", stack.flags.url, "any-key"),
         ("overload, spill", stack.keyed.url, "spill-key"),
         ("overload, hold", stack.keyed.url, "hold-key"),
+        ("overload, hold, retries = false", stack.keyed.url, "wait-key"),
+        ("overload, spill, retries = false", stack.keyed.url, "spill-wait-key"),
         ("overload, spill, queue 256", stack.roomy.url, "spill-key"),
     ]
     for case, url, key in cases:
@@ -300,6 +306,16 @@ def _result(
             value=value("overload, spill: single", "spill_first_byte_p95_s")
             - value("overload, spill: single", "hosted_p50_s"),
             limit=0.1,
+        ),
+        Target(
+            label="overload, hold key, retries = false: single attempt errors",
+            value=value("overload, hold, retries = false: single", "errors"),
+            limit=0,
+        ),
+        Target(
+            label="overload, spill key, retries = false: single attempt errors",
+            value=value("overload, spill, retries = false: single", "errors"),
+            limit=0,
         ),
         Target(
             label="overload, hold key: calls to the hosted model",
@@ -376,7 +392,9 @@ def _result(
             "+ 16 waiting in the overload). flags: the gateway with no key policy "
             "(what every client got before key policies); spill / hold: the single-attempt "
             "client's key holds 20 s and may / may not spill, the retrying clients' key takes "
-            "the flags; queue 256: the same with the default --max-queue.",
+            "the flags; retries = false: the single-attempt client's key says its clients "
+            "never retry (a full queue keeps its requests waiting for their place); queue "
+            "256: spill with the default --max-queue.",
             "single: one plain POST per call, never retried (what Open WebUI's backend does).",
         ],
     )

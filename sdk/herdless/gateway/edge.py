@@ -1,16 +1,20 @@
 """The raw ASGI pieces of the admitted routes (:mod:`herdless.gateway.proxy`) and of the
 hosted fallback (:mod:`herdless.gateway.spill`): the body read, the access record, whole
-JSON answers, the OpenAI-style errors and refusals, and which refusals a request may
-spill instead of."""
+JSON answers, the OpenAI-style errors and refusals, which refusals a request may spill
+instead of, and which one a caller that does not retry waits out here."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
+import anyio
 from starlette.types import Receive, Scope, Send
 
-from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.core.limits import Priority
 from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.wire import error_body, refusal_headers, user_header
@@ -26,9 +30,15 @@ __all__ = [
     "send_json",
     "send_refusal",
     "spills",
+    "unless_gone",
+    "waited_out",
+    "waits_out",
 ]
 
 _OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
+T = TypeVar("T")
+
+_WAITED_OUT = ("queue_full", "kv_budget")  # a busy GPU: a place frees at a known time
 _JSON_TYPE = (b"content-type", b"application/json")
 
 
@@ -85,6 +95,52 @@ async def error(
     """Answer an OpenAI-style error, then raise :class:`Answered`."""
     await send_json(send, status, error_body(message, code=code, type=kind, param=param), headers)
     raise Answered(status, code)
+
+
+def waits_out(refused: Refuse, left: float) -> bool:
+    """Whether a caller that does not retry waits here for the place ``refused`` names
+    rather than get it: a full queue's reservation (``queue_full``, ``kv_budget``) due
+    within the ``left`` seconds of its hold."""
+    return refused.code in _WAITED_OUT and refused.retry and refused.retry_after <= left
+
+
+async def unless_gone(receive: Receive, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or ``None`` when the client went away first (then it is
+    cancelled)."""
+    outcome: list[T] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            # The body is read: the next message can only be the disconnect.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        outcome.append(await work)
+        tg.cancel_scope.cancel()
+    return outcome[0] if outcome else None
+
+
+async def waited_out(
+    offer: Callable[[], Admit | Enqueued | Refuse],
+    refused: Refuse,
+    hold: float,
+    counted: Counter[str],
+) -> Admit | Enqueued | Refuse:
+    """A request of a key whose clients do not retry, refused by a full queue, waits
+    here for the place the refusal names, and is offered again (``offer`` passes the id
+    the refusal held the place for: it comes back on time). Waiting in the gateway is
+    free; a refusal its caller shows as an error is not. A refusal its ``hold`` (seconds
+    from now) does not cover is the answer; each one waited out is ``counted``."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + hold
+    decision: Admit | Enqueued | Refuse = refused
+    while isinstance(decision, Refuse) and waits_out(decision, until - loop.time()):
+        counted[decision.code] += 1
+        await asyncio.sleep(decision.retry_after)
+        decision = offer()
+    return decision
 
 
 def spills(refused: Refuse) -> bool:

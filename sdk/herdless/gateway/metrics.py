@@ -8,6 +8,8 @@ Exposed (all names prefixed ``herdless_gateway_``):
 
 * ``requests_total{code}``: answered requests by HTTP status;
 * ``rejections_total{reason}``: refusals by reason (``queue_full``, ...);
+* ``waited_out_total{reason}``: the full queue's refusals not sent: a request of a key
+  whose clients do not retry (``retries = false``) waited here for the place each named;
 * ``connections_closed_total{reason}``: connections the gateway closed before a
   request reached a route (``head_too_large``, ``too_many_headers``,
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);
@@ -149,6 +151,7 @@ class GatewayMetrics:
         "spills",
         "top",
         "ttfb",
+        "waited_out",
     )
 
     def __init__(
@@ -172,6 +175,9 @@ class GatewayMetrics:
         self.connections_closed: Counter[str] = Counter()
         self.spills: Counter[tuple[str, str, str]] = Counter()
         self.spill_tokens: Counter[tuple[str, str]] = Counter()
+        self.waited_out: Counter[str] = Counter()
+        """Refusals not sent: a request of a key whose clients do not retry waited for
+        the place each named, by reason."""
         self.queue_wait = Histogram(_LATENCY_BUCKETS)
         self.ttfb = Histogram(_LATENCY_BUCKETS)
         self.duration = Histogram(_LATENCY_BUCKETS)
@@ -195,6 +201,13 @@ class GatewayMetrics:
             dict(sorted(self.rejections.items())),
         )
         out.one(p + "held_total", "counter", "Requests that waited, then ran.", self.held)
+        out.by(
+            p + "waited_out_total",
+            "counter",
+            "Refusals waited out here for keys whose clients do not retry, by reason.",
+            "reason",
+            dict(sorted(self.waited_out.items())),
+        )
         out.one(
             p + "drain_held_total",
             "counter",

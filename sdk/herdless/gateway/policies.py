@@ -5,11 +5,13 @@ A TOML file::
     [defaults]                      # every key, --api-keys' too (all fields optional)
     hold = 30                       # seconds a request may wait here (its queue_timeout)
     fallback = false                # may its requests leave the building (default: no)
+    retries = true                  # do its clients retry a 429 (false: it waits here)
 
     [keys.openwebui]                # a key of its own; its name is its id in logs and metrics
     key = "sk-webui-..."            # the secret (also accepted by the gateway as an API key)
     fallback = true
     hold = 20
+    retries = false                 # Open WebUI shows a 429 to the employee: wait for a place
     priority = "interactive"        # the class when the request names none
     user_header = "X-OpenWebUI-User-Id"
     rate = 20                       # and burst, tokens_per_minute, queue_share: the flags'
@@ -59,6 +61,9 @@ class KeyPolicy:
     Attributes:
         name: the key's name in the file (``defaults`` for keys it does not name).
         fallback: its requests may go to the hosted model (data leaves the building).
+        retries: its clients retry a refusal. ``False`` (a chat front-end that never
+            retries): where a full queue would refuse one of its requests, the gateway
+            keeps it waiting for the place the refusal would name, up to its hold.
         priority: their class when a request names none (``None``: interactive).
         user_header: the header naming the employee (it wins over ``X-Herdless-User``,
             which wins over the body's ``user``), lower-case; ``None``: none.
@@ -67,6 +72,7 @@ class KeyPolicy:
 
     name: str
     fallback: bool = False
+    retries: bool = True
     priority: Priority | None = None
     user_header: str | None = None
     limits: KeyLimits = field(default_factory=KeyLimits)
@@ -119,6 +125,7 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fallback: bool | None = None
+    retries: bool | None = None
     hold: float | None = Field(default=None, gt=0)
     priority: Literal["interactive", "batch"] | None = None
     user_header: str | None = None
@@ -228,6 +235,7 @@ def _policy(name: str, table: _Table, defaults: _Table | None, flags: KeyLimits)
     return KeyPolicy(
         name=name,
         fallback=pick("fallback", False),
+        retries=pick("retries", True),
         priority=pick("priority", None),
         user_header=None if header is None else header.lower(),
         limits=limits,

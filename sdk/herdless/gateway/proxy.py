@@ -14,17 +14,23 @@ batch class) is answered by the hosted model (:mod:`herdless.gateway.spill`) whe
 would have been refused: the upstream out, loading or draining, the queue full, its
 wait predicted past its key's hold, its hold passed, or the upstream's own 429 or 503.
 Never after its first byte: a request the GPU started stays there.
+
+A request of a key whose clients do not retry (``retries = false``: a chat front-end
+that shows a 429 to the employee) waits out a full queue here instead: it comes back
+itself at the time the refusal names, to the place held for it, within its hold
+(:func:`herdless.gateway.edge.waited_out`); then it spills or is refused as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import anyio
 import httpx
 from starlette.types import Receive, Scope, Send
 
@@ -40,6 +46,8 @@ from herdless.gateway.edge import (
     read_body,
     send_refusal,
     spills,
+    unless_gone,
+    waited_out,
 )
 from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
@@ -64,6 +72,7 @@ _CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics on
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 _HOSTED = (b"x-herdless-backend", b"hosted")
+_KEPT = itertools.count()  # the ids a request kept waiting comes back with (edge.waited_out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +149,12 @@ class AdmittedProxy:
         # change bodies sets, then the body's user field).
         named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
-        decision = rt.gate.offer(
+        # Its clients do not retry: it waits out a full queue (a herdless client decides).
+        kept = not policy.retries and deadline is None and "x-herdless-attempt" not in headers
+        ttl = ttl_header(headers)
+        call = f"kept-{next(_KEPT)}" if kept else _call(headers, access.request_id)
+        offer = functools.partial(
+            rt.gate.offer,
             access.key_id,
             request.price(rt.settings.default_max_tokens),
             # A request that may spill leaves when its wait is predicted past its hold.
@@ -148,9 +162,20 @@ class AdmittedProxy:
             user=user,
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
-            ttl=ttl_header(headers),  # a cap on its queue wait, never its deadline
-            call=_call(headers, access.request_id),
+            ttl=ttl,  # a cap on its queue wait, never its deadline
+            call=call,
         )
+        decision: Admit | Enqueued | Refuse = offer()
+        if kept and isinstance(decision, Refuse):
+            assert call is not None
+            hold = policy.limits.hold if ttl is None else min(policy.limits.hold, ttl)
+            waiting = waited_out(offer, decision, hold, rt.metrics.waited_out)
+            waited = await unless_gone(exchange.receive, waiting)
+            if not isinstance(waited, Admit | Enqueued):  # gone, or it waits no longer
+                rt.gate.admission.forget(access.key_id, call)  # nobody comes back for it
+            if waited is None:
+                return _CLIENT_CLOSED, "client_closed", None
+            decision = waited
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
                 work = self._spilled(exchange, spill, raw, decision)
@@ -172,19 +197,8 @@ class AdmittedProxy:
     ) -> tuple[int, str | None]:
         """Await ``work`` unless the client goes away first (then it is cancelled: vLLM
         or the hosted model frees the request at once)."""
-        outcome: list[tuple[int, str | None]] = []
-        async with anyio.create_task_group() as tg:
-
-            async def watch() -> None:
-                # The body is read: the next message can only be the disconnect.
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            outcome.append(await work)
-            tg.cancel_scope.cancel()
-        return outcome[0] if outcome else (_CLIENT_CLOSED, "client_closed")
+        outcome = await unless_gone(receive, work)
+        return (_CLIENT_CLOSED, "client_closed") if outcome is None else outcome
 
     def _spill(
         self, policy: KeyPolicy, deadline: float | None, klass: Priority | None

@@ -157,6 +157,11 @@ class Admission:
         the dispatch limit now plus the key's share of the queue."""
         return self._reservations.capacity
 
+    def forget(self, key_id: str, call: str) -> None:
+        """The caller of ``call`` (refused, told a time) will not come back: the place
+        held for it frees now (see :mod:`.holds`)."""
+        self._holds.forget((key_id, call))
+
     def drain_rate(self) -> float:
         """Answers finished per second, measured; before there are enough, the running
         requests (or the limit) over their run time, as the engine predicts it (see

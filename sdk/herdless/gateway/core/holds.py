@@ -54,6 +54,11 @@ class Holds:
         self._due[call] = due
         bisect.insort(self._times, (due, call), key=_due)
 
+    def forget(self, call: Call) -> None:
+        """``call`` will not come back (its caller went away, or waits no longer): the
+        place held for it is anyone's now, not after its grace."""
+        self._drop(call)
+
     def claim(self, call: Call, now: float, ahead: float) -> bool:
         """``call`` is back: whether a place was held for it (its time is at most
         ``ahead`` away, and not past its grace). One that comes earlier keeps its hold

@@ -1,0 +1,154 @@
+"""A key whose clients do not retry (``retries = false``) waits out a full queue in the
+gateway (in process: a fake vLLM that holds its answers until told)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, until
+
+from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.edge import waits_out
+from herdless.gateway.runtime import Runtime
+
+APPS = {"authorization": "Bearer sk-apps-secret"}  # clients that retry: the default
+WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never retries
+BRIEF = {"authorization": "Bearer sk-brief-secret"}  # never retries, and holds 0.2 s
+POLICIES = """\
+[keys.apps]
+key = "sk-apps-secret"
+
+[keys.webui]
+key = "sk-webui-secret"
+retries = false
+hold = 30
+
+[keys.brief]
+key = "sk-brief-secret"
+retries = false
+hold = 0.2
+"""
+
+Started = AbstractAsyncContextManager[tuple[httpx.AsyncClient, Runtime]]
+
+
+@pytest.fixture
+def keyed(gateway: GatewayFactory, tmp_path: Path) -> Callable[..., Started]:
+    """One running and one waiting fill the gateway (a place frees about a second on)."""
+    path = tmp_path / "keys.toml"
+    path.write_text(POLICIES)
+
+    def start(**overrides: Any) -> Started:
+        return gateway(key_policies=path, max_concurrency=1, max_queue=1, **overrides)
+
+    return start
+
+
+async def fill(client: httpx.AsyncClient, runtime: Runtime) -> list[asyncio.Task[httpx.Response]]:
+    """One request running and one waiting: the queue is full."""
+    tasks = []
+    for _ in range(2):
+        post = client.post("/v1/chat/completions", json=chat_body(), headers=APPS)
+        tasks.append(asyncio.create_task(post))
+        await until(
+            lambda: runtime.gate.inflight + runtime.gate.admission.queue_depth == len(tasks)
+        )
+    return tasks
+
+
+def waited(runtime: Runtime) -> int:
+    return sum(runtime.metrics.waited_out.values())
+
+
+async def test_a_key_whose_clients_do_not_retry_waits_out_a_full_queue(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=APPS)
+        herdless = await client.post(  # a herdless client decides itself: told at once
+            "/v1/chat/completions",
+            json=chat_body(),
+            headers=WEBUI | {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"},
+        )
+        kept = asyncio.create_task(
+            client.post("/v1/chat/completions", json=chat_body(), headers=WEBUI)
+        )
+        await until(lambda: waited(runtime) == 1)
+        assert not kept.done()  # no 429 for the front-end: it waits here
+        fake_vllm.hold.set()  # the GPU answers: places free
+        answers = await asyncio.gather(*filling, kept)
+        metrics = (await client.get("/metrics")).text
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
+    assert herdless.status_code == 429
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert answers[-1].headers["x-herdless-backend"] == "upstream"
+    assert len(fake_vllm.received) == 3
+    assert 'herdless_gateway_waited_out_total{reason="queue_full"} 1' in metrics
+    assert 'herdless_gateway_rejections_total{reason="queue_full"} 2' in metrics  # not its
+
+
+async def test_a_refusal_its_hold_does_not_cover_is_answered_at_once(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=BRIEF)
+        fake_vllm.hold.set()
+        await asyncio.gather(*filling)
+        assert waited(runtime) == 0
+    assert refused.status_code == 429
+    assert float(refused.headers["retry-after-ms"]) > 200  # past its 0.2 s hold
+    assert len(fake_vllm.received) == 2
+
+
+async def test_a_caller_that_goes_away_while_it_waits_leaves_nothing_behind(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        told = await client.post("/v1/chat/completions", json=chat_body(), headers=APPS)
+        kept = asyncio.create_task(
+            client.post("/v1/chat/completions", json=chat_body(), headers=WEBUI)
+        )
+        await until(lambda: waited(runtime) == 1)
+        kept.cancel()  # the employee closed the tab
+        with pytest.raises(asyncio.CancelledError):
+            await kept
+        fake_vllm.hold.set()
+        await asyncio.gather(*filling)
+        # Told one place after the refusal before it: past twice that, it would be back.
+        await asyncio.sleep(2 * float(told.headers["retry-after-ms"]) / 1000 + 0.2)
+        assert waited(runtime) == 1
+        assert (runtime.gate.inflight, runtime.gate.admission.queue_depth) == (0, 0)
+    assert len(fake_vllm.received) == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "retry", "retry_after", "left", "waits"),
+    [
+        ("queue_full", True, 1.0, 5.0, True),
+        ("kv_budget", True, 1.0, 5.0, True),
+        ("queue_full", True, 6.0, 5.0, False),  # past its hold: told at once
+        ("queue_full", False, 1.0, 5.0, False),  # a window's refusal with no time to retry
+        ("rate_limited", True, 1.0, 5.0, False),  # the key's own limits are its to keep
+        ("token_budget", True, 1.0, 5.0, False),
+        ("queue_timeout", True, 1.0, 5.0, False),  # it waited its hold in the queue
+        ("deadline_unattainable", True, 1.0, 5.0, False),
+        ("draining", True, 1.0, 5.0, False),  # not a busy GPU: a drain holds by its own rule
+    ],
+)
+def test_only_a_full_queue_s_reservation_within_the_hold_is_waited_out(
+    code: str, retry: bool, retry_after: float, left: float, waits: bool
+) -> None:
+    refused = Refuse(status=429, code=code, message="m", retry_after=retry_after, retry=retry)
+    assert waits_out(refused, left) is waits

@@ -90,6 +90,7 @@ async def test_a_key_whose_clients_do_not_retry_waits_out_a_full_queue(
     assert herdless.status_code == 429
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert answers[-1].headers["x-herdless-backend"] == "upstream"
+    assert int(answers[-1].headers["x-herdless-queue-ms"]) > 0  # it waited in the gateway
     assert len(fake_vllm.received) == 3
     assert 'herdless_gateway_waited_out_total{reason="queue_full"} 1' in metrics
     assert 'herdless_gateway_rejections_total{reason="queue_full"} 2' in metrics  # not its

@@ -307,15 +307,13 @@ def _result(
             - value("overload, spill: single", "hosted_p50_s"),
             limit=0.1,
         ),
-        Target(
-            label="overload, hold key, retries = false: single attempt errors",
-            value=value("overload, hold, retries = false: single", "errors"),
-            limit=0,
-        ),
-        Target(
-            label="overload, spill key, retries = false: single attempt errors",
-            value=value("overload, spill, retries = false: single", "errors"),
-            limit=0,
+        *(
+            Target(
+                label=f"overload, {key} key, retries = false: single attempt errors",
+                value=value(f"overload, {key}, retries = false: single", "errors"),
+                limit=0,
+            )
+            for key in ("hold", "spill")
         ),
         Target(
             label="overload, hold key: calls to the hosted model",

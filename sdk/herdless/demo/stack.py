@@ -131,9 +131,10 @@ def running_stack(
 
 def _policies(app_key: str, frontend_key: str, *, fallback: bool, hold: float) -> str:
     """The gateway's key policies: the apps' key (herdless clients, which fall back
-    themselves) and the chat front-end's (held, and spilled when ``fallback``)."""
+    themselves) and the chat front-end's (it never retries: held, even where the queue is
+    full, and spilled when ``fallback``)."""
     return (
         f'[keys.apps]\nkey = "{app_key}"\n\n'
         f'[keys.webui]\nkey = "{frontend_key}"\nfallback = {str(fallback).lower()}\n'
-        f'hold = {hold:g}\nuser_header = "X-OpenWebUI-User-Id"\n'
+        f'hold = {hold:g}\nretries = false\nuser_header = "X-OpenWebUI-User-Id"\n'
     )

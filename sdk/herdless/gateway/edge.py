@@ -71,6 +71,8 @@ class Access:
     klass: Priority | None = None
     policy: KeyPolicy | None = None
     backend: str = "upstream"
+    kept: float = 0.0
+    """Seconds it waited out a full queue before it had a place (:func:`waited_out`)."""
 
 
 class Answered(Exception):

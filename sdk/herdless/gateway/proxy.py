@@ -111,7 +111,7 @@ class AdmittedProxy:
         elapsed = time.perf_counter() - arrived
         rt.metrics.duration.observe(elapsed)
         if rt.access_log:
-            wait = ticket.queue_wait if ticket is not None else 0.0
+            wait = access.kept + (ticket.queue_wait if ticket is not None else 0.0)
             rt.log_access(
                 # The request id is made only when used (admitted, or logged): not per refusal.
                 request_id=access.request_id or request_id(headers),
@@ -170,7 +170,9 @@ class AdmittedProxy:
             assert call is not None
             hold = policy.limits.hold if ttl is None else min(policy.limits.hold, ttl)
             waiting = waited_out(offer, decision, hold, rt.metrics.waited_out)
+            began = time.perf_counter()
             waited = await unless_gone(exchange.receive, waiting)
+            access.kept = time.perf_counter() - began
             if not isinstance(waited, Admit | Enqueued):  # gone, or it waits no longer
                 rt.gate.admission.forget(access.key_id, call)  # nobody comes back for it
             if waited is None:
@@ -336,7 +338,8 @@ class AdmittedProxy:
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
             return await self._spilled(exchange, spill, raw, refused)
         try:
-            sniffer = await _relay(send, response, rid, started, rt, ticket.queue_wait)
+            waited = exchange.access.kept + ticket.queue_wait
+            sniffer = await _relay(send, response, rid, started, rt, waited)
         finally:
             await response.aclose()
         rt.gate.release(

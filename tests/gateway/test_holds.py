@@ -100,10 +100,10 @@ def test_a_place_held_for_a_caller_that_will_not_come_back_frees_at_once(forgott
     its hold: nobody comes back for its place."""
     clock = FakeClock()
     adm, ending = full(clock)
-    told = adm.offer("key-a", 10, call="kept-1")
+    told = adm.offer("key-a", 10, call="kept 1")
     assert isinstance(told, Refuse)
     if forgotten:
-        adm.forget("key-a", "kept-1")
+        adm.forget("key-a", "kept 1")
     next_place_frees(adm, clock, ending)
     clock.advance(told.retry_after - 0.9)  # the time it was told
     newcomer = adm.offer("key-a", 10)

@@ -35,9 +35,9 @@ __all__ = [
     "waits_out",
 ]
 
-_OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
 T = TypeVar("T")
 
+_OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
 _WAITED_OUT = ("queue_full", "kv_budget")  # a busy GPU: a place frees at a known time
 _JSON_TYPE = (b"content-type", b"application/json")
 

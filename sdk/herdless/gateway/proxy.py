@@ -72,7 +72,7 @@ _CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics on
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 _HOSTED = (b"x-herdless-backend", b"hosted")
-_KEPT = itertools.count()  # the ids a request kept waiting comes back with (edge.waited_out)
+_KEPT = itertools.count()  # a kept request's id: "kept N", a space no X-Request-ID holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ class AdmittedProxy:
         # Its clients do not retry: it waits out a full queue (a herdless client decides).
         kept = not policy.retries and deadline is None and "x-herdless-attempt" not in headers
         ttl = ttl_header(headers)
-        call = f"kept-{next(_KEPT)}" if kept else _call(headers, access.request_id)
+        call = f"kept {next(_KEPT)}" if kept else _call(headers, access.request_id)
         offer = functools.partial(
             rt.gate.offer,
             access.key_id,

@@ -168,7 +168,7 @@ class AdmittedProxy:
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):
             assert call is not None
-            hold = policy.limits.hold if ttl is None else min(policy.limits.hold, ttl)
+            hold = policy.limits.hold_for(ttl)
             waiting = waited_out(offer, decision, hold, rt.metrics.waited_out)
             began = time.perf_counter()
             waited = await unless_gone(exchange.receive, waiting)

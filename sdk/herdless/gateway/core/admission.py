@@ -351,7 +351,7 @@ class Admission:
         request's queue TTL (``x-llm-d-inference-ttl``), a cap on its key's hold."""
         now = self._clock.monotonic()
         key = self._keys.get(key_id, now)
-        held_until = now + _hold(key.limits.hold, ttl)
+        held_until = now + key.limits.hold_for(ttl)
         if self._draining and not self._holds_through(deadline is None, held_until):
             return self.unavailable("draining")
         if not self._ready and not self._holds_through_load(deadline, held_until):
@@ -411,7 +411,7 @@ class Admission:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
-        ticket.hold, ticket.waits_out_drain = _hold(key.limits.hold, ttl), deadline is None
+        ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
         ticket.ttl = ttl is not None and ttl < key.limits.hold
         mine = None if call is None else (key_id, call)
         ahead = self._slots(now)[0] if self._holds else 0.0  # a place's time: see holds
@@ -626,9 +626,3 @@ class Admission:
             if call is not None and refused.retry:
                 self._holds.promise(call, flow.horizon)
         return refused
-
-
-def _hold(hold: float, ttl: float | None) -> float:
-    """Seconds a request may wait in the queue: its key's ``hold``, or its queue TTL
-    (``x-llm-d-inference-ttl``) when shorter."""
-    return hold if ttl is None else min(hold, ttl)

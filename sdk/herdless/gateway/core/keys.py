@@ -58,6 +58,11 @@ class KeyLimits:
             hold=config.queue_timeout,
         )
 
+    def hold_for(self, ttl: float | None) -> float:
+        """Seconds one of its requests may wait: its ``hold``, or the request's queue TTL
+        (``x-llm-d-inference-ttl``) when shorter."""
+        return self.hold if ttl is None else min(self.hold, ttl)
+
     def queue_limit(self, max_queue: int) -> int:
         """Most of its requests waiting at once: ``ceil(max_queue * queue_share)``."""
         return math.ceil(max_queue * self.queue_share)

@@ -104,11 +104,15 @@ async def test_under_overload_the_retrying_clients_get_every_answer(
     assert all(r.attempts == 1 for r in by_client["single"])
     # Which client meets the full queue depends on arrival order; one of them does.
     assert any(r.retried for client in RETRYING for r in by_client[client])
+    # openai-node says which attempt it sends (X-Stainless-Retry-Count): its retry waits
+    # out a full queue in the gateway, never told a second 429.
+    assert failures(by_client["openai"]) == []
+    assert all(r.attempts <= 2 for r in by_client["openai"])
     errors = {client: len(failures(by_client[client])) for client in RETRYING}
-    assert all(n <= 48 // 4 for n in errors.values()), errors  # measured: 0 to 5
+    assert all(n <= 48 // 4 for n in errors.values()), errors
     if any(errors.values()):
-        # Issue 25's target, not yet today's behaviour: a hint of about 1 s while the
-        # queue stays full lets openai-node or Vercel (2 retries) run out of them.
+        # Issue 25's target, not yet sure: Vercel's retries say nothing of themselves, and
+        # a hint of about 1 s while the queue stays full can spend its 2 (measured 0 to 3).
         pytest.xfail(f"retrying clients ran out of retries under overload: {errors}")
 
 

@@ -1,5 +1,6 @@
-"""A key whose clients do not retry (``retries = false``) waits out a full queue in the
-gateway (in process: a fake vLLM that holds its answers until told)."""
+"""A key whose clients do not retry (``retries = false``), or an OpenAI SDK's retry, waits
+out a full queue in the gateway (in process: a fake vLLM that holds its answers until
+told)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, until
 from herdless.gateway.core.decisions import Refuse
 from herdless.gateway.edge import waits_out
 from herdless.gateway.runtime import Runtime
+from herdless.gateway.wire import client_timeout, returned
 
 APPS = {"authorization": "Bearer sk-apps-secret"}  # clients that retry: the default
 WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never retries
@@ -109,6 +111,70 @@ async def test_a_refusal_its_hold_does_not_cover_is_answered_at_once(
     assert refused.status_code == 429
     assert float(refused.headers["retry-after-ms"]) > 200  # past its 0.2 s hold
     assert len(fake_vllm.received) == 2
+
+
+async def test_an_openai_sdk_s_retry_waits_out_a_full_queue_its_first_try_is_told(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        first_try = APPS | {"x-stainless-retry-count": "0"}
+        first = await client.post("/v1/chat/completions", json=chat_body(), headers=first_try)
+        again = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions",
+                json=chat_body(),
+                headers=APPS | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
+            )
+        )
+        await until(lambda: waited(runtime) == 1)
+        assert not again.done()  # its second 429 would be one retry closer to an error
+        fake_vllm.hold.set()
+        answers = await asyncio.gather(*filling, again)
+    assert (first.status_code, first.json()["error"]["code"]) == (429, "queue_full")
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert int(answers[-1].headers["x-herdless-queue-ms"]) > 0
+    assert len(fake_vllm.received) == 3
+
+
+async def test_a_kept_request_never_waits_past_its_client_s_own_timeout(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        refused = await client.post(  # openai-python times out each read after 0.2 s
+            "/v1/chat/completions",
+            json=chat_body(),
+            headers=WEBUI | {"x-stainless-read-timeout": "0.2"},
+        )
+        fake_vllm.hold.set()
+        await asyncio.gather(*filling)
+        assert waited(runtime) == 0
+    assert refused.status_code == 429
+    assert float(refused.headers["retry-after-ms"]) > 200  # past what its client waits
+    assert len(fake_vllm.received) == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "came_back", "timeout"),
+    [
+        ({}, False, None),
+        ({"x-stainless-retry-count": "0"}, False, None),  # a first try (LangChain.js: always)
+        ({"x-stainless-retry-count": "2", "x-stainless-timeout": "600"}, True, 600.0),  # node
+        ({"x-stainless-retry-count": " 1 ", "x-stainless-read-timeout": "60.0"}, True, 60.0),
+        ({"x-stainless-timeout": "30", "x-stainless-read-timeout": "60"}, False, 30.0),
+        ({"x-stainless-retry-count": "-1", "x-stainless-timeout": "0"}, False, None),
+        ({"x-stainless-retry-count": "many", "x-stainless-timeout": "inf"}, False, None),
+        ({"x-stainless-retry-count": "1" * 9, "x-stainless-read-timeout": "nan"}, False, None),
+    ],
+)
+def test_what_an_openai_sdk_says_of_its_attempt_and_its_timeout(
+    headers: dict[str, str], came_back: bool, timeout: float | None
+) -> None:
+    assert returned(headers) is came_back
+    assert client_timeout(headers) == timeout
 
 
 async def test_a_caller_that_goes_away_while_it_waits_leaves_nothing_behind(

@@ -17,7 +17,13 @@ from starlette.types import Receive, Scope, Send
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.core.limits import Priority
 from herdless.gateway.policies import KeyPolicy
-from herdless.gateway.wire import error_body, refusal_headers, user_header
+from herdless.gateway.wire import (
+    client_timeout,
+    error_body,
+    refusal_headers,
+    returned,
+    user_header,
+)
 
 __all__ = [
     "Access",
@@ -25,6 +31,8 @@ __all__ = [
     "BodyTooLarge",
     "ClientGone",
     "error",
+    "keeps",
+    "kept_for",
     "named_user",
     "read_body",
     "send_json",
@@ -97,6 +105,25 @@ async def error(
     """Answer an OpenAI-style error, then raise :class:`Answered`."""
     await send_json(send, status, error_body(message, code=code, type=kind, param=param), headers)
     raise Answered(status, code)
+
+
+def keeps(policy: KeyPolicy, headers: dict[str, str], deadline: float | None) -> bool:
+    """Whether a full queue keeps this request waiting here rather than refuse it: its
+    key's clients do not retry (``retries = false``: its 429 is an error on a screen), or
+    it says it is a refused one come back (:func:`~herdless.gateway.wire.returned`: it
+    has had its 429 at once; another costs it a round trip and one of its few retries).
+    Never a herdless client's (it sends its deadline or its attempt): it decides itself."""
+    if deadline is not None or "x-herdless-attempt" in headers:
+        return False
+    return not policy.retries or returned(headers)
+
+
+def kept_for(policy: KeyPolicy, headers: dict[str, str], ttl: float | None) -> float:
+    """Seconds a kept request may wait out a full queue: its hold (its key's, capped by
+    its queue TTL), and never past the client's own timeout, where it says it."""
+    hold = policy.limits.hold_for(ttl)
+    timeout = client_timeout(headers)
+    return hold if timeout is None else min(hold, timeout)
 
 
 def waits_out(refused: Refuse, left: float) -> bool:

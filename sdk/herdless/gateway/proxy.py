@@ -16,10 +16,10 @@ wait predicted past its key's hold, its hold passed, or the upstream's own 429 o
 Never after its first byte: a request the GPU started stays there.
 
 A request of a key whose clients do not retry (``retries = false``: a chat front-end
-that shows a 429 to the employee) waits out a full queue here instead: it comes back
-itself at the time the refusal names, to the place held for it, within its hold
-(:func:`herdless.gateway.edge.waited_out`); then it spills or is refused as above.
-"""
+that shows a 429 to the employee), or one that has had its 429 and come back (an OpenAI
+SDK's retry), waits out a full queue here instead (:func:`herdless.gateway.edge.keeps`):
+it comes back itself at the time the refusal names, to the place held for it, within
+its hold (:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ from herdless.gateway.edge import (
     BodyTooLarge,
     ClientGone,
     error,
+    keeps,
+    kept_for,
     named_user,
     read_body,
     send_refusal,
@@ -149,8 +151,7 @@ class AdmittedProxy:
         # change bodies sets, then the body's user field).
         named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
-        # Its clients do not retry: it waits out a full queue (a herdless client decides).
-        kept = not policy.retries and deadline is None and "x-herdless-attempt" not in headers
+        kept = keeps(policy, headers, deadline)  # then it waits out a full queue here
         ttl = ttl_header(headers)
         call = f"kept {next(_KEPT)}" if kept else _call(headers, access.request_id)
         offer = functools.partial(
@@ -168,7 +169,7 @@ class AdmittedProxy:
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):
             assert call is not None
-            hold = policy.limits.hold_for(ttl)
+            hold = kept_for(policy, headers, ttl)
             waiting = waited_out(offer, decision, hold, rt.metrics.waited_out)
             began = time.perf_counter()
             waited = await unless_gone(exchange.receive, waiting)

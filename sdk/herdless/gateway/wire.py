@@ -18,12 +18,14 @@ __all__ = [
     "BadRequest",
     "ChatRequest",
     "capacity_header",
+    "client_timeout",
     "deadline_header",
     "error_body",
     "json_object",
     "parse_chat_request",
     "priority_header",
     "refusal_headers",
+    "returned",
     "ttl_header",
     "upstream_hint",
     "user_header",
@@ -238,6 +240,32 @@ def ttl_header(headers: dict[str, str]) -> float | None:
         return None
     seconds = sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text))
     return seconds if 0 < seconds < math.inf else None
+
+
+def returned(headers: dict[str, str]) -> bool:
+    """Whether the request says it is a refused one come back: an OpenAI SDK's
+    ``X-Stainless-Retry-Count`` above 0 (openai-node and openai-python send it on every
+    attempt, counting from 0; LangChain.js's inner client always sends 0)."""
+    text = headers.get("x-stainless-retry-count", "").strip()
+    return text.isdigit() and len(text) < 6 and int(text) > 0
+
+
+def client_timeout(headers: dict[str, str]) -> float | None:
+    """Seconds the client waits for its answer, where its OpenAI SDK says so:
+    openai-node's ``X-Stainless-Timeout`` (the whole request), else openai-python's
+    ``X-Stainless-Read-Timeout`` (each read, the first byte's included); ``None`` when
+    absent, not positive or nonsense."""
+    for name in ("x-stainless-timeout", "x-stainless-read-timeout"):
+        text = headers.get(name, "")
+        if not 0 < len(text) <= 20:
+            continue
+        try:
+            seconds = float(text)
+        except ValueError:
+            continue
+        if 0 < seconds < math.inf:
+            return seconds
+    return None
 
 
 DROPPED_REASONS: Mapping[str, str] = {

@@ -499,3 +499,17 @@ async def test_a_deadline_the_queue_cannot_meet_is_refused_at_once(
         done = await asyncio.gather(running, garbled)
     assert_refusal(hurried, 429, "deadline_unattainable")
     assert [r.status_code for r in done] == [200, 200]
+
+
+@pytest.mark.parametrize(
+    "header", ["x-herdless-deadline-ms", "x-stainless-retry-count", "x-stainless-timeout"]
+)
+async def test_a_number_header_in_other_digits_is_ignored_not_a_crash(
+    gateway: GatewayFactory, fake_vllm: FakeVllm, header: str
+) -> None:
+    # "²" is a digit to str.isdigit (and latin-1 on the wire), not to int().
+    async with gateway() as (client, _):
+        answer = await client.post(
+            "/v1/chat/completions", json=chat_body(), headers={header: b"\xb2"}
+        )
+    assert answer.status_code == 200

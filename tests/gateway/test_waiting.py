@@ -166,6 +166,7 @@ async def test_a_kept_request_never_waits_past_its_client_s_own_timeout(
         ({"x-stainless-retry-count": " 1 ", "x-stainless-read-timeout": "60.0"}, True, 60.0),
         ({"x-stainless-timeout": "30", "x-stainless-read-timeout": "60"}, False, 30.0),
         ({"x-stainless-retry-count": "-1", "x-stainless-timeout": "0"}, False, None),
+        ({"x-stainless-retry-count": "\u00b2", "x-stainless-timeout": "\u00b2"}, False, None),
         ({"x-stainless-retry-count": "many", "x-stainless-timeout": "inf"}, False, None),
         ({"x-stainless-retry-count": "1" * 9, "x-stainless-read-timeout": "nan"}, False, None),
     ],

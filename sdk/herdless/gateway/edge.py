@@ -199,7 +199,7 @@ async def send_refusal(
 
 async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
     chunks: list[bytes] = []
     size = 0

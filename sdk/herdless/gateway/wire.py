@@ -183,7 +183,7 @@ def deadline_header(headers: dict[str, str]) -> float | None:
     """Seconds the caller waits (``X-Herdless-Deadline-Ms``), or ``None`` when it did not
     say (or said nonsense: a client is never refused for a header it garbled)."""
     text = headers.get("x-herdless-deadline-ms")
-    if text is None or not text.isdigit() or len(text) > 12:
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 12:
         return None
     return int(text) / 1000
 
@@ -247,7 +247,7 @@ def returned(headers: dict[str, str]) -> bool:
     ``X-Stainless-Retry-Count`` above 0 (openai-node and openai-python send it on every
     attempt, counting from 0; LangChain.js's inner client always sends 0)."""
     text = headers.get("x-stainless-retry-count", "").strip()
-    return text.isdigit() and len(text) < 6 and int(text) > 0
+    return text.isascii() and text.isdigit() and len(text) < 6 and int(text) > 0
 
 
 def client_timeout(headers: dict[str, str]) -> float | None:

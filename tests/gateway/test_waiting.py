@@ -68,25 +68,36 @@ def waited(runtime: Runtime) -> int:
     return sum(runtime.metrics.waited_out.values())
 
 
-async def test_a_key_whose_clients_do_not_retry_waits_out_a_full_queue(
-    keyed: Callable[..., Started], fake_vllm: FakeVllm
+@pytest.mark.parametrize(
+    ("told", "kept"),
+    [
+        (APPS, WEBUI),  # a key whose clients do not retry
+        (  # an OpenAI SDK's retry, whatever its key: its first try is told at once
+            APPS | {"x-stainless-retry-count": "0"},
+            APPS | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
+        ),
+    ],
+    ids=["retries = false", "an OpenAI SDK's retry"],
+)
+async def test_a_request_whose_429_would_be_an_error_waits_out_a_full_queue(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm, told: dict[str, str], kept: dict[str, str]
 ) -> None:
     fake_vllm.hold = asyncio.Event()
     async with keyed() as (client, runtime):
         filling = await fill(client, runtime)
-        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=APPS)
+        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=told)
         herdless = await client.post(  # a herdless client decides itself: told at once
             "/v1/chat/completions",
             json=chat_body(),
-            headers=WEBUI | {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"},
+            headers=kept | {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"},
         )
-        kept = asyncio.create_task(
-            client.post("/v1/chat/completions", json=chat_body(), headers=WEBUI)
+        waiting = asyncio.create_task(
+            client.post("/v1/chat/completions", json=chat_body(), headers=kept)
         )
         await until(lambda: waited(runtime) == 1)
-        assert not kept.done()  # no 429 for the front-end: it waits here
+        assert not waiting.done()  # no 429 for it: it waits here
         fake_vllm.hold.set()  # the GPU answers: places free
-        answers = await asyncio.gather(*filling, kept)
+        answers = await asyncio.gather(*filling, waiting)
         metrics = (await client.get("/metrics")).text
     assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
     assert herdless.status_code == 429
@@ -98,62 +109,26 @@ async def test_a_key_whose_clients_do_not_retry_waits_out_a_full_queue(
     assert 'herdless_gateway_rejections_total{reason="queue_full"} 2' in metrics  # not its
 
 
-async def test_a_refusal_its_hold_does_not_cover_is_answered_at_once(
-    keyed: Callable[..., Started], fake_vllm: FakeVllm
+@pytest.mark.parametrize(
+    "headers",
+    [
+        BRIEF,  # it holds 0.2 s
+        WEBUI | {"x-stainless-read-timeout": "0.2"},  # openai-python times out each read
+    ],
+    ids=["its hold", "its client's timeout"],
+)
+async def test_a_refusal_past_what_it_may_wait_is_answered_at_once(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm, headers: dict[str, str]
 ) -> None:
     fake_vllm.hold = asyncio.Event()
     async with keyed() as (client, runtime):
         filling = await fill(client, runtime)
-        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=BRIEF)
+        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
         fake_vllm.hold.set()
         await asyncio.gather(*filling)
         assert waited(runtime) == 0
     assert refused.status_code == 429
-    assert float(refused.headers["retry-after-ms"]) > 200  # past its 0.2 s hold
-    assert len(fake_vllm.received) == 2
-
-
-async def test_an_openai_sdk_s_retry_waits_out_a_full_queue_its_first_try_is_told(
-    keyed: Callable[..., Started], fake_vllm: FakeVllm
-) -> None:
-    fake_vllm.hold = asyncio.Event()
-    async with keyed() as (client, runtime):
-        filling = await fill(client, runtime)
-        first_try = APPS | {"x-stainless-retry-count": "0"}
-        first = await client.post("/v1/chat/completions", json=chat_body(), headers=first_try)
-        again = asyncio.create_task(
-            client.post(
-                "/v1/chat/completions",
-                json=chat_body(),
-                headers=APPS | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
-            )
-        )
-        await until(lambda: waited(runtime) == 1)
-        assert not again.done()  # its second 429 would be one retry closer to an error
-        fake_vllm.hold.set()
-        answers = await asyncio.gather(*filling, again)
-    assert (first.status_code, first.json()["error"]["code"]) == (429, "queue_full")
-    assert [a.status_code for a in answers] == [200, 200, 200]
-    assert int(answers[-1].headers["x-herdless-queue-ms"]) > 0
-    assert len(fake_vllm.received) == 3
-
-
-async def test_a_kept_request_never_waits_past_its_client_s_own_timeout(
-    keyed: Callable[..., Started], fake_vllm: FakeVllm
-) -> None:
-    fake_vllm.hold = asyncio.Event()
-    async with keyed() as (client, runtime):
-        filling = await fill(client, runtime)
-        refused = await client.post(  # openai-python times out each read after 0.2 s
-            "/v1/chat/completions",
-            json=chat_body(),
-            headers=WEBUI | {"x-stainless-read-timeout": "0.2"},
-        )
-        fake_vllm.hold.set()
-        await asyncio.gather(*filling)
-        assert waited(runtime) == 0
-    assert refused.status_code == 429
-    assert float(refused.headers["retry-after-ms"]) > 200  # past what its client waits
+    assert float(refused.headers["retry-after-ms"]) > 200  # past its 0.2 s
     assert len(fake_vllm.received) == 2
 
 

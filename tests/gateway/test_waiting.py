@@ -5,6 +5,7 @@ told)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -14,10 +15,15 @@ import httpx
 import pytest
 from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, until
 
-from herdless.gateway.core.decisions import Refuse
-from herdless.gateway.edge import waits_out
+from herdless.bench.vtime import VirtualClock, run_virtual
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
+from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.edge import waited_out, waits_out
+from herdless.gateway.gate import Gate
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.wire import client_timeout, returned
+from herdless.testing import FakeClock
 
 APPS = {"authorization": "Bearer sk-apps-secret"}  # clients that retry: the default
 WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never retries
@@ -195,3 +201,44 @@ def test_only_a_full_queue_s_reservation_within_the_hold_is_waited_out(
 ) -> None:
     refused = Refuse(status=429, code=code, message="m", retry_after=retry_after, retry=retry)
     assert waits_out(refused, left) is waits
+
+
+def test_a_kept_request_waits_its_hold_in_all_outside_then_in_the_queue() -> None:
+    async def scenario() -> tuple[list[float], float, Refuse | None]:
+        loop = asyncio.get_running_loop()
+        config = AdmissionConfig(max_concurrency=1, max_queue=4, queue_timeout=30.0)
+        gate = Gate(Admission(config, clock=VirtualClock(loop)))
+        assert isinstance(gate.offer("a", 1), Admit)
+        full = Refuse(status=429, code="queue_full", message="m", retry_after=8.0, retry=True)
+        offers: list[float] = []
+
+        def offer(kept: float) -> Admit | Enqueued | Refuse:
+            offers.append(kept)  # refused twice, 8 s each, then queued
+            return full if len(offers) < 3 else gate.offer("a", 1, kept=kept)
+
+        queued = await waited_out(offer, full, 30.0, Counter())
+        assert isinstance(queued, Enqueued)
+        assert queued.ticket.hold_ends == 30.0  # offered at 24 s: 6 s of its hold are left
+        refused = await gate.wait(queued.ticket)
+        return offers, loop.time(), refused
+
+    offers, at, refused = run_virtual(scenario())
+    assert offers == [8.0, 16.0, 24.0]
+    assert at == 30.0  # its hold from its first refusal, not 30 s more in the queue
+    assert refused is not None
+    assert refused.code == "queue_timeout"
+
+
+def test_what_a_kept_request_waited_counts_against_an_announced_drain() -> None:
+    config = AdmissionConfig(max_concurrency=1, max_queue=4, queue_timeout=30.0)
+    adm = Admission(config, clock=FakeClock())
+    assert isinstance(adm.offer("a", 1), Admit)
+    fresh, kept = adm.offer("a", 1), adm.offer("a", 1, kept=25.0)
+    assert isinstance(fresh, Enqueued)
+    assert isinstance(kept, Enqueued)
+    refused = adm.drain(expect=10.0)  # its hold has 5 s left: it cannot wait the window out
+    assert [(ticket.id, r.code) for ticket, r in refused] == [(kept.ticket.id, "draining")]
+    draining = adm.precheck("a", kept=25.0)
+    assert draining is not None
+    assert draining.code == "draining"
+    assert adm.precheck("a") is None

@@ -152,23 +152,24 @@ async def unless_gone(receive: Receive, work: Awaitable[T]) -> T | None:
 
 
 async def waited_out(
-    offer: Callable[[], Admit | Enqueued | Refuse],
+    offer: Callable[[float], Admit | Enqueued | Refuse],
     refused: Refuse,
     hold: float,
     counted: Counter[str],
 ) -> Admit | Enqueued | Refuse:
-    """A request of a key whose clients do not retry, refused by a full queue, waits
-    here for the place the refusal names, and is offered again (``offer`` passes the id
-    the refusal held the place for: it comes back on time). Waiting in the gateway is
-    free; a refusal its caller shows as an error is not. A refusal its ``hold`` (seconds
-    from now) does not cover is the answer; each one waited out is ``counted``."""
+    """A request a full queue keeps (:func:`keeps`) waits here for the place the
+    refusal names, and is offered again, with the seconds it waited (``offer`` passes
+    the id the refusal held the place for: it comes back on time; and its queue wait is
+    what is left of its hold). Waiting in the gateway is free; a refusal its caller
+    shows as an error is not. A refusal its ``hold`` (seconds from now) does not cover
+    is the answer; each one waited out is ``counted``."""
     loop = asyncio.get_running_loop()
-    until = loop.time() + hold
+    began = loop.time()
     decision: Admit | Enqueued | Refuse = refused
-    while isinstance(decision, Refuse) and waits_out(decision, until - loop.time()):
+    while isinstance(decision, Refuse) and waits_out(decision, began + hold - loop.time()):
         counted[decision.code] += 1
         await asyncio.sleep(decision.retry_after)
-        decision = offer()
+        decision = offer(loop.time() - began)
     return decision
 
 

@@ -79,7 +79,8 @@ class Gate:
             return early if early is not None else self.admission.expire(ticket)
         future: asyncio.Future[Refuse | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = future
-        limit = ticket.hold  # its key's queue_timeout, or its queue TTL when shorter
+        # Its key's queue_timeout (or its queue TTL when shorter), less what it waited kept.
+        limit = ticket.hold - ticket.kept
         caller_first = deadline is not None and deadline < limit
         try:
             async with asyncio.timeout(deadline if caller_first else limit):

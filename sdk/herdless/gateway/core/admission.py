@@ -62,6 +62,7 @@ class OfferOptions(TypedDict, total=False):
     prompt: int | None
     ttl: float | None
     call: str | None
+    kept: float
 
 
 class Admission:
@@ -299,7 +300,7 @@ class Admission:
         self._drain_until = None if expect is None else now + expect
         refused = []
         for ticket in list(self._queue.waiting()):
-            if self._holds_through(ticket.waits_out_drain, ticket.offered_at + ticket.hold):
+            if self._holds_through(ticket.waits_out_drain, ticket.hold_ends):
                 continue
             self._drop(ticket)
             refused.append((ticket, self.unavailable("draining")))
@@ -343,15 +344,21 @@ class Admission:
         self._reservations.capacity = self.config.key_capacity(self._sizing.limit)
 
     def precheck(
-        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None
+        self,
+        key_id: str,
+        *,
+        deadline: float | None = None,
+        ttl: float | None = None,
+        kept: float = 0.0,
     ) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
         bodies; :meth:`offer` checks them again (nothing is taken here). ``ttl``: the
-        request's queue TTL (``x-llm-d-inference-ttl``), a cap on its key's hold."""
+        request's queue TTL (``x-llm-d-inference-ttl``), a cap on its key's hold;
+        ``kept``: seconds of its hold it already waited (see :meth:`offer`)."""
         now = self._clock.monotonic()
         key = self._keys.get(key_id, now)
-        held_until = now + key.limits.hold_for(ttl)
+        held_until = now + key.limits.hold_for(ttl) - kept
         if self._draining and not self._holds_through(deadline is None, held_until):
             return self.unavailable("draining")
         if not self._ready and not self._holds_through_load(deadline, held_until):
@@ -371,6 +378,7 @@ class Admission:
         prompt: int | None = None,
         ttl: float | None = None,
         call: str | None = None,
+        kept: float = 0.0,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -386,10 +394,13 @@ class Admission:
             call: the id its caller comes back with when refused (a herdless client's
                 ``X-Request-ID``): a full queue then holds a place for it at the time
                 it names (:mod:`.holds`), and its return takes it.
+            kept: seconds it already waited in the gateway for a place, outside the
+                queue (a request a full queue kept): spent of its hold, so that its
+                whole wait is its hold.
         """
         cfg = self.config
         now = self._clock.monotonic()
-        early = self.precheck(key_id, deadline=deadline, ttl=ttl)
+        early = self.precheck(key_id, deadline=deadline, ttl=ttl, kept=kept)
         if early is not None:
             return early
         if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
@@ -412,7 +423,7 @@ class Admission:
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
         ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
-        ticket.ttl = ttl is not None and ttl < key.limits.hold
+        ticket.ttl, ticket.kept = ttl is not None and ttl < key.limits.hold, kept
         mine = None if call is None else (key_id, call)
         ahead = self._slots(now)[0] if self._holds else 0.0  # a place's time: see holds
         back = mine is not None and self._holds.claim(mine, now, ahead)

@@ -35,6 +35,9 @@ class Ticket:
             maintenance window its hold covers.
         ttl: its hold is the queue TTL it named (``x-llm-d-inference-ttl``), shorter
             than its key's.
+        kept: seconds it waited in the gateway before this offer, outside the queue (a
+            request a full queue kept: :func:`herdless.gateway.edge.waited_out`), spent
+            of its hold.
     """
 
     id: int
@@ -50,11 +53,17 @@ class Ticket:
     hold: float = 30.0
     waits_out_drain: bool = False
     ttl: bool = False
+    kept: float = 0.0
 
     @property
     def unit(self) -> str:
         """Its fairness unit: the key id, refined by the user (``key-1a2b3c4d/u-...``)."""
         return self.key_id if self.user is None else f"{self.key_id}/{self.user}"
+
+    @property
+    def hold_ends(self) -> float:
+        """Clock time its hold runs out (what it waited before its offer included)."""
+        return self.offered_at + self.hold - self.kept
 
     @property
     def queue_wait(self) -> float:

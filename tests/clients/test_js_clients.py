@@ -105,9 +105,8 @@ async def test_under_overload_the_retrying_clients_get_every_answer(
     # Which client meets the full queue depends on arrival order; one of them does.
     assert any(r.retried for client in RETRYING for r in by_client[client])
     # openai-node says which attempt it sends (X-Stainless-Retry-Count): its retry waits
-    # out a full queue in the gateway, never told a second 429.
+    # out a full queue in the gateway, up to its hold (30 s, all its waits together).
     assert failures(by_client["openai"]) == []
-    assert all(r.attempts <= 2 for r in by_client["openai"])
     errors = {client: len(failures(by_client[client])) for client in RETRYING}
     assert all(n <= 48 // 4 for n in errors.values()), errors
     if any(errors.values()):

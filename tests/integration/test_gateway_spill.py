@@ -4,10 +4,12 @@ policy file, an emulator as the GPU and another as the hosted model, over real s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -38,9 +40,11 @@ retries = false
 """
 
 
+MESSAGES: Any = [{"role": "user", "content": "hello"}]
+
+
 def chat(**extra: object) -> dict[str, object]:
-    messages = [{"role": "user", "content": "hello"}]
-    return {"model": "gpu-model", "messages": messages, "max_tokens": 8, **extra}
+    return {"model": "gpu-model", "messages": MESSAGES, "max_tokens": 8, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +163,87 @@ def test_a_front_end_that_never_retries_waits_out_a_full_queue(
     answers = asyncio.run(run())
     assert [r.status_code for r in answers] == [200] * 18
     assert {r.headers["x-herdless-backend"] for r in answers} == {"upstream"}
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
-    waited = [m for m in metrics.splitlines() if m.startswith("herdless_gateway_waited_out_total{")]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in waited) > 0  # it met the full queue
+    assert waited_out(gateway) > 0  # it met the full queue
+
+
+def test_an_openai_client_s_retry_says_so_and_comes_back_once(
+    servers: tuple[ServerProcess, ...],
+) -> None:
+    """openai-python with its defaults (2 retries) on a key whose clients retry, 18 calls
+    at once: the first attempts that meet the full queue get their 429, and the retry
+    says it is one (``X-Stainless-Retry-Count``, read by the gateway)."""
+    import openai
+
+    _, _, gateway = servers
+
+    async def run() -> list[Any]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key="sk-internal-secret"
+        ) as client:
+            create = client.chat.completions.with_raw_response.create
+            return await asyncio.gather(
+                *(create(model="gpu-model", messages=MESSAGES, max_tokens=32) for _ in range(18))
+            )
+
+    answers = asyncio.run(run())
+    retries = [int(r.http_request.headers["x-stainless-retry-count"]) for r in answers]
+    assert max(retries) == 1  # some met the full queue and came back, once
+
+
+def test_a_retry_that_meets_a_full_queue_waits_for_its_place(
+    servers: tuple[ServerProcess, ...],
+) -> None:
+    """An openai-python request that says it is a retry, on a key whose clients retry,
+    meets a full queue (2 long answers running, 2 waiting: the key's half of the queue):
+    it waits in the gateway for its place and gets the GPU's answer, where it used to
+    get a second 429."""
+    import openai
+
+    _, _, gateway = servers
+    before = waited_out(gateway)
+    long = chat(max_tokens=2000, ignore_eos=True)
+
+    async def run() -> tuple[Any, list[int]]:
+        async with (
+            httpx.AsyncClient(base_url=gateway.url, timeout=60) as http,
+            openai.AsyncOpenAI(
+                base_url=f"{gateway.url}/v1", api_key="sk-internal-secret", max_retries=0
+            ) as client,
+        ):
+            post = functools.partial(http.post, "/v1/chat/completions", json=long)
+            fill = [asyncio.create_task(post(headers=INTERNAL)) for _ in range(4)]
+            for _ in range(250):  # 5 s at most
+                if await queue_depth(http) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the 4 long requests did not fill the key's queue")
+            answer = await client.chat.completions.with_raw_response.create(
+                model="gpu-model",
+                messages=MESSAGES,
+                max_tokens=8,
+                extra_headers={"x-stainless-retry-count": "1"},  # as its retry sends it
+            )
+            return answer, [r.status_code for r in await asyncio.gather(*fill)]
+
+    answer, filled = asyncio.run(run())
+    assert filled == [200] * 4
+    assert answer.http_response.status_code == 200
+    assert answer.headers["x-herdless-backend"] == "upstream"
+    assert waited_out(gateway) > before
+
+
+def waited_out(gateway: ServerProcess) -> float:
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text.splitlines()
+    counted = [m for m in metrics if m.startswith("herdless_gateway_waited_out_total{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in counted)
+
+
+async def queue_depth(http: httpx.AsyncClient) -> float:
+    for line in (await http.get("/metrics")).text.splitlines():
+        if line.startswith("herdless_gateway_queue_depth "):
+            return float(line.split()[1])
+    raise AssertionError("herdless_gateway_queue_depth not exposed")
 
 
 def test_an_invalid_policy_file_stops_the_start_with_its_line(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
    (``kv_budget``); a waiter not started within its key's hold (``queue_timeout``, or
-   the key policy's ``hold``; the request's ``x-llm-d-inference-ttl`` when shorter) ->
-   429 ``queue_timeout``.
+   the key policy's ``hold``; the request's ``x-llm-d-inference-ttl`` when shorter;
+   less what a kept request waited before its offer) -> 429 ``queue_timeout``.
 7. a caller's deadline shorter than its predicted wait (its place over the answers
    finished per second, measured, or the running requests over their mean run time
    when faster) -> ``deadline_unattainable``.

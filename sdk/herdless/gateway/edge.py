@@ -23,6 +23,7 @@ from herdless.gateway.wire import (
     refusal_headers,
     returned,
     user_header,
+    whole_number,
 )
 
 __all__ = [
@@ -199,8 +200,8 @@ async def send_refusal(
 
 
 async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+    declared = whole_number(headers.get("content-length", ""))
+    if declared is not None and declared > limit:
         raise BodyTooLarge
     chunks: list[bytes] = []
     size = 0

@@ -29,6 +29,7 @@ __all__ = [
     "ttl_header",
     "upstream_hint",
     "user_header",
+    "whole_number",
 ]
 
 # Rough tokens per character of English text for the price estimate; the price is
@@ -182,10 +183,16 @@ def capacity_header(capacity: int) -> tuple[bytes, bytes]:
 def deadline_header(headers: dict[str, str]) -> float | None:
     """Seconds the caller waits (``X-Herdless-Deadline-Ms``), or ``None`` when it did not
     say (or said nonsense: a client is never refused for a header it garbled)."""
-    text = headers.get("x-herdless-deadline-ms")
-    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 12:
+    ms = whole_number(headers.get("x-herdless-deadline-ms", ""), most=12)
+    return None if ms is None else ms / 1000
+
+
+def whole_number(text: str, *, most: int | None = None) -> int | None:
+    """``text`` as a whole number of ASCII digits (at most ``most`` of them), else
+    ``None``: ``str.isdigit`` alone takes latin-1's ``²``, which ``int()`` refuses."""
+    if not (text.isascii() and text.isdigit()) or (most is not None and len(text) > most):
         return None
-    return int(text) / 1000
+    return int(text)
 
 
 _PRIORITIES: dict[str, Priority] = {"interactive": "interactive", "batch": "batch"}
@@ -246,8 +253,8 @@ def returned(headers: dict[str, str]) -> bool:
     """Whether the request says it is a refused one come back: an OpenAI SDK's
     ``X-Stainless-Retry-Count`` above 0 (openai-node and openai-python send it on every
     attempt, counting from 0; LangChain.js's inner client always sends 0)."""
-    text = headers.get("x-stainless-retry-count", "").strip()
-    return text.isascii() and text.isdigit() and len(text) < 6 and int(text) > 0
+    count = whole_number(headers.get("x-stainless-retry-count", "").strip(), most=5)
+    return count is not None and count > 0
 
 
 def client_timeout(headers: dict[str, str]) -> float | None:

@@ -56,8 +56,8 @@ def test_a_key_takes_its_table_then_the_defaults_then_the_flags(tmp_path: Path) 
         120,
         "x-openwebui-user-id",
     )
-    assert not webui.retries  # its clients show a 429 as an error: it waits out a full queue
-    assert batch.retries  # the default: a refusal is answered at once
+    assert webui.retries is False  # its clients show a 429 as an error: a full queue keeps them
+    assert batch.retries is None  # the default: by what each request shows of its client
     assert webui.limits.queue_share == 0.25  # [defaults]
     assert webui.limits.rate == 5.0  # the flag
     assert (batch.priority, batch.fallback, batch.limits.rate, batch.limits.hold) == (
@@ -233,7 +233,7 @@ def test_no_policy_file_gives_every_key_the_flags() -> None:
     policies = KeyPolicies.flags_only(FLAGS)
     assert policies.of("anyone").limits == FLAGS
     assert policies.of("anyone").fallback is False
-    assert policies.of("anyone").retries is True  # a full queue answers 429 at once
+    assert policies.of("anyone").retries is None  # a 429 at once, unless the client never retries
 
 
 def test_a_burst_after_a_quiet_spell_is_not_sent_away_by_the_quiet() -> None:

@@ -1,6 +1,6 @@
-"""A key whose clients do not retry (``retries = false``), or an OpenAI SDK's retry, waits
-out a full queue in the gateway (in process: a fake vLLM that holds its answers until
-told)."""
+"""A request whose client does not retry (its key's ``retries = false``, or a client that
+shows it), or an OpenAI SDK's retry, waits out a full queue in the gateway (in process: a
+fake vLLM that holds its answers until told)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,25 @@ from herdless.bench.vtime import VirtualClock, run_virtual
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.core.limits import AdmissionConfig
-from herdless.gateway.edge import waited_out, waits_out
+from herdless.gateway.edge import keeps, waited_out, waits_out
 from herdless.gateway.gate import Gate
+from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.runtime import Runtime
-from herdless.gateway.wire import client_timeout, returned
+from herdless.gateway.wire import client_timeout, never_retries, returned
 from herdless.testing import FakeClock
 
-APPS = {"authorization": "Bearer sk-apps-secret"}  # clients that retry: the default
+APPS = {"authorization": "Bearer sk-apps-secret"}  # the default: by what the client shows
 WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never retries
 BRIEF = {"authorization": "Bearer sk-brief-secret"}  # never retries, and holds 0.2 s
+TOLD = {"authorization": "Bearer sk-told-secret"}  # its clients retry, says its key
+NODE_FETCH = {"user-agent": "node"}  # Node's own fetch (as sent by node 20), no retry
 POLICIES = """\
 [keys.apps]
 key = "sk-apps-secret"
+
+[keys.told]
+key = "sk-told-secret"
+retries = true
 
 [keys.webui]
 key = "sk-webui-secret"
@@ -78,12 +85,13 @@ def waited(runtime: Runtime) -> int:
     ("told", "kept"),
     [
         (APPS, WEBUI),  # a key whose clients do not retry
+        (APPS, APPS | NODE_FETCH),  # a client that shows it never retries
         (  # an OpenAI SDK's retry, whatever its key: its first try is told at once
-            APPS | {"x-stainless-retry-count": "0"},
-            APPS | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
+            TOLD | {"x-stainless-retry-count": "0"},
+            TOLD | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
         ),
     ],
-    ids=["retries = false", "an OpenAI SDK's retry"],
+    ids=["retries = false", "a client that never retries", "an OpenAI SDK's retry"],
 )
 async def test_a_request_whose_429_would_be_an_error_waits_out_a_full_queue(
     keyed: Callable[..., Started], fake_vllm: FakeVllm, told: dict[str, str], kept: dict[str, str]
@@ -136,6 +144,79 @@ async def test_a_refusal_past_what_it_may_wait_is_answered_at_once(
     assert refused.status_code == 429
     assert float(refused.headers["retry-after-ms"]) > 200  # past its 0.2 s
     assert len(fake_vllm.received) == 2
+
+
+async def test_a_key_that_says_its_clients_retry_has_each_told_at_once(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        refused = await client.post(
+            "/v1/chat/completions", json=chat_body(), headers=TOLD | NODE_FETCH
+        )
+        fake_vllm.hold.set()
+        await asyncio.gather(*filling)
+        assert waited(runtime) == 0
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
+
+
+# The headers of each client, as sent (captured from the npm clients of tests/clients,
+# curl 8, aiohttp 3 and Chrome 131); an OpenAI SDK's headers cut to the one that counts.
+OPENAI_NODE = {"user-agent": "OpenAI/JS 7.59.0", "x-stainless-retry-count": "0"}
+LANGCHAIN_JS = {"user-agent": "langchainjs-openai/1.0.0 ((node/v20.20.2; linux; x64))"}
+VERCEL = {"user-agent": "ai/6.0.326 ai-sdk/provider-utils/4.0.65 runtime/node.js/v20.20.2"}
+CHROME = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0"
+
+
+@pytest.mark.parametrize(
+    ("headers", "client"),
+    [
+        ({"user-agent": "Python/3.11 aiohttp/3.9.5"}, "aiohttp"),  # Open WebUI's backend
+        ({"user-agent": "Python/3.11 aiohttp/3.9.5", "x-openwebui-user-id": "u1"}, "open-webui"),
+        ({"user-agent": CHROME}, "browser"),
+        ({"user-agent": "curl/8.5.0"}, "curl"),
+        (NODE_FETCH, "fetch"),
+        ({"user-agent": "undici"}, "fetch"),
+        ({"user-agent": "node-fetch/1.0 (+https://github.com/bitinn/node-fetch)"}, "fetch"),
+        ({"user-agent": "node-red/4.0"}, None),  # not Node's fetch: unknown
+        ({"user-agent": CHROME, "x-stainless-retry-count": "0"}, None),  # openai-node
+        (OPENAI_NODE, None),
+        (LANGCHAIN_JS | {"x-stainless-retry-count": "0"}, None),  # retries itself, 6 times
+        (VERCEL, None),  # 2 retries
+        ({"user-agent": "python-httpx/0.28.1"}, None),  # its app decides
+        ({"user-agent": "OpenAI/Python 1.99.0", "x-stainless-read-timeout": "600"}, None),
+        ({}, None),
+    ],
+)
+def test_which_clients_show_that_they_never_retry(
+    headers: dict[str, str], client: str | None
+) -> None:
+    assert never_retries(headers) == client
+
+
+HERDLESS = {"x-herdless-attempt": "1"}
+RETRY = {"x-stainless-retry-count": "1"}
+
+
+@pytest.mark.parametrize(
+    ("retries", "headers", "kept"),
+    [
+        (None, NODE_FETCH, True),  # the default: the client shows it never retries
+        (None, VERCEL, False),  # it retries, and says nothing of which attempt it sends
+        (None, {"user-agent": "python-httpx/0.28.1"}, False),  # its app decides
+        (None, RETRY, True),  # an OpenAI SDK's retry, whatever its key
+        (True, RETRY, True),
+        (True, NODE_FETCH, False),  # the key says its clients retry
+        (False, VERCEL, True),  # the key says they never do
+        (False, NODE_FETCH | HERDLESS, False),  # a herdless client decides itself
+        (None, RETRY | HERDLESS, False),
+    ],
+)
+def test_which_requests_a_full_queue_keeps(
+    retries: bool | None, headers: dict[str, str], kept: bool
+) -> None:
+    assert keeps(KeyPolicy(name="k", retries=retries), headers, deadline=None) is kept
 
 
 @pytest.mark.parametrize(

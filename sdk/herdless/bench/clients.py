@@ -8,10 +8,12 @@ on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8`
 
 - ``overload``: 48 calls per client, 24 at once, ``max_tokens`` 32-64, the four clients
   at once (96 in flight against 8 running + 16 waiting); on a gateway with no key policy
-  (``flags``: as the tree was before key policies), and on one where the single-attempt
-  client's key holds 20 s and may spill (``spill``) or may not (``hold``) while the
-  retrying clients' key takes the flags; both again with ``retries = false`` on the
-  single-attempt client's key (a full queue keeps its requests waiting for their place);
+  (``flags``: each request as its client shows; Node's fetch shows it never retries),
+  and on one where the single-attempt client's key holds 20 s and may spill (``spill``)
+  or may not (``hold``), its key saying ``retries = true`` (a 429 at once, what every
+  client got before), while the retrying clients' key takes the flags; both again with
+  ``retries = false`` on the single-attempt client's key (a full queue keeps its
+  requests waiting for their place);
   then ``spill`` with the default ``--max-queue`` (256). Per client: errors, p95,
   attempts per request, calls that reached the hosted model, and the spilled calls'
   first byte against the hosted model's own p50 (the same client straight at it, in the
@@ -296,24 +298,19 @@ def _result(
         return float(by.get(arm, {}).get(key, math.nan))  # type: ignore[arg-type]
 
     targets = [
-        Target(
-            label="overload, spill key, single attempt: errors",
-            value=value("overload, spill: single", "errors"),
-            limit=0,
+        *(  # flags: no key policy, the client shows it never retries
+            Target(
+                label=f"overload, {arm}: single attempt errors",
+                value=value(f"overload, {arm}: single", "errors"),
+                limit=0,
+            )
+            for arm in ("flags", "spill", "hold, retries = false", "spill, retries = false")
         ),
         Target(
             label="overload, spill key, single attempt: spilled first byte p95 - hosted p50 (s)",
             value=value("overload, spill: single", "spill_first_byte_p95_s")
             - value("overload, spill: single", "hosted_p50_s"),
             limit=0.1,
-        ),
-        *(
-            Target(
-                label=f"overload, {key} key, retries = false: single attempt errors",
-                value=value(f"overload, {key}, retries = false: single", "errors"),
-                limit=0,
-            )
-            for key in ("hold", "spill")
         ),
         Target(
             label="overload, hold key: calls to the hosted model",
@@ -387,12 +384,13 @@ def _result(
         targets=targets,
         notes=[
             "One run; every client at once in each case (96 calls in flight against 8 running "
-            "+ 16 waiting in the overload). flags: the gateway with no key policy "
-            "(what every client got before key policies); spill / hold: the single-attempt "
-            "client's key holds 20 s and may / may not spill, the retrying clients' key takes "
-            "the flags; retries = false: the single-attempt client's key says its clients "
-            "never retry (a full queue keeps its requests waiting for their place); queue "
-            "256: spill with the default --max-queue.",
-            "single: one plain POST per call, never retried (what Open WebUI's backend does).",
+            "+ 16 waiting in the overload). flags: the gateway with no key policy (each "
+            "request as its client shows); spill / hold: the single-attempt client's key "
+            "holds 20 s and may / may not spill, and says retries = true (a 429 at once), "
+            "the retrying clients' key takes the flags; retries = false: the single-attempt "
+            "client's key says its clients never retry (a full queue keeps its requests "
+            "waiting for their place); queue 256: spill with the default --max-queue.",
+            "single: one plain POST per call with Node's fetch, never retried (what Open "
+            "WebUI's backend does); its user agent shows it never retries.",
         ],
     )

@@ -20,6 +20,7 @@ from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.wire import (
     client_timeout,
     error_body,
+    never_retries,
     refusal_headers,
     returned,
     user_header,
@@ -110,13 +111,17 @@ async def error(
 
 def keeps(policy: KeyPolicy, headers: dict[str, str], deadline: float | None) -> bool:
     """Whether a full queue keeps this request waiting here rather than refuse it: its
-    key's clients do not retry (``retries = false``: its 429 is an error on a screen), or
-    it says it is a refused one come back (:func:`~herdless.gateway.wire.returned`: it
-    has had its 429 at once; another costs it a round trip and one of its few retries).
-    Never a herdless client's (it sends its deadline or its attempt): it decides itself."""
+    client does not retry (its 429 is an error on a screen): its key says so
+    (``retries = false``), or, where the key says nothing, the request shows it
+    (:func:`~herdless.gateway.wire.never_retries`); or it says it is a refused one come
+    back (:func:`~herdless.gateway.wire.returned`: it has had its 429 at once; another
+    costs it a round trip and one of its few retries). Never a herdless client's (it
+    sends its deadline or its attempt): it decides itself."""
     if deadline is not None or "x-herdless-attempt" in headers:
         return False
-    return not policy.retries or returned(headers)
+    if returned(headers) or policy.retries is False:
+        return True
+    return policy.retries is None and never_retries(headers) is not None
 
 
 def kept_for(policy: KeyPolicy, headers: dict[str, str], ttl: float | None) -> float:

@@ -8,8 +8,9 @@ Exposed (all names prefixed ``herdless_gateway_``):
 
 * ``requests_total{code}``: answered requests by HTTP status;
 * ``rejections_total{reason}``: refusals by reason (``queue_full``, ...);
-* ``waited_out_total{reason}``: the full queue's refusals not sent: a request of a key
-  whose clients do not retry (``retries = false``) waited here for the place each named;
+* ``waited_out_total{reason}``: the full queue's refusals not sent: a request whose
+  client does not retry (its key's ``retries = false``, or a client that shows it), or
+  an OpenAI SDK's retry, waited here for the place each named;
 * ``connections_closed_total{reason}``: connections the gateway closed before a
   request reached a route (``head_too_large``, ``too_many_headers``,
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);

@@ -5,7 +5,8 @@ A TOML file::
     [defaults]                      # every key, --api-keys' too (all fields optional)
     hold = 30                       # seconds a request may wait here (its queue_timeout)
     fallback = false                # may its requests leave the building (default: no)
-    retries = true                  # do its clients retry a 429 (false: it waits here)
+    retries = true                  # its clients retry a 429 (false: never; left out:
+                                    # a full queue keeps the clients that show they never do)
 
     [keys.openwebui]                # a key of its own; its name is its id in logs and metrics
     key = "sk-webui-..."            # the secret (also accepted by the gateway as an API key)
@@ -64,6 +65,9 @@ class KeyPolicy:
         retries: its clients retry a refusal. ``False`` (a chat front-end that never
             retries): where a full queue would refuse one of its requests, the gateway
             keeps it waiting for the place the refusal would name, up to its hold.
+            ``None`` (the default): by the client, the requests of one that shows it
+            never retries (:func:`herdless.gateway.wire.never_retries`: Open WebUI's
+            backend, a browser, curl, Node's ``fetch``) are kept, the others refused.
         priority: their class when a request names none (``None``: interactive).
         user_header: the header naming the employee (it wins over ``X-Herdless-User``,
             which wins over the body's ``user``), lower-case; ``None``: none.
@@ -72,7 +76,7 @@ class KeyPolicy:
 
     name: str
     fallback: bool = False
-    retries: bool = True
+    retries: bool | None = None
     priority: Priority | None = None
     user_header: str | None = None
     limits: KeyLimits = field(default_factory=KeyLimits)
@@ -235,7 +239,7 @@ def _policy(name: str, table: _Table, defaults: _Table | None, flags: KeyLimits)
     return KeyPolicy(
         name=name,
         fallback=pick("fallback", False),
-        retries=pick("retries", True),
+        retries=pick("retries", None),
         priority=pick("priority", None),
         user_header=None if header is None else header.lower(),
         limits=limits,

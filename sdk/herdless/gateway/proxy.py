@@ -15,11 +15,11 @@ would have been refused: the upstream out, loading or draining, the queue full, 
 wait predicted past its key's hold, its hold passed, or the upstream's own 429 or 503.
 Never after its first byte: a request the GPU started stays there.
 
-A request of a key whose clients do not retry (``retries = false``: a chat front-end
-that shows a 429 to the employee), or one that has had its 429 and come back (an OpenAI
-SDK's retry), waits out a full queue here instead (:func:`herdless.gateway.edge.keeps`):
-it comes back itself at the time the refusal names, to the place held for it, within
-its hold (:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused."""
+A request whose client does not retry (a chat front-end that shows a 429 as an error:
+its key says so, or the client shows it), or an OpenAI SDK's retry, waits out a full
+queue here instead (:func:`herdless.gateway.edge.keeps`): it comes back itself at the
+time the refusal names, to the place held for it, within its hold
+(:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused."""
 
 from __future__ import annotations
 

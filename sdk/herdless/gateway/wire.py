@@ -22,6 +22,7 @@ __all__ = [
     "deadline_header",
     "error_body",
     "json_object",
+    "never_retries",
     "parse_chat_request",
     "priority_header",
     "refusal_headers",
@@ -255,6 +256,29 @@ def returned(headers: dict[str, str]) -> bool:
     attempt, counting from 0; LangChain.js's inner client always sends 0)."""
     count = whole_number(headers.get("x-stainless-retry-count", "").strip(), most=5)
     return count is not None and count > 0
+
+
+# User agents of clients that send each request once: a 429 is an error on a screen.
+_SINGLE_SHOT = re.compile(
+    r"(?P<browser>Mozilla/)|(?P<curl>curl/)|(?P<fetch>(?:node|undici|node-fetch)(?:$|[ /]))"
+    r"|(?P<aiohttp>.*\baiohttp/)"
+)
+
+
+def never_retries(headers: dict[str, str]) -> str | None:
+    """The client, where the request shows one that never retries a 429 (each request
+    is sent once, its 429 shown as an error), else ``None``: Open WebUI's backend (its
+    ``X-OpenWebUI-*`` user headers, or aiohttp's user agent, which it sends), a browser,
+    curl, Node's own ``fetch``. An OpenAI SDK (any ``X-Stainless-*`` header) retries,
+    whatever its user agent; so do the Vercel AI SDK and LangChain, which say nothing
+    this reads. The client's name is ``open-webui``, ``aiohttp``, ``browser``, ``curl``
+    or ``fetch`` (Node's, undici's or node-fetch's)."""
+    if any(name.startswith("x-stainless-") for name in headers):
+        return None
+    if any(name.startswith("x-openwebui-") for name in headers):
+        return "open-webui"
+    found = _SINGLE_SHOT.match(headers.get("user-agent", "")[:200])
+    return None if found is None else found.lastgroup
 
 
 def client_timeout(headers: dict[str, str]) -> float | None:

@@ -118,7 +118,9 @@ def test_a_client_that_never_retries_sees_no_error_under_overload(
     servers: tuple[ServerProcess, ...],
 ) -> None:
     """Three times what the GPU and the queue hold (2 running + 4 waiting, 2 of them this
-    key's share), from one key that may spill, one attempt each: every request is
+    key's share), from one key that may spill, one attempt each, from a client that does
+    not show it never retries (httpx's user agent; Open WebUI's own headers would show
+    it, and then it waits for its place, as the next test's do): every request is
     answered, by the GPU or the hosted model, and what the gateway held the GPU served."""
     _, _, gateway = servers
 
@@ -129,7 +131,7 @@ def test_a_client_that_never_retries_sees_no_error_under_overload(
                     client.post(
                         "/v1/chat/completions",
                         json=chat(max_tokens=32),
-                        headers=WEBUI | {"x-openwebui-user-id": f"user-{i % 3}"},
+                        headers=WEBUI | {"x-herdless-user": f"user-{i % 3}"},
                     )
                     for i in range(18)
                 )
@@ -144,18 +146,27 @@ def test_a_client_that_never_retries_sees_no_error_under_overload(
     assert 'herdless_gateway_spills_total{key="webui"' in metrics
 
 
+# Open WebUI's backend sends aiohttp's own user agent: it shows it never retries.
+OPEN_WEBUI = INTERNAL | {"user-agent": "Python/3.11 aiohttp/3.11.18"}
+
+
+@pytest.mark.parametrize(
+    "headers", [FRONTEND, OPEN_WEBUI], ids=["retries = false", "no retries line, aiohttp"]
+)
 def test_a_front_end_that_never_retries_waits_out_a_full_queue(
-    servers: tuple[ServerProcess, ...],
+    servers: tuple[ServerProcess, ...], headers: dict[str, str]
 ) -> None:
-    """The same overload from a key that may not spill and whose clients never retry
-    (``retries = false``): no 429 reaches them, the GPU answers every request."""
+    """The same overload from a key that may not spill, from a front-end that never
+    retries: its key says so (``retries = false``), or its user agent does. No 429
+    reaches it, the GPU answers every request."""
     _, _, gateway = servers
+    before = waited_out(gateway)
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
             return await asyncio.gather(
                 *(
-                    client.post("/v1/chat/completions", json=chat(max_tokens=32), headers=FRONTEND)
+                    client.post("/v1/chat/completions", json=chat(max_tokens=32), headers=headers)
                     for _ in range(18)
                 )
             )
@@ -163,7 +174,7 @@ def test_a_front_end_that_never_retries_waits_out_a_full_queue(
     answers = asyncio.run(run())
     assert [r.status_code for r in answers] == [200] * 18
     assert {r.headers["x-herdless-backend"] for r in answers} == {"upstream"}
-    assert waited_out(gateway) > 0  # it met the full queue
+    assert waited_out(gateway) > before  # it met the full queue
 
 
 def test_an_openai_client_s_retry_says_so_and_comes_back_once(

@@ -43,7 +43,12 @@ def assert_refusal(response: httpx.Response, status: int, code: str) -> dict[str
     assert error["message"]
     assert int(response.headers["retry-after"]) >= 1
     assert int(response.headers["retry-after-ms"]) > 0
+    if code in RESERVED:  # a chat front-end shows the message: it says when, as the header
+        assert str(error["message"]).endswith(f"; retry in {response.headers['retry-after']}s")
     return error
+
+
+RESERVED = ("queue_full", "queue_timeout", "kv_budget", "displaced", "rate_limited", "token_budget")
 
 
 # -- proxying ---------------------------------------------------------------------------

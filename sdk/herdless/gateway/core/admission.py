@@ -530,9 +530,7 @@ class Admission:
         if ticket.ttl:
             message = f"no capacity freed within the request's queue TTL ({ticket.hold:g}s)"
         elif ticket.hold != self.config.queue_timeout:  # a key policy's hold
-            message = f"no capacity freed within this key's hold ({ticket.hold:g}s); " + (
-                "retry after the given time"
-            )
+            message = f"no capacity freed within this key's hold ({ticket.hold:g}s)"
         return self._queue_refusal(flow, now, "queue_timeout", message=message)
 
     def unavailable(

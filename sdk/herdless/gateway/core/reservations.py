@@ -54,10 +54,10 @@ __all__ = ["Reservations", "unattainable"]
 
 _NEVER = -math.inf
 _DRAINING = "the gateway is draining for maintenance; use your fallback"
-_NOT_READY = "the model server is not ready; try again shortly"
+_NOT_READY = "the model server is not ready"
 _BUCKET_MESSAGES = {
-    "rate_limited": "this key is over its requests per second; retry after the given time",
-    "token_budget": "this key is over its tokens per minute; retry after the given time",
+    "rate_limited": "this key is over its requests per second",
+    "token_budget": "this key is over its tokens per minute",
 }
 
 
@@ -80,16 +80,12 @@ class Reservations:
         # The refusal path runs once per refused request of a flood: its constant
         # parts (messages, policies: see _bucket_policy) are built once, not per refusal.
         self._messages = {
-            "queue_full": "the gateway's queue is full; retry after the given time",
-            "kv_budget": "the model server's KV-cache budget is in use; retry after the given time",
+            "queue_full": "the gateway's queue is full",
+            "kv_budget": "the model server's KV-cache budget is in use",
             "queue_timeout": (
-                f"no capacity freed within the queue timeout ({config.queue_timeout:g}s); "
-                "retry after the given time"
+                f"no capacity freed within the queue timeout ({config.queue_timeout:g}s)"
             ),
-            "displaced": (
-                "an interactive request took this batch request's place in the full queue; "
-                "retry after the given time"
-            ),
+            "displaced": "an interactive request took this batch request's place in the full queue",
         }
 
     def queue(
@@ -119,15 +115,16 @@ class Reservations:
         wait = min(promise, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)
+        retry = not_before is None or not_before - now <= cfg.max_retry_after
         return Refuse(
             status=429,
             code=code,
-            message=message or self._messages[code],
+            message=(message or self._messages[code]) + (f"; {_retry_in(wait)}" if retry else ""),
             retry_after=wait,
             policy=f'"queue";q={cfg.max_queue}',
             remaining=max(0, cfg.max_queue - queued),
             capacity=self.capacity,
-            retry=not_before is None or not_before - now <= cfg.max_retry_after,
+            retry=retry,
         )
 
     def unavailable(
@@ -192,7 +189,7 @@ class Reservations:
         return Refuse(
             status=503,
             code=code,
-            message=message or (_DRAINING if draining else _NOT_READY),
+            message=message or (_DRAINING if draining else f"{_NOT_READY}; {_retry_in(wait)}"),
             retry_after=wait,
             drain=draining,
             capacity=self.capacity,
@@ -217,7 +214,7 @@ class Reservations:
         return Refuse(
             status=429,
             code=code,
-            message=_BUCKET_MESSAGES[code],
+            message=f"{_BUCKET_MESSAGES[code]}; {_retry_in(wait)}",
             retry_after=wait,
             policy=_bucket_policy(code, bucket.capacity, bucket.refill),
             remaining=max(0, math.floor(bucket.level(now))),
@@ -241,10 +238,13 @@ def unattainable(status: int, wait: float, deadline: float, capacity: int) -> Re
 
 def _maintenance(left: float) -> str:
     """The message of a refusal during an announced maintenance window."""
-    return (
-        f"the model server is down for maintenance for about {math.ceil(left)}s more; "
-        "retry after the given time"
-    )
+    return f"the model server is down for maintenance for about {math.ceil(left)}s more; retry then"
+
+
+def _retry_in(seconds: float) -> str:
+    """A refusal's last words for whoever reads it (a chat front-end shows the message):
+    when to come back, in the whole seconds ``Retry-After`` says."""
+    return f"retry in {math.ceil(seconds)}s"
 
 
 @functools.lru_cache(maxsize=64)  # a few buckets per gateway: one per limit and key policy

@@ -171,7 +171,7 @@ CHROME = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)
         (LANGCHAIN_JS | {"x-stainless-retry-count": "0"}, None),  # retries itself, 6 times
         (VERCEL, None),  # 2 retries
         ({"user-agent": "python-httpx/0.28.1"}, None),  # its app decides
-        ({"user-agent": "OpenAI/Python 1.99.0", "x-stainless-read-timeout": "600"}, None),
+        ({"user-agent": "OpenAI/Python 1.99.0", "x-stainless-lang": "python"}, None),
         ({}, None),
     ],
 )

@@ -268,14 +268,15 @@ _SINGLE_SHOT = re.compile(
 def never_retries(headers: dict[str, str]) -> str | None:
     """The client, where the request shows one that never retries a 429 (each request
     is sent once, its 429 shown as an error), else ``None``: Open WebUI's backend (its
-    ``X-OpenWebUI-*`` user headers, or aiohttp's user agent, which it sends), a browser,
-    curl, Node's own ``fetch``. An OpenAI SDK (any ``X-Stainless-*`` header) retries,
-    whatever its user agent; so do the Vercel AI SDK and LangChain, which say nothing
-    this reads. The client's name is ``open-webui``, ``aiohttp``, ``browser``, ``curl``
-    or ``fetch`` (Node's, undici's or node-fetch's)."""
-    if any(name.startswith("x-stainless-") for name in headers):
+    ``X-OpenWebUI-User-Id``, or aiohttp's user agent, which it sends), a browser, curl,
+    Node's own ``fetch``. An OpenAI SDK (``X-Stainless-Lang`` or
+    ``X-Stainless-Retry-Count``, which openai-node and openai-python send on every
+    request) retries, whatever its user agent; so do the Vercel AI SDK and LangChain,
+    which say nothing this reads. The client's name is ``open-webui``, ``aiohttp``,
+    ``browser``, ``curl`` or ``fetch`` (Node's, undici's or node-fetch's)."""
+    if "x-stainless-lang" in headers or "x-stainless-retry-count" in headers:
         return None
-    if any(name.startswith("x-openwebui-") for name in headers):
+    if "x-openwebui-user-id" in headers:
         return "open-webui"
     found = _SINGLE_SHOT.match(headers.get("user-agent", "")[:200])
     return None if found is None else found.lastgroup

@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from herdless.bench.js_clients import node_available
 from herdless.launch.servers import emulator_process, free_port, gateway_process
 
 pytestmark = pytest.mark.integration
@@ -142,11 +144,20 @@ class Script:
 class Run:
     """One README's script running in its own process group."""
 
-    def __init__(self, script: Script, workdir: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, script: Script, workdir: Path, env: Mapping[str, str], *, copy: str | None = None
+    ) -> None:
         self.script = script
         self.workdir = workdir
         self.log = workdir / "output.log"
-        (workdir / "examples").symlink_to(EXAMPLES)
+        if copy is not None:  # its commands write into this example's folder: a copy of it
+            shutil.copytree(
+                EXAMPLES / copy,
+                workdir / "examples" / copy,
+                ignore=shutil.ignore_patterns("node_modules"),
+            )
+        else:
+            (workdir / "examples").symlink_to(EXAMPLES)
         (workdir / "wait_ready.py").write_text(WAIT_SCRIPT)
         bin_dir = str(Path(sys.executable).parent)
         base = {k: v for k, v in os.environ.items() if not k.startswith("HERDLESS_")}
@@ -221,6 +232,7 @@ def readme(tmp_path: Path) -> Iterator[Callable[..., Run]]:
         *,
         foreground: str | None = None,
         env: Mapping[str, str] | None = None,
+        copy: bool = False,
     ) -> Run:
         script = Script.build(folder, ports, foreground=foreground)
         for line in script.skipped:
@@ -229,7 +241,7 @@ def readme(tmp_path: Path) -> Iterator[Callable[..., Run]]:
             p for p in README_PORTS if any(re.search(rf"[: ]{p}\b", ln) for ln in script.lines)
         ]
         assert not leftover, f"README ports not swapped: {leftover}"
-        started = Run(script, tmp_path, env or {})
+        started = Run(script, tmp_path, env or {}, copy=folder if copy else None)
         runs.append(started)
         return started
 
@@ -342,6 +354,15 @@ def test_langchain(readme, stack):
 def test_observability(readme, stack):
     out = readme("observability", stack.ports, foreground="python ").finish()
     assert "herdless_client_attempts_total" in out
+
+
+def test_javascript(readme, stack):
+    why = node_available()
+    if why is not None:
+        pytest.skip(f"node/npm not usable: {why}")
+    out = readme("javascript", stack.ports, copy=True).finish()
+    assert out.count("[answered by upstream for ") == 2, out[-2000:]
+    assert _served(stack.gpu_url) == 2
 
 
 def test_openai_drop_in(readme, stack):

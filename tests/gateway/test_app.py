@@ -192,8 +192,9 @@ async def test_queue_full_is_a_429_with_staggered_reservations(
         running = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body()))
         waiting = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body()))
         await until(lambda: runtime.gate.admission.queue_depth >= 1)
-        first = await client.post("/v1/chat/completions", json=chat_body())
-        second = await client.post("/v1/chat/completions", json=chat_body())
+        # Two callers, two bodies (the same body again is a retry: kept, see test_waiting).
+        first = await client.post("/v1/chat/completions", json=chat_body(seed=1))
+        second = await client.post("/v1/chat/completions", json=chat_body(seed=2))
         fake_vllm.hold.set()
         done = await asyncio.gather(running, waiting)
     assert [r.status_code for r in done] == [200, 200]

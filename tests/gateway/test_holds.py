@@ -8,7 +8,7 @@ from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.holds import GRACE, Holds
 from herdless.gateway.core.limits import AdmissionConfig
-from herdless.gateway.proxy import _call
+from herdless.gateway.edge import call_id
 from herdless.gateway.runtime import request_id
 from herdless.testing import FakeClock
 
@@ -122,4 +122,4 @@ def test_a_place_held_for_a_caller_that_will_not_come_back_frees_at_once(forgott
 def test_only_a_herdless_client_s_own_request_id_holds_a_place(
     headers: dict[str, str], held_for: str | None
 ) -> None:
-    assert _call(headers, request_id(headers)) == held_for
+    assert call_id(headers, request_id(headers)) == held_for

@@ -31,6 +31,12 @@ WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never re
 BRIEF = {"authorization": "Bearer sk-brief-secret"}  # never retries, and holds 0.2 s
 TOLD = {"authorization": "Bearer sk-told-secret"}  # its clients retry, says its key
 NODE_FETCH = {"user-agent": "node"}  # Node's own fetch (as sent by node 20), no retry
+# The headers of each client, as sent (captured from the npm clients of tests/clients,
+# curl 8, aiohttp 3 and Chrome 131); an OpenAI SDK's headers cut to the one that counts.
+OPENAI_NODE = {"user-agent": "OpenAI/JS 7.59.0", "x-stainless-retry-count": "0"}
+LANGCHAIN_JS = {"user-agent": "langchainjs-openai/1.0.0 ((node/v20.20.2; linux; x64))"}
+VERCEL = {"user-agent": "ai/6.0.326 ai-sdk/provider-utils/4.0.65 runtime/node.js/v20.20.2"}
+CHROME = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0"
 POLICIES = """\
 [keys.apps]
 key = "sk-apps-secret"
@@ -90,8 +96,14 @@ def waited(runtime: Runtime) -> int:
             TOLD | {"x-stainless-retry-count": "0"},
             TOLD | {"x-stainless-retry-count": "1", "x-stainless-timeout": "600"},
         ),
+        (TOLD | VERCEL, TOLD | VERCEL),  # a retry that says nothing: the same request again
     ],
-    ids=["retries = false", "a client that never retries", "an OpenAI SDK's retry"],
+    ids=[
+        "retries = false",
+        "a client that never retries",
+        "an OpenAI SDK's retry",
+        "the same request again",
+    ],
 )
 async def test_a_request_whose_429_would_be_an_error_waits_out_a_full_queue(
     keyed: Callable[..., Started], fake_vllm: FakeVllm, told: dict[str, str], kept: dict[str, str]
@@ -123,6 +135,52 @@ async def test_a_request_whose_429_would_be_an_error_waits_out_a_full_queue(
     assert 'herdless_gateway_rejections_total{reason="queue_full"} 2' in metrics  # not its
 
 
+async def test_a_request_sent_again_is_known_by_its_key_address_and_body(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    herdless = {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"}
+
+    async def post(seed: int, headers: dict[str, str] = TOLD) -> httpx.Response:
+        return await client.post(
+            "/v1/chat/completions", json=chat_body(seed=seed), headers=headers | VERCEL
+        )
+
+    async with keyed() as (client, runtime):
+        filling = await fill(client, runtime)
+        told = [await post(1), await post(2), await post(3, TOLD | herdless)]
+        again = asyncio.create_task(post(1))  # the same request: it waits here
+        await until(lambda: waited(runtime) == 1)
+        refused = [
+            await post(1),  # sent a third time: one refusal, one comeback
+            await post(2, APPS),  # another key's
+            await post(3),  # a herdless client's refusal: it decides itself, not remembered
+        ]
+        assert not again.done()
+        fake_vllm.hold.set()
+        answers = await asyncio.gather(*filling, again)
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in told + refused] == [429] * 6
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert "herdless_gateway_comebacks_total 1\n" in metrics
+
+
+async def test_a_request_that_waited_out_its_hold_is_known_when_sent_again(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with gateway(max_concurrency=1, max_queue=4, queue_timeout=0.05) as (client, runtime):
+        running = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body()))
+        await until(lambda: runtime.gate.inflight == 1)
+        timed_out = [
+            await client.post("/v1/chat/completions", json=chat_body(seed=1)) for _ in range(2)
+        ]
+        fake_vllm.hold.set()
+        await running
+    assert [r.json()["error"]["code"] for r in timed_out] == ["queue_timeout"] * 2
+    assert runtime.metrics.comebacks == 1  # kept: no full queue to wait out, it waited again
+
+
 @pytest.mark.parametrize(
     "headers",
     [
@@ -145,14 +203,6 @@ async def test_a_refusal_it_may_not_wait_out_is_answered_at_once(
     assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
     assert float(refused.headers["retry-after-ms"]) > 200  # past 0.2 s: a place frees at ~1 s
     assert len(fake_vllm.received) == 2
-
-
-# The headers of each client, as sent (captured from the npm clients of tests/clients,
-# curl 8, aiohttp 3 and Chrome 131); an OpenAI SDK's headers cut to the one that counts.
-OPENAI_NODE = {"user-agent": "OpenAI/JS 7.59.0", "x-stainless-retry-count": "0"}
-LANGCHAIN_JS = {"user-agent": "langchainjs-openai/1.0.0 ((node/v20.20.2; linux; x64))"}
-VERCEL = {"user-agent": "ai/6.0.326 ai-sdk/provider-utils/4.0.65 runtime/node.js/v20.20.2"}
-CHROME = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0"
 
 
 @pytest.mark.parametrize(

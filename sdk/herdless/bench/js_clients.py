@@ -89,7 +89,7 @@ class Scenario:
             that runs in separate processes start together (default: at once).
         headers: extra request headers (a user header, ``X-Herdless-Priority`` ...).
         timeout_s: the longest one call may take, its retries included.
-        prompt: the user message.
+        prompt: the user message; each call sends it numbered (``... (3)``): requests differ.
     """
 
     client: Client

@@ -14,6 +14,7 @@ from typing import NoReturn, TypeVar
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from herdless.gateway.core.comebacks import Sender
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.core.limits import Priority
 from herdless.gateway.policies import KeyPolicy
@@ -32,6 +33,8 @@ __all__ = [
     "Answered",
     "BodyTooLarge",
     "ClientGone",
+    "call_id",
+    "decides_itself",
     "error",
     "keeps",
     "kept_for",
@@ -83,6 +86,10 @@ class Access:
     backend: str = "upstream"
     kept: float = 0.0
     """Seconds it waited out a full queue before it had a place (:func:`waited_out`)."""
+    sent: tuple[Sender, bytes] | None = None
+    """Who sent it and its body, where a refusal of it is remembered: read, and not a
+    herdless client's (:func:`decides_itself`; see
+    :class:`~herdless.gateway.core.comebacks.Comebacks`)."""
 
 
 class Answered(Exception):
@@ -109,17 +116,33 @@ async def error(
     raise Answered(status, code)
 
 
-def keeps(policy: KeyPolicy, headers: dict[str, str], deadline: float | None) -> bool:
+def decides_itself(headers: dict[str, str], deadline: float | None) -> bool:
+    """Whether the request is a herdless client's: it sends its deadline or its attempt,
+    and decides itself what a refusal means (its backoff, its fallback)."""
+    return deadline is not None or "x-herdless-attempt" in headers
+
+
+def call_id(headers: dict[str, str], rid: str) -> str | None:
+    """The id a refused caller comes back with: a herdless client's ``X-Request-ID``
+    (the same on every attempt of a call, beside ``X-Herdless-Attempt``), else ``None``:
+    another client's id may be a proxy's, new on every attempt."""
+    return rid if "x-herdless-attempt" in headers and headers.get("x-request-id") == rid else None
+
+
+def keeps(
+    policy: KeyPolicy, headers: dict[str, str], deadline: float | None, *, again: bool = False
+) -> bool:
     """Whether a full queue keeps this request waiting here rather than refuse it: its
     client does not retry (its 429 is an error on a screen): its key says so
     (``retries = false``), or, where the key says nothing, the request shows it
-    (:func:`~herdless.gateway.wire.never_retries`); or it says it is a refused one come
-    back (:func:`~herdless.gateway.wire.returned`: it has had its 429 at once; another
-    costs it a round trip and one of its few retries). Never a herdless client's (it
-    sends its deadline or its attempt): it decides itself."""
-    if deadline is not None or "x-herdless-attempt" in headers:
+    (:func:`~herdless.gateway.wire.never_retries`); or it is a refused one come back,
+    which it says (:func:`~herdless.gateway.wire.returned`) or its body shows (``again``:
+    :class:`~herdless.gateway.core.comebacks.Comebacks`): it has had its 429 at once;
+    another costs it a round trip and one of its few retries. Never a herdless client's
+    (:func:`decides_itself`)."""
+    if decides_itself(headers, deadline):
         return False
-    if returned(headers) or policy.retries is False:
+    if again or returned(headers) or policy.retries is False:
         return True
     return policy.retries is None and never_retries(headers) is not None
 

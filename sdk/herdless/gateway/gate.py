@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Unpack
 
 from herdless.gateway.core.admission import Admission, OfferOptions
+from herdless.gateway.core.comebacks import Comebacks
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.keys import KeyLimits
@@ -38,10 +39,20 @@ class Gate:
         gate.release(ticket, used_tokens=usage)
     """
 
-    __slots__ = ("_early", "_timer", "_upstream_state", "_waiters", "admission", "on_held")
+    __slots__ = (
+        "_early",
+        "_timer",
+        "_upstream_state",
+        "_waiters",
+        "admission",
+        "comebacks",
+        "on_held",
+    )
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
+        self.comebacks = Comebacks(admission.clock)
+        """The full queue's refusals whose requests may come again (the edge feeds it)."""
         # The upstream's state as last logged: None until the first health poll.
         self._upstream_state: str | None = None
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}

@@ -10,7 +10,9 @@ Exposed (all names prefixed ``herdless_gateway_``):
 * ``rejections_total{reason}``: refusals by reason (``queue_full``, ...);
 * ``waited_out_total{reason}``: the full queue's refusals not sent: a request whose
   client does not retry (its key's ``retries = false``, or a client that shows it), or
-  an OpenAI SDK's retry, waited here for the place each named;
+  a refused one come back, waited here for the place each named;
+* ``comebacks_total``: requests known as a refused one sent again by its body (the same
+  key and body as a full queue's refusal: a retry that says nothing of itself), kept;
 * ``connections_closed_total{reason}``: connections the gateway closed before a
   request reached a route (``head_too_large``, ``too_many_headers``,
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);
@@ -138,6 +140,7 @@ class GatewayMetrics:
     at scrape time."""
 
     __slots__ = (
+        "comebacks",
         "connections_closed",
         "drain_held",
         "duration",
@@ -171,6 +174,8 @@ class GatewayMetrics:
         """Requests that waited in the queue and then ran."""
         self.drain_held = 0
         """Requests still waiting when a drain ended (held through the window)."""
+        self.comebacks = 0
+        """Requests known as a refused one sent again by its body (see ``Comebacks``)."""
         self.requests: Counter[int] = Counter()
         self.rejections: Counter[str] = Counter()
         self.connections_closed: Counter[str] = Counter()
@@ -205,9 +210,15 @@ class GatewayMetrics:
         out.by(
             p + "waited_out_total",
             "counter",
-            "Refusals waited out here for keys whose clients do not retry, by reason.",
+            "Refusals waited out here for clients that do not retry (again), by reason.",
             "reason",
             dict(sorted(self.waited_out.items())),
+        )
+        out.one(
+            p + "comebacks_total",
+            "counter",
+            "Requests known by their body as a refused one sent again, kept to wait here.",
+            self.comebacks,
         )
         out.one(
             p + "drain_held_total",

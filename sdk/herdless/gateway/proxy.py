@@ -16,9 +16,10 @@ wait predicted past its key's hold, its hold passed, or the upstream's own 429 o
 Never after its first byte: a request the GPU started stays there.
 
 A request whose client does not retry (a chat front-end that shows a 429 as an error:
-its key says so, or the client shows it), or an OpenAI SDK's retry, waits out a full
-queue here instead (:func:`herdless.gateway.edge.keeps`): it comes back itself at the
-time the refusal names, to the place held for it, within its hold
+its key says so, or the client shows it), or a refused one come back (an OpenAI SDK's
+retry says so; any other sends the same body again), waits out a full queue here instead
+(:func:`herdless.gateway.edge.keeps`): it comes back itself at the time the refusal
+names, to the place held for it, within its hold
 (:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused."""
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from herdless.gateway.edge import (
     Answered,
     BodyTooLarge,
     ClientGone,
+    call_id,
+    decides_itself,
     error,
     keeps,
     kept_for,
@@ -110,6 +113,8 @@ class AdmittedProxy:
         rt.metrics.requests[status] += 1
         if reason is not None and status in (429, 503):
             rt.metrics.rejections[reason] += 1
+            if access.sent is not None:  # its client may send it again
+                rt.gate.comebacks.refused(*access.sent)
         elapsed = time.perf_counter() - arrived
         rt.metrics.duration.observe(elapsed)
         if rt.access_log:
@@ -151,9 +156,13 @@ class AdmittedProxy:
         # change bodies sets, then the body's user field).
         named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
-        kept = keeps(policy, headers, deadline)  # then it waits out a full queue here
+        if not decides_itself(headers, deadline):  # a refusal of it is remembered
+            access.sent = (access.key_id, (exchange.scope.get("client") or (None,))[0]), raw
+        again = access.sent is not None and rt.gate.comebacks.back(*access.sent)
+        rt.metrics.comebacks += again
+        kept = keeps(policy, headers, deadline, again=again)  # it waits out a full queue
         ttl = ttl_header(headers)
-        call = f"kept {next(_KEPT)}" if kept else _call(headers, access.request_id)
+        call = f"kept {next(_KEPT)}" if kept else call_id(headers, access.request_id)
         offer = functools.partial(
             rt.gate.offer,
             access.key_id,
@@ -353,12 +362,7 @@ class AdmittedProxy:
 
 
 async def _relay(
-    send: Send,
-    response: httpx.Response,
-    rid: str,
-    started: float,
-    rt: Runtime,
-    queued: float,
+    send: Send, response: httpx.Response, rid: str, started: float, rt: Runtime, queued: float
 ) -> UsageSniffer:
     """Pass the upstream response through, byte for byte; returns what it saw of usage.
 
@@ -391,10 +395,3 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
-
-
-def _call(headers: dict[str, str], rid: str) -> str | None:
-    """The id a refused caller comes back with: a herdless client's ``X-Request-ID``
-    (the same on every attempt of a call, beside ``X-Herdless-Attempt``), else ``None``:
-    another client's id may be a proxy's, new on every attempt."""
-    return rid if "x-herdless-attempt" in headers and headers.get("x-request-id") == rid else None

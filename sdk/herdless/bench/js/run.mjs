@@ -73,8 +73,10 @@ function recordingFetch(record) {
   };
 }
 
-function messages() {
-  return [{ role: "user", content: scenario.prompt }];
+// Each call asks its own question (the prompt, numbered), as employees' requests differ:
+// the gateway knows a refused request sent again, and takes that for a retry.
+function messages(record) {
+  return [{ role: "user", content: `${scenario.prompt} (${record.index + 1})` }];
 }
 
 // Each runner takes (record, maxTokens, signal), returns {model, usage} (usage in the
@@ -87,7 +89,7 @@ async function runOpenAI(record, maxTokens, signal) {
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });
-  const request = { model: scenario.model, messages: messages(), max_tokens: maxTokens };
+  const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
   if (!scenario.stream) {
     const answer = await client.chat.completions.create(request, { signal });
     return { model: answer.model, usage: answer.usage ?? null };
@@ -117,7 +119,7 @@ async function runVercel(record, maxTokens, signal) {
   });
   const options = {
     model: provider.chatModel(scenario.model),
-    messages: messages(),
+    messages: messages(record),
     maxOutputTokens: maxTokens,
     abortSignal: signal,
   };
@@ -151,12 +153,12 @@ async function runLangChain(record, maxTokens, signal) {
   const usageOf = (u) =>
     u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
   if (!scenario.stream) {
-    const answer = await chat.invoke(messages(), { signal });
+    const answer = await chat.invoke(messages(record), { signal });
     return { model: answer.response_metadata?.model_name ?? null, usage: usageOf(answer.usage_metadata) };
   }
   let model = null;
   let usage = null;
-  for await (const chunk of await chat.stream(messages(), { signal })) {
+  for await (const chunk of await chat.stream(messages(record), { signal })) {
     model = chunk.response_metadata?.model_name ?? model;
     if (chunk.usage_metadata) usage = usageOf(chunk.usage_metadata);
     if (typeof chunk.content === "string" && chunk.content) record.chunk();
@@ -166,7 +168,7 @@ async function runLangChain(record, maxTokens, signal) {
 
 // One plain POST, no retry: what a chat front-end's backend does.
 async function runSingle(record, maxTokens, signal) {
-  const body = { model: scenario.model, messages: messages(), max_tokens: maxTokens };
+  const body = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
   if (scenario.stream) Object.assign(body, { stream: true, stream_options: { include_usage: true } });
   const response = await recordingFetch(record)(`${baseURL}/chat/completions`, {
     method: "POST",
@@ -222,7 +224,7 @@ function statusOf(error, record) {
 
 async function runCall(index) {
   const runner = RUNNERS[scenario.client];
-  const record = { attempts: 0, statuses: [], headers: {}, headersAt: null, chunks: 0, firstChunkAt: null };
+  const record = { index, attempts: 0, statuses: [], headers: {}, headersAt: null, chunks: 0, firstChunkAt: null };
   const started = now();
   record.chunk = () => {
     record.chunks += 1;

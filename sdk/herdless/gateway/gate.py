@@ -52,7 +52,7 @@ class Gate:
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
         self.comebacks = Comebacks(admission.clock)
-        """The full queue's refusals whose requests may come again (the edge feeds it)."""
+        """The refusals whose requests may come again (the edge feeds it)."""
         # The upstream's state as last logged: None until the first health poll.
         self._upstream_state: str | None = None
         self._waiters: dict[int, asyncio.Future[Refuse | None]] = {}

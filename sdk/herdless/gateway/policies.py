@@ -68,6 +68,8 @@ class KeyPolicy:
             ``None`` (the default): by the client, the requests of one that shows it
             never retries (:func:`herdless.gateway.wire.never_retries`: Open WebUI's
             backend, a browser, curl, Node's ``fetch``) are kept, the others refused.
+            Whatever it says, a retry is kept (:func:`herdless.gateway.edge.keeps`):
+            its first attempt had its refusal at once.
         priority: their class when a request names none (``None``: interactive).
         user_header: the header naming the employee (it wins over ``X-Herdless-User``,
             which wins over the body's ``user``), lower-case; ``None``: none.

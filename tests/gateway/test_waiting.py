@@ -1,6 +1,7 @@
 """A request whose client does not retry (its key's ``retries = false``, or a client that
-shows it), or an OpenAI SDK's retry, waits out a full queue in the gateway (in process: a
-fake vLLM that holds its answers until told)."""
+shows it), or a retry (an OpenAI SDK's says so; any other is the same request again),
+waits out a full queue in the gateway (in process: a fake vLLM that holds its answers
+until told)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ Exposed (all names prefixed ``herdless_gateway_``):
 * ``waited_out_total{reason}``: the full queue's refusals not sent: a request whose
   client does not retry (its key's ``retries = false``, or a client that shows it), or
   a refused one come back, waited here for the place each named;
-* ``comebacks_total``: requests known as a refused one sent again by its body (the same
-  key and body as a full queue's refusal: a retry that says nothing of itself), kept;
+* ``comebacks_total``: requests known as a refused one sent again (the same key, client
+  address and body as a refusal: a retry that says nothing of itself), kept;
 * ``connections_closed_total{reason}``: connections the gateway closed before a
   request reached a route (``head_too_large``, ``too_many_headers``,
   ``head_timeout``, ``peer_limit``; see :mod:`herdless.gateway.protocol`);

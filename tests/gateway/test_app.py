@@ -22,6 +22,7 @@ from tests.gateway.fakes import (
     until,
 )
 
+from herdless.gateway.core.decisions import Admit
 from herdless.gateway.proxy import AdmittedProxy
 
 pytestmark = [pytest.mark.server]
@@ -457,9 +458,22 @@ async def test_a_stalled_body_gets_a_408_and_a_close(gateway: GatewayFactory) ->
     assert runtime.metrics.requests[408] == 1
 
 
-async def test_a_refusal_needs_no_body(gateway: GatewayFactory) -> None:
-    async with gateway() as (_, runtime):
-        runtime.gate.drain()
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        ((b"x-herdless-attempt", b"1"), 503),  # a drain's, to a herdless client: it decides
+        ((b"user-agent", b"ai/6.0.326"), 429),  # the key's rate: a flood stays cheap
+    ],
+    ids=["a herdless client's drain", "the key's rate"],
+)
+async def test_a_refusal_whose_retry_is_not_watched_for_needs_no_body(
+    gateway: GatewayFactory, header: tuple[bytes, bytes], status: int
+) -> None:
+    async with gateway(rate=1) as (_, runtime):
+        if status == 503:
+            runtime.gate.drain()
+        else:
+            assert isinstance(runtime.gate.offer("anonymous", 1), Admit)  # the bucket's one
         sent: list[dict[str, object]] = []
 
         async def receive() -> dict[str, object]:
@@ -468,8 +482,10 @@ async def test_a_refusal_needs_no_body(gateway: GatewayFactory) -> None:
         async def send(message: dict[str, object]) -> None:
             sent.append(message)
 
-        await AdmittedProxy(runtime)(CHAT_SCOPE, receive, send)  # type: ignore[arg-type]
-    assert sent[0]["status"] == 503
+        scope = CHAT_SCOPE | {"headers": [*CHAT_SCOPE["headers"], header]}
+        await AdmittedProxy(runtime)(scope, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == status
+    assert len(runtime.gate.comebacks) == 0
 
 
 async def test_every_chat_answer_advertises_the_capacity(

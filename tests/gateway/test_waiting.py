@@ -27,6 +27,7 @@ from herdless.gateway.runtime import Runtime
 from herdless.gateway.wire import client_timeout, never_retries, returned
 from herdless.testing import FakeClock
 
+ADMIN = {"authorization": "Bearer admin-secret"}
 APPS = {"authorization": "Bearer sk-apps-secret"}  # the default: by what the client shows
 WEBUI = {"authorization": "Bearer sk-webui-secret"}  # a front-end that never retries
 BRIEF = {"authorization": "Bearer sk-brief-secret"}  # never retries, and holds 0.2 s
@@ -164,6 +165,36 @@ async def test_a_request_sent_again_is_known_by_its_key_address_and_body(
     assert [r.status_code for r in told + refused] == [429] * 6
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert "herdless_gateway_comebacks_total 1\n" in metrics
+
+
+async def test_a_drain_s_503_is_known_when_its_request_comes_back_to_a_full_queue(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    herdless = {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"}
+
+    async def post(seed: int, headers: dict[str, str] = TOLD | VERCEL) -> httpx.Response:
+        return await client.post("/v1/chat/completions", json=chat_body(seed=seed), headers=headers)
+
+    async with keyed(admin_token="admin-secret", drain_retry_after=0.1) as (client, runtime):
+        await client.post("/admin/drain", headers=ADMIN)  # no window: refused at once
+        drained = [await post(1), await post(1), await post(2, TOLD | VERCEL | herdless)]
+        await client.post("/admin/resume", headers=ADMIN)
+        filling = await fill(client, runtime)  # the crowd came back first
+        again = asyncio.create_task(post(1))  # the same request: it waits here
+        await until(lambda: waited(runtime) == 1)
+        refused = [
+            await post(1),  # refused twice in the drain, and still one refusal
+            await post(2),  # a herdless client's 503: it decides itself, not remembered
+        ]
+        assert not again.done()
+        fake_vllm.hold.set()
+        answers = await asyncio.gather(*filling, again)
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in drained] == [503] * 3
+    assert [r.status_code for r in refused] == [429] * 2
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert "herdless_gateway_comebacks_total 2\n" in metrics  # in the drain, and after it
 
 
 async def test_a_request_that_waited_out_its_hold_is_known_when_sent_again(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 import anyio
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from herdless.gateway.core.comebacks import Sender
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
@@ -29,10 +29,9 @@ from herdless.gateway.wire import (
 )
 
 __all__ = [
+    "CLIENT_CLOSED",
     "Access",
     "Answered",
-    "BodyTooLarge",
-    "ClientGone",
     "call_id",
     "decides_itself",
     "error",
@@ -53,6 +52,7 @@ T = TypeVar("T")
 _OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
 _WAITED_OUT = ("queue_full", "kv_budget")  # a busy GPU: a place frees at a known time
 _JSON_TYPE = (b"content-type", b"application/json")
+CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 
 
 async def send_json(
@@ -66,12 +66,8 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyTooLarge(Exception):
+class _BodyTooLarge(Exception):
     """The body is over ``max_body_bytes``."""
-
-
-class ClientGone(Exception):
-    """The client went away while its body was read."""
 
 
 @dataclass(slots=True)
@@ -227,20 +223,40 @@ async def send_refusal(
     await send_json(send, refuse.status, body, refusal_headers(refuse) + (extra or []))
 
 
-async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+async def read_body(
+    receive: Receive, send: Send, headers: dict[str, str], limit: int, within: float
+) -> bytes:
+    """The request's body, of ``limit`` bytes at most, within ``within`` seconds.
+
+    Raises:
+        Answered: a 408 or a 413 was sent, or the client went away (``CLIENT_CLOSED``).
+    """
+    try:
+        async with asyncio.timeout(within):
+            return await _body(receive, headers, limit)
+    except TimeoutError:
+        # A stalled body would hold its connection and task forever; close it too.
+        message = f"the body did not arrive within {within:g}s"
+        await error(send, 408, "body_timeout", message, headers=[(b"connection", b"close")])
+    except _BodyTooLarge:
+        message = f"the body exceeds {limit} bytes"
+        await error(send, 413, "body_too_large", message)
+
+
+async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = whole_number(headers.get("content-length", ""))
     if declared is not None and declared > limit:
-        raise BodyTooLarge
+        raise _BodyTooLarge
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientGone
+            raise Answered(CLIENT_CLOSED, "client_closed")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge
+            raise _BodyTooLarge
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

@@ -24,7 +24,6 @@ names, to the place held for it, within its hold
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import logging
@@ -35,13 +34,13 @@ from dataclasses import dataclass
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from herdless.gateway.core.comebacks import Sender
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.limits import Priority
 from herdless.gateway.edge import (
+    CLIENT_CLOSED,
     Access,
     Answered,
-    BodyTooLarge,
-    ClientGone,
     call_id,
     decides_itself,
     error,
@@ -58,6 +57,7 @@ from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
 from herdless.gateway.runtime import AUDIT_LOG, Runtime, header_map, request_id
+from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
 from herdless.gateway.wire import (
@@ -73,7 +73,6 @@ from herdless.gateway.wire import (
 
 __all__ = ["AdmittedProxy"]
 
-_CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 _HOSTED = (b"x-herdless-backend", b"hosted")
@@ -157,7 +156,7 @@ class AdmittedProxy:
         named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
         if not decides_itself(headers, deadline):  # a refusal of it is remembered
-            access.sent = (access.key_id, (exchange.scope.get("client") or (None,))[0]), raw
+            access.sent = _sender(exchange), raw
         again = access.sent is not None and rt.gate.comebacks.back(*access.sent)
         rt.metrics.comebacks += again
         kept = keeps(policy, headers, deadline, again=again)  # it waits out a full queue
@@ -186,7 +185,7 @@ class AdmittedProxy:
             if not isinstance(waited, Admit | Enqueued):  # gone, or it waits no longer
                 rt.gate.admission.forget(access.key_id, call)  # nobody comes back for it
             if waited is None:
-                return _CLIENT_CLOSED, "client_closed", None
+                return CLIENT_CLOSED, "client_closed", None
             decision = waited
         if isinstance(decision, Refuse):
             if spill is not None and spills(decision):
@@ -210,7 +209,7 @@ class AdmittedProxy:
         """Await ``work`` unless the client goes away first (then it is cancelled: vLLM
         or the hosted model frees the request at once)."""
         outcome = await unless_gone(receive, work)
-        return (_CLIENT_CLOSED, "client_closed") if outcome is None else outcome
+        return (CLIENT_CLOSED, "client_closed") if outcome is None else outcome
 
     def _spill(
         self, policy: KeyPolicy, deadline: float | None, klass: Priority | None
@@ -282,25 +281,18 @@ class AdmittedProxy:
         if early is not None and not (
             self._spill(policy, deadline, access.klass) and spills(early)
         ):
+            # A drain's or a load's 503 is remembered: its retry is known when the crowd
+            # comes back at once, to a full queue. A rate's refusal reads no body (cheap).
+            if early.status == 503 and not decides_itself(headers, deadline):
+                access.sent = _sender(exchange), await _body(exchange, rt.settings)
+                rt.metrics.comebacks += rt.gate.comebacks.back(*access.sent)  # still one
             await send_refusal(send, early)
             raise Answered(early.status, early.code)
+        raw = await _body(exchange, rt.settings)
         try:
-            async with asyncio.timeout(settings.body_timeout):
-                raw = await read_body(
-                    exchange.scope, exchange.receive, headers, settings.max_body_bytes
-                )
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
-        except TimeoutError:
-            # A stalled body would hold its connection and task forever; close it too.
-            message = f"the body did not arrive within {settings.body_timeout:g}s"
-            await error(send, 408, "body_timeout", message, headers=[(b"connection", b"close")])
-        except ClientGone:
-            raise Answered(_CLIENT_CLOSED, "client_closed") from None
-        except BodyTooLarge:
-            message = f"the body exceeds {settings.max_body_bytes} bytes"
-            await error(send, 413, "body_too_large", message)
         except BadRequest as exc:
             await error(send, 400, exc.code, str(exc), param=exc.param)
         return raw, request, deadline, early
@@ -395,3 +387,14 @@ async def _relay(
         pass
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return sniffer
+
+
+def _sender(exchange: _Exchange) -> Sender:
+    """Who sent the request, as a refusal of it is remembered: its key and address."""
+    assert exchange.access.key_id is not None
+    return exchange.access.key_id, (exchange.scope.get("client") or (None,))[0]
+
+
+async def _body(exchange: _Exchange, settings: GatewaySettings) -> bytes:
+    limit, timeout = settings.max_body_bytes, settings.body_timeout
+    return await read_body(exchange.receive, exchange.send, exchange.headers, limit, timeout)

@@ -10,7 +10,7 @@ import pytest
 from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, rendered, until
 
 from herdless.gateway.core.admission import Admission
-from herdless.gateway.core.decisions import Enqueued
+from herdless.gateway.core.decisions import Enqueued, Refuse
 from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import AdmissionConfig
 from herdless.gateway.reload import ConfigError, SettingsLayers, read_settings_file
@@ -88,6 +88,40 @@ def test_a_request_whose_hold_outlasts_the_load_waits_for_the_upstream() -> None
     clock.advance(7.5)
     adm.set_upstream(ready=True)
     assert adm.dispatch() == [held.ticket]
+
+
+def test_a_client_that_would_show_a_503_waits_out_a_load_no_one_knows_up_to_its_hold() -> None:
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(queue_timeout=30), clock=clock)
+    adm.set_upstream(ready=False, code="upstream_unavailable")  # no load measured yet
+    told = adm.offer("a", 10)
+    assert isinstance(told, Refuse)  # a client that retries is told at once
+    assert told.code == "upstream_unavailable"
+    waits = [adm.offer(key, 10, waits=True) for key in ("b", "c")]
+    assert all(isinstance(w, Enqueued) for w in waits)  # one that would not: it waits
+    assert isinstance(adm.offer("d", 10, waits=True, deadline=60.0), Refuse)  # it decides
+    clock.advance(5.0)
+    adm.set_upstream(ready=True)
+    assert adm.dispatch() == [w.ticket for w in waits if isinstance(w, Enqueued)]
+    adm.set_upstream(ready=False, code="upstream_unavailable")  # back in 5 s, as last time
+    clock.advance(10.0)  # past it: the time left is not known again
+    late = adm.offer("e", 10, waits=True)
+    assert isinstance(late, Enqueued)
+    clock.advance(30.0)
+    expired = adm.expire(late.ticket)  # its hold passed with the upstream still out
+    assert (expired.status, expired.code) == (503, "upstream_unavailable")
+
+
+def test_a_client_that_waits_is_still_told_at_once_when_the_load_outlasts_its_hold() -> None:
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(queue_timeout=30), clock=clock)
+    adm.set_upstream(ready=False)
+    clock.advance(120.0)
+    adm.set_upstream(ready=True)
+    adm.set_upstream(ready=False)  # expected back in 120 s: past its hold
+    refused = adm.offer("a", 10, waits=True)
+    assert isinstance(refused, Refuse)
+    assert refused.retry_after == pytest.approx(59.0)  # capped by --max-retry-after
 
 
 # -- the file ------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def keyed(gateway: GatewayFactory, tmp_path: Path) -> Callable[..., Started]:
     path.write_text(POLICIES)
 
     def start(**overrides: Any) -> Started:
-        return gateway(key_policies=path, max_concurrency=1, max_queue=1, **overrides)
+        return gateway(key_policies=path, **({"max_concurrency": 1, "max_queue": 1} | overrides))
 
     return start
 
@@ -195,6 +195,37 @@ async def test_a_drain_s_503_is_known_when_its_request_comes_back_to_a_full_queu
     assert [r.status_code for r in refused] == [429] * 2
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert "herdless_gateway_comebacks_total 2\n" in metrics  # in the drain, and after it
+
+
+async def test_an_upstream_out_for_a_time_no_one_knows_is_waited_out_by_who_would_show_a_503(
+    keyed: Callable[..., Started], fake_vllm: FakeVllm
+) -> None:
+    herdless = {"x-herdless-attempt": "1", "x-herdless-deadline-ms": "30000"}
+
+    async def post(headers: dict[str, str], seed: int = 1) -> httpx.Response:
+        return await client.post("/v1/chat/completions", json=chat_body(seed=seed), headers=headers)
+
+    async with keyed(max_queue=4) as (client, runtime):
+        runtime.gate.set_upstream(ready=False, code="upstream_unavailable")  # vLLM restarts
+        told = [await post(TOLD | VERCEL), await post(TOLD | VERCEL | herdless, seed=2)]
+        waiting = [
+            asyncio.create_task(post(headers))
+            for headers in (
+                WEBUI,  # its key says it never retries
+                APPS | NODE_FETCH,  # its client shows it
+                TOLD | VERCEL,  # the same request again: a retry
+            )
+        ]
+        await until(lambda: runtime.gate.admission.queue_depth == 3)
+        again = await post(TOLD | VERCEL | herdless, seed=2)  # a herdless client decides
+        assert not any(task.done() for task in waiting)
+        runtime.gate.set_upstream(ready=True)  # loaded
+        answers = await asyncio.gather(*waiting)
+    assert [(r.status_code, r.json()["error"]["code"]) for r in [*told, again]] == [
+        (503, "upstream_unavailable")
+    ] * 3
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert len(fake_vllm.received) == 3
 
 
 async def test_a_request_that_waited_out_its_hold_is_known_when_sent_again(

@@ -195,10 +195,11 @@ class Gate:
     # -- what the edge reads ---------------------------------------------------------------
 
     def precheck(
-        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None
-    ) -> Refuse | None:
+        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None,
+        waits: bool = False,
+    ) -> Refuse | None:  # fmt: skip
         """The refusals that need no body (see :meth:`Admission.precheck`)."""
-        return self.admission.precheck(key_id, deadline=deadline, ttl=ttl)
+        return self.admission.precheck(key_id, deadline=deadline, ttl=ttl, waits=waits)
 
     def unavailable(self, code: str, message: str | None = None) -> Refuse:
         """A 503 with a reservation (see :meth:`Admission.unavailable`)."""

@@ -136,7 +136,7 @@ class AdmittedProxy:
     async def _handle(self, exchange: _Exchange) -> tuple[int, str | None, Ticket | None]:
         """Serve one request; returns (status, refusal reason or None, ticket or None)."""
         try:
-            raw, request, deadline, early = await self._read(exchange)
+            raw, request, deadline, early, again = await self._read(exchange)
         except Answered as answered:
             return answered.status, answered.reason, None
         rt, headers, access = self._rt, exchange.headers, exchange.access
@@ -155,10 +155,6 @@ class AdmittedProxy:
         # change bodies sets, then the body's user field).
         named = named_user(headers, policy) or request.user
         user = access.user = None if named is None else rt.users(named)
-        if not decides_itself(headers, deadline):  # a refusal of it is remembered
-            access.sent = _sender(exchange), raw
-        again = access.sent is not None and rt.gate.comebacks.back(*access.sent)
-        rt.metrics.comebacks += again
         kept = keeps(policy, headers, deadline, again=again)  # it waits out a full queue
         ttl = ttl_header(headers)
         call = f"kept {next(_KEPT)}" if kept else call_id(headers, access.request_id)
@@ -173,6 +169,7 @@ class AdmittedProxy:
             prompt=request.prompt_tokens,
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,
+            waits=kept,  # and an upstream out for a time no one knows
         )
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):
@@ -251,18 +248,14 @@ class AdmittedProxy:
               request_id=rid)  # fmt: skip
         return ended.status, reason
 
-    async def _read(self, exchange: _Exchange) -> tuple[bytes, Priced, float | None, Refuse | None]:
+    async def _read(
+        self, exchange: _Exchange
+    ) -> tuple[bytes, Priced, float | None, Refuse | None, bool]:
         """Everything before admission: the key, the refusals that need no body (a flood
-        is refused before its bodies are read, unless it may spill), the class, the body
-        and its parse.
-
-        Returns:
-            The body, the parsed request, the caller's deadline and the refusal it spills
-            instead of (``None``: offer it).
-
-        Raises:
-            Answered: the request was answered here (an error or a refusal).
-        """
+        is refused before its bodies are read, unless it may spill), the class, the body,
+        whether it is a refused request come back, and its parse. Returns the body, the
+        parsed request, the caller's deadline, the refusal it spills instead of (``None``:
+        offer it) and whether it came back; raises :class:`Answered` where it answered."""
         rt, send, headers, access = self._rt, exchange.send, exchange.headers, exchange.access
         key_id = access.key_id = rt.identify(headers)
         if key_id is None:
@@ -277,25 +270,31 @@ class AdmittedProxy:
             access.klass = priority_header(headers, policy.priority or "interactive")
         except BadRequest as exc:
             await error(send, 400, exc.code, str(exc), param=exc.param)
-        early = rt.gate.precheck(key_id, deadline=deadline, ttl=ttl_header(headers))
-        if early is not None and not (
-            self._spill(policy, deadline, access.klass) and spills(early)
-        ):
-            # A drain's or a load's 503 is remembered: its retry is known when the crowd
-            # comes back at once, to a full queue. A rate's refusal reads no body (cheap).
-            if early.status == 503 and not decides_itself(headers, deadline):
-                access.sent = _sender(exchange), await _body(exchange, rt.settings)
-                rt.metrics.comebacks += rt.gate.comebacks.back(*access.sent)  # still one
+        ttl, own = ttl_header(headers), decides_itself(headers, deadline)
+        check = functools.partial(rt.gate.precheck, key_id, deadline=deadline, ttl=ttl)
+        early, spilled = check(waits=keeps(policy, headers, deadline)), None
+        if early is not None and self._spill(policy, deadline, access.klass) and spills(early):
+            early, spilled = None, early  # the refusal it spills instead of
+        # A 503 (draining, loading) reads the body: its retry is known by it, and waits.
+        if early is not None and (early.status != 503 or own):
+            await send_refusal(send, early)  # the key's rate reads no body: a flood is cheap
+            raise Answered(early.status, early.code)
+        raw = await _body(exchange, settings)
+        again = False
+        if not own:  # a refusal of it is remembered
+            access.sent = _sender(exchange), raw
+            again = rt.gate.comebacks.back(*access.sent)
+            rt.metrics.comebacks += again
+        if early is not None and not (again and check(waits=True) is None):
             await send_refusal(send, early)
             raise Answered(early.status, early.code)
-        raw = await _body(exchange, rt.settings)
         try:
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
         except BadRequest as exc:
             await error(send, 400, exc.code, str(exc), param=exc.param)
-        return raw, request, deadline, early
+        return raw, request, deadline, spilled, again
 
     async def _admitted(
         self,

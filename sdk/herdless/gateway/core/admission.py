@@ -12,8 +12,10 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
 1. draining -> 503 ``draining``, unless the request names no deadline and its key's hold
    outlasts the announced maintenance window: it waits for the resume; upstream not
-   ready -> 503 ``upstream_*``, unless its load time was measured and the request (no
-   deadline) holds longer than the time left of it: it waits for the upstream.
+   ready -> 503 ``upstream_*``, unless the request (no deadline) holds longer than the
+   time left of its load (measured), or, where that time is not known, its client
+   would show the 503 as an error (``waits``): it waits for the upstream, up to its hold
+   (then 503 ``upstream_*``, not a full queue's ``queue_timeout``).
 2. requests per second per key (:mod:`herdless.gateway.core.keys`) -> 429 ``rate_limited``.
    Rules 1-2 need no price: :meth:`Admission.precheck` applies them before the body.
 3. a price over the whole KV budget -> 400 ``request_too_large``.
@@ -63,6 +65,7 @@ class OfferOptions(TypedDict, total=False):
     ttl: float | None
     call: str | None
     kept: float
+    waits: bool
 
 
 class Admission:
@@ -310,12 +313,12 @@ class Admission:
         """Rule 1: may a request that waits until ``held_until`` wait out the drain?"""
         return patient and self._drain_until is not None and held_until >= self._drain_until
 
-    def _holds_through_load(self, deadline: float | None, held_until: float) -> bool:
-        """Rule 1: may a request wait out an upstream that is out (loading)? When its load
-        time was measured, the request names no deadline and its hold outlasts the time
-        left of it."""
+    def _holds_through_load(self, deadline: float | None, held_until: float, waits: bool) -> bool:
+        """Rule 1: may a request wait out an upstream that is out (loading)? When it names
+        no deadline, and its hold outlasts the time left of the load (measured), or no one
+        knows that time and its client ``waits``: waiting may answer it, a 503 would not."""
         back = self._back_at()
-        return deadline is None and back is not None and held_until >= back
+        return deadline is None and (waits if back is None else held_until >= back)
 
     def resume(self) -> None:
         """Admit again after :meth:`drain` (the caller then calls :meth:`dispatch`)."""
@@ -350,18 +353,19 @@ class Admission:
         deadline: float | None = None,
         ttl: float | None = None,
         kept: float = 0.0,
+        waits: bool = False,
     ) -> Refuse | None:
         """The refusals that do not depend on the request's price: draining, not
         ready, request rate. Lets the HTTP layer refuse a flood before parsing
         bodies; :meth:`offer` checks them again (nothing is taken here). ``ttl``: the
         request's queue TTL (``x-llm-d-inference-ttl``), a cap on its key's hold;
-        ``kept``: seconds of its hold it already waited (see :meth:`offer`)."""
+        ``kept``, ``waits``: see :meth:`offer`."""
         now = self._clock.monotonic()
         key = self._keys.get(key_id, now)
         held_until = now + key.limits.hold_for(ttl) - kept
         if self._draining and not self._holds_through(deadline is None, held_until):
             return self.unavailable("draining")
-        if not self._ready and not self._holds_through_load(deadline, held_until):
+        if not self._ready and not self._holds_through_load(deadline, held_until, waits):
             return self.unavailable(self._not_ready_code, deadline=deadline)
         if key.rate is not None and not key.rate.allows(now, 1):
             return self._reservations.bucket(key.rate, now, 1, "rate_limited")
@@ -379,6 +383,7 @@ class Admission:
         ttl: float | None = None,
         call: str | None = None,
         kept: float = 0.0,
+        waits: bool = False,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -397,10 +402,12 @@ class Admission:
             kept: seconds it already waited in the gateway for a place, outside the
                 queue (a request a full queue kept): spent of its hold, so that its
                 whole wait is its hold.
+            waits: its client would show a 503 as an error (it never retries, or this is
+                its retry): it waits out an upstream out for a time no one knows.
         """
         cfg = self.config
         now = self._clock.monotonic()
-        early = self.precheck(key_id, deadline=deadline, ttl=ttl, kept=kept)
+        early = self.precheck(key_id, deadline=deadline, ttl=ttl, kept=kept, waits=waits)
         if early is not None:
             return early
         if cfg.max_inflight_tokens is not None and price > cfg.max_inflight_tokens:
@@ -525,6 +532,8 @@ class Admission:
         if deadline_passed:
             waited = now - ticket.offered_at
             return unattainable(429, waited, waited, self.key_capacity)
+        if not self._ready:  # it waited for the upstream, not for a place
+            return self.unavailable(self._not_ready_code)
         flow = self._queue.flow(ticket.priority, ticket.key_id, ticket.user)
         message = None
         if ticket.ttl:

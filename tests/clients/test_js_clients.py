@@ -26,7 +26,7 @@ from herdless.bench.js_clients import (
     run_clients,
     run_clients_async,
 )
-from herdless.launch.servers import ServerProcess, emulator_process
+from herdless.launch.servers import ServerProcess, emulator_process, free_port, gateway_process
 
 pytestmark = [pytest.mark.clients, pytest.mark.server]
 
@@ -172,6 +172,40 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
         assert r.attempts >= 2, r  # the 429, then a retry at its hint
         assert set(r.statuses[:-1]) <= {429}, r.statuses
         assert r.statuses[-1] == 200
+
+
+async def test_a_restart_no_one_knows_the_length_of_costs_no_call(js_clients: Path) -> None:
+    # vLLM restarts: its port opens once its model is loaded (8 s), behind a gateway that
+    # never saw a load, so it cannot tell when. The four at once, 24 calls each, meanwhile.
+    port = free_port()
+    vllm = ServerProcess(
+        ["emulate", "--max-num-seqs", "8", "--model", MODEL, "--startup-delay", "8"],
+        port=port,
+        ready_timeout=60,
+    )
+    upstream = f"http://127.0.0.1:{port}"
+    with gateway_process(upstream=upstream, max_concurrency=8, max_queue=16) as gateway:
+        vllm.start(wait=False)
+        with vllm:
+            start_at = time.time() + 1.0
+            runs = await asyncio.gather(
+                *(
+                    run_clients_async(
+                        scenario(client, gateway.url, calls=24, concurrency=24, start_at=start_at),
+                        directory=js_clients,
+                    )
+                    for client in CLIENTS
+                )
+            )
+    by_client = dict(zip(CLIENTS, runs, strict=True))
+    # A 503 would be an error on a screen: the plain fetch waits for vLLM in the gateway.
+    assert failures(by_client["single"]) == []
+    assert all(r.attempts == 1 for r in by_client["single"])
+    # A retrying client is told at once (it may decide), and its retry waits for vLLM.
+    assert any(r.statuses[0] == 503 for client in RETRYING for r in by_client[client])
+    assert {client: failures(by_client[client]) for client in RETRYING} == {
+        client: [] for client in RETRYING
+    }
 
 
 @pytest.fixture(scope="module")

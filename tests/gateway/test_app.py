@@ -290,7 +290,9 @@ async def test_upstream_refusing_connections_is_a_fast_503(gateway: GatewayFacto
         ready = await client.get("/readyz")
         refused = await client.post("/v1/chat/completions", json=chat_body())
         runtime.gate.set_upstream(ready=True)  # as if it died after the last poll
-        cut = await client.post("/v1/chat/completions", json=chat_body())
+        # Another request: the same again would be a retry, and wait for the upstream
+        # where a poll (every 0.25 s while it is out) found it out again first.
+        cut = await client.post("/v1/chat/completions", json=chat_body(seed=1))
         models = await client.get("/v1/models")
         after = await client.get("/readyz")
     assert ready.status_code == 503

@@ -135,7 +135,8 @@ def keeps(
     which it says (:func:`~herdless.gateway.wire.returned`) or its body shows (``again``:
     :class:`~herdless.gateway.core.comebacks.Comebacks`): it has had its 429 at once;
     another costs it a round trip and one of its few retries. Never a herdless client's
-    (:func:`decides_itself`)."""
+    (:func:`decides_itself`). Such a request waits out an upstream out, too, where no one
+    knows for how long (``waits``: :meth:`~herdless.gateway.core.admission.Admission.offer`)."""
     if decides_itself(headers, deadline):
         return False
     if again or returned(headers) or policy.retries is False:

@@ -20,7 +20,8 @@ its key says so, or the client shows it), or a refused one come back (an OpenAI 
 retry says so; any other sends the same body again), waits out a full queue here instead
 (:func:`herdless.gateway.edge.keeps`): it comes back itself at the time the refusal
 names, to the place held for it, within its hold
-(:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused."""
+(:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused. It waits in
+the queue, too, for an upstream out for a time no one knows (rule 1 of admission)."""
 
 from __future__ import annotations
 

@@ -73,13 +73,19 @@ def test_the_retry_after_while_out_is_the_time_left_of_the_last_load() -> None:
     assert adm.offer("b", 10).retry_after >= 2.0  # type: ignore[union-attr]
 
 
-def test_a_request_whose_hold_outlasts_the_load_waits_for_the_upstream() -> None:
+def out_again(load: float) -> tuple[Admission, FakeClock]:
+    """An upstream out again, whose last load took ``load`` seconds; holds of 30 s."""
     clock = FakeClock()
     adm = Admission(AdmissionConfig(queue_timeout=30), clock=clock)
     adm.set_upstream(ready=False)
-    clock.advance(8.0)
+    clock.advance(load)
     adm.set_upstream(ready=True)
-    adm.set_upstream(ready=False)  # out again: expected back in 8 s
+    adm.set_upstream(ready=False)
+    return adm, clock
+
+
+def test_a_request_whose_hold_outlasts_the_load_waits_for_the_upstream() -> None:
+    adm, clock = out_again(8.0)  # expected back in 8 s
     held = adm.offer("a", 10)
     assert isinstance(held, Enqueued)  # held, not refused
     assert adm.dispatch() == []  # nothing starts on an upstream that is out
@@ -113,12 +119,7 @@ def test_a_client_that_would_show_a_503_waits_out_a_load_no_one_knows_up_to_its_
 
 
 def test_a_client_that_waits_is_still_told_at_once_when_the_load_outlasts_its_hold() -> None:
-    clock = FakeClock()
-    adm = Admission(AdmissionConfig(queue_timeout=30), clock=clock)
-    adm.set_upstream(ready=False)
-    clock.advance(120.0)
-    adm.set_upstream(ready=True)
-    adm.set_upstream(ready=False)  # expected back in 120 s: past its hold
+    adm, _ = out_again(120.0)  # expected back in 120 s: past its hold
     refused = adm.offer("a", 10, waits=True)
     assert isinstance(refused, Refuse)
     assert refused.retry_after == pytest.approx(59.0)  # capped by --max-retry-after

@@ -106,6 +106,22 @@ async def test_a_drained_gpu_spills_a_key_that_may_to_the_hosted_model(
     assert "secret" not in caplog.text
 
 
+async def test_an_upstream_out_for_a_time_no_one_knows_spills_at_once_what_may_spill(
+    spilling: Callable[..., Started], fake_vllm: FakeVllm, hosted: FakeVllm
+) -> None:
+    node = {"user-agent": "node"}  # a client that never retries: one that may not waits
+    async with spilling() as (client, runtime):
+        runtime.gate.set_upstream(ready=False, code="upstream_unavailable")  # no load known
+        first = await client.post("/v1/chat/completions", json=chat_body(), headers=SPILL | node)
+        again = await client.post("/v1/chat/completions", json=chat_body(), headers=SPILL | node)
+    for spilled in (first, again):  # an outage: the hosted model answers, at once
+        assert spilled.status_code == 200
+        assert spilled.headers["x-herdless-fallback-reason"] == "upstream_unavailable"
+    assert runtime.gate.admission.queue_depth == 0
+    assert len(hosted.received) == 2
+    assert fake_vllm.received == []
+
+
 async def test_a_key_that_may_not_spill_waits_out_the_window_and_is_served_after_it(
     spilling: Callable[..., Started], fake_vllm: FakeVllm, hosted: FakeVllm
 ) -> None:

@@ -170,7 +170,7 @@ class AdmittedProxy:
             prompt=request.prompt_tokens,
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,
-            waits=kept,  # and an upstream out for a time no one knows
+            waits=kept and spill is None,  # an upstream out for a time no one knows: it waits
         )
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):
@@ -273,19 +273,19 @@ class AdmittedProxy:
             await error(send, 400, exc.code, str(exc), param=exc.param)
         ttl, own = ttl_header(headers), decides_itself(headers, deadline)
         check = functools.partial(rt.gate.precheck, key_id, deadline=deadline, ttl=ttl)
-        early, spilled = check(waits=keeps(policy, headers, deadline)), None
-        if early is not None and self._spill(policy, deadline, access.klass) and spills(early):
+        stays = self._spill(policy, deadline, access.klass) is None  # else an outage spills it
+        early, spilled = check(waits=stays and keeps(policy, headers, deadline)), None
+        if early is not None and not stays and spills(early):
             early, spilled = None, early  # the refusal it spills instead of
         # A 503 (draining, loading) reads the body: its retry is known by it, and waits.
         if early is not None and (early.status != 503 or own):
             await send_refusal(send, early)  # the key's rate reads no body: a flood is cheap
             raise Answered(early.status, early.code)
         raw = await _body(exchange, settings)
-        again = False
         if not own:  # a refusal of it is remembered
             access.sent = _sender(exchange), raw
-            again = rt.gate.comebacks.back(*access.sent)
-            rt.metrics.comebacks += again
+        again = access.sent is not None and rt.gate.comebacks.back(*access.sent)
+        rt.metrics.comebacks += again
         if early is not None and not (again and check(waits=True) is None):
             await send_refusal(send, early)
             raise Answered(early.status, early.code)

@@ -150,7 +150,9 @@ def test_outage_gives_fast_503s_fallback_and_readiness_follows_vllm_loading(
             vllm_server.start(wait=False)
             # While vLLM loads the model, the gateway is not ready and refuses.
             assert _ready(gateway) == 503
-            loading = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat(8))
+            # Another request: the one refused above, sent again, is its retry, and waits
+            # for vLLM in the gateway (its load time is not known here), up to its hold.
+            loading = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat(7))
             assert loading.status_code == 503
             vllm_server.wait_ready()
             assert _wait_for(lambda: _ready(gateway) == 200, timeout=5.0)

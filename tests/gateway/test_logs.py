@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,6 +125,24 @@ async def test_start_logs_the_effective_config_with_secrets_as_set(
     text = rendered(caplog.records)
     for secret in [*SECRETS.values(), "sk-client-SECRET-1", "pass-SECRET"]:
         assert secret not in text
+
+
+async def test_the_config_line_shows_paths_and_urls_as_text_in_both_formats(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A path or a URL is not JSON: the text format's line failed with a logging error."""
+    policies = tmp_path / "keys.toml"
+    policies.write_text('[keys.a]\nkey = "sk-a-SECRET"\n')
+    caplog.set_level(logging.INFO, logger="herdless.gateway")
+    hosted = {"fallback_url": "https://me:pw-SECRET@api.example/v1", "fallback_model": "m"}
+    async with gateway(key_policies=str(policies), **hosted):
+        pass
+    (record,) = [r for r in caplog.records if r.getMessage() == "config"]
+    text, line = TextFormatter().format(record), json.loads(JsonFormatter().format(record))
+    assert f"key_policies={policies}" in text
+    assert "fallback_url=https://api.example/v1" in text
+    assert (line["key_policies"], line["fallback_url"]) == (str(policies), "https://api.example/v1")
+    assert "SECRET" not in text + json.dumps(line)
 
 
 async def test_unset_secrets_are_logged_as_unset(

@@ -29,10 +29,11 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import SecretStr
+from pydantic import AnyUrl, SecretStr
 
 if TYPE_CHECKING:
     from herdless.gateway.settings import GatewaySettings
@@ -138,15 +139,18 @@ def configure(level: str, log_format: LogFormat) -> logging.Handler:
 def effective_config(settings: GatewaySettings) -> dict[str, object]:
     """The settings as logged at start: secrets as ``set``/``unset``, never their value.
 
-    The upstream URL loses any user info (``user:password@``) it may carry.
+    A URL loses any user info (``user:password@``) it may carry; a URL or a path is
+    shown as its text.
     """
     shown: dict[str, object] = {}
     for name in type(settings).model_fields:
         value = getattr(settings, name)
         if isinstance(value, SecretStr) or name in _SECRETS:
             shown[name] = "unset" if value is None else "set"
-        elif name == "upstream":
+        elif isinstance(value, AnyUrl):
             shown[name] = _without_userinfo(str(value))
+        elif isinstance(value, PurePath):
+            shown[name] = str(value)
         else:
             shown[name] = value
     return shown

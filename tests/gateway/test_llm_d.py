@@ -91,6 +91,19 @@ def test_a_drains_two_headers_agree() -> None:
     assert DROPPED_REASONS["draining"] == "rejected-shutting-down"
 
 
+@pytest.mark.parametrize(
+    ("wait", "seconds", "ms"), [(0.0004, b"1", b"1"), (1.5, b"2", b"1500"), (2.0, b"2", b"2000")]
+)
+def test_both_hints_say_the_same_wait_and_neither_says_now(
+    wait: float, seconds: bytes, ms: bytes
+) -> None:
+    """A wait under half a millisecond (an upstream back after a 1 ms 'load', as a test
+    flips it) made ``retry-after-ms: 0`` beside ``Retry-After: 1``."""
+    refuse = Refuse(status=503, code="upstream_unavailable", message="no", retry_after=wait)
+    headers = dict(refusal_headers(refuse))
+    assert (headers[b"retry-after"], headers[b"retry-after-ms"]) == (seconds, ms)
+
+
 # -- the queue TTL in admission -------------------------------------------------------------
 
 

@@ -321,8 +321,9 @@ _DROPPED_HEADERS = {
 
 
 def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
-    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms``, ``x-should-retry:
-    false`` when coming back cannot help, and the rest.
+    """``Retry-After`` (whole seconds, rounded up), ``retry-after-ms`` (never 0: it agrees with
+    ``Retry-After`` that a refusal is not "now"), ``x-should-retry: false`` when coming back
+    cannot help, and the rest.
 
     A 400 (the request can never fit) carries none: coming back would not help.
     """
@@ -331,7 +332,7 @@ def refusal_headers(refuse: Refuse) -> list[tuple[bytes, bytes]]:
     seconds = str(math.ceil(refuse.retry_after)).encode()
     headers = [
         (b"retry-after", seconds),
-        (b"retry-after-ms", str(round(refuse.retry_after * 1000)).encode()),
+        (b"retry-after-ms", str(max(1, round(refuse.retry_after * 1000))).encode()),
     ]
     if refuse.drain:  # the drain's two headers agree, whatever the code
         headers += (_DRAIN_HEADER, _DROPPED_HEADERS["draining"])

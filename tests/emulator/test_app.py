@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.preflight import PREFLIGHT
 
 from herdless.emulator.app import create_app
 from herdless.emulator.settings import EmulatorSettings
@@ -367,3 +368,25 @@ async def test_both_metrics_faults_at_once_are_refused() -> None:
     assert r.status_code == 400
     assert "metrics_error_for and metrics_stall_for" in r.json()["error"]["message"]
     assert outage(state) is None
+
+
+async def test_cors_is_vllms_no_origin_by_default_else_those_named() -> None:
+    """As vLLM 0.32 answered it (tests/vllm/test_cors.py asks the real one the same)."""
+    body = {"model": MODEL, "messages": HI, "max_tokens": 2}
+    async with emulator() as (client, _):
+        refused = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    async with emulator(allowed_origins='["https://chat.example"]') as (client, _):
+        allowed = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+        served = await client.post("/v1/chat/completions", json=body, headers=PREFLIGHT)
+    assert (refused.status_code, refused.text) == (400, "Disallowed CORS origin")
+    assert "access-control-allow-origin" not in refused.headers
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "https://chat.example"
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    assert served.headers["access-control-allow-origin"] == "https://chat.example"
+
+
+@pytest.mark.parametrize("text", ["https://chat.example", '{"a": 1}', "[1]"])
+def test_allowed_origins_is_a_json_list_as_vllms_flag(text: str) -> None:
+    with pytest.raises(ValueError, match="JSON list of origins"):
+        EmulatorSettings(allowed_origins=text)

@@ -8,7 +8,8 @@ sleep mode ``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` (see
 :mod:`herdless.emulator.sleep`; ``GET /_emulator/sleep`` counts what reached it asleep);
 and the fault controls ``GET|POST|DELETE /_emulator/faults``, which no fault
 affects (``refuse_for`` and ``maintenance_for`` close the serving port: use the
-control port, ``--control-port``, to reach them meanwhile).
+control port, ``--control-port``, to reach them meanwhile). Web pages of the origins
+``--allowed-origins`` names may call it (CORS), as vLLM's flag of that name says.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -181,4 +183,9 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.emulator = state
     app.add_middleware(_FaultGate, state=state)
+    # as vLLM 0.32 (entrypoints/serve/middleware/register.py): every method and header, and
+    # the origins of --allowed-origins (none by default: a page's preflight is a 400)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=settings.origins(), allow_methods=["*"], allow_headers=["*"]
+    )
     return app

@@ -5,9 +5,10 @@ Precedence: command-line flag, then environment variable, then the default.
 
 from __future__ import annotations
 
+import json
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herdless._cli_settings import config_by_name
@@ -38,6 +39,11 @@ class EmulatorSettings(BaseSettings):
         "closes: the way to end refuse_for or maintenance_for early (0: any free port)",
     )
     model: str = Field(default="emulated-llama-3-8b", min_length=1, description="served model name")
+    allowed_origins: str = Field(
+        default="[]",
+        description="origins of the web pages that may call it (CORS), a JSON list as vLLM's "
+        'flag (["*"]: any); as vLLM, none by default',
+    )
     max_model_len: int = Field(
         default=8192, ge=2, description="context length: prompt plus max_tokens"
     )
@@ -140,6 +146,17 @@ class EmulatorSettings(BaseSettings):
         default="info", description="log level"
     )
 
+    @field_validator("allowed_origins")
+    @classmethod
+    def _json_list(cls, value: str) -> str:
+        try:
+            origins = json.loads(value)
+        except ValueError:
+            origins = None
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise ValueError("must be a JSON list of origins, as vLLM's: '[\"*\"]'")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.kv_cache_tokens < self.max_model_len:
@@ -167,6 +184,11 @@ class EmulatorSettings(BaseSettings):
         if self.answer_min_tokens > self.answer_max_tokens:
             raise ValueError("answer_min_tokens must be <= answer_max_tokens")
         return self
+
+    def origins(self) -> list[str]:
+        """``allowed_origins``, read as vLLM reads its flag (``json.loads``)."""
+        origins: list[str] = json.loads(self.allowed_origins)
+        return origins
 
     def engine_config(self) -> EngineConfig:
         """The engine's part of these settings (each of its fields by name, see

@@ -1,15 +1,15 @@
 """The gateway's Starlette application: routes only.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` and
-``POST /v1/embeddings`` (admitted, see :mod:`herdless.gateway.proxy` and
-:mod:`herdless.gateway.routes`), ``GET /v1/models`` (authenticated like chat, shared and cached, see
-:mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``,
-``GET /metrics``, ``POST /admin/drain``, ``POST /admin/resume`` and ``POST /admin/reload``
-(audited on ``herdless.gateway.audit``; the reload is :mod:`herdless.gateway.reload`).
-Any other path, a trailing slash included, is a JSON 404 (405 for a known path and
-another method): never a redirect, whose
-``Location`` would be built from the client's ``Host`` header. A 404 under ``/v1/``
-names the routes the gateway serves. What is logged is in :mod:`herdless.gateway.logs`.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/embeddings``
+(admitted, see :mod:`herdless.gateway.proxy` and :mod:`herdless.gateway.routes`),
+``GET /v1/models`` (authenticated like chat, shared and cached, see
+:mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
+``POST /admin/drain``, ``POST /admin/resume`` and ``POST /admin/reload`` (audited on
+``herdless.gateway.audit``; the reload is :mod:`herdless.gateway.reload`). Any other path,
+a trailing slash included, is a JSON 404 (405 for a known path and another method): never
+a redirect, whose ``Location`` would be built from the client's ``Host`` header. A 404
+under ``/v1/`` names the routes the gateway serves. Browser pages reach ``/v1/`` through
+:mod:`herdless.gateway.cors`. What is logged is in :mod:`herdless.gateway.logs`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.core.admission import Admission
+from herdless.gateway.cors import CrossOrigin, parse_origins
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, effective_config, event
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -93,8 +94,7 @@ def create_app(
         )
     reloader = Reloader(runtime, layers, settings)
     sleeper = None
-    if settings.upstream_sleep is not None:
-        idle = settings.upstream_sleep
+    if (idle := settings.upstream_sleep) is not None:
         sleeper = Sleeper(runtime.upstream, runtime.gate, idle=idle, now=clock.monotonic)
     routes = _Routes(
         runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock), reloader
@@ -107,6 +107,7 @@ def create_app(
     # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
     # redirect that a client following it would send its body (and key) through.
     app.router.redirect_slashes = False
+    app.add_middleware(CrossOrigin, origins=parse_origins(settings.allowed_origins))
     app.state.runtime = runtime
     app.state.watcher = watcher
     app.state.reloader = reloader
@@ -331,10 +332,9 @@ class _Routes:
 async def _poll_once(runtime: Runtime, slow_in_a_row: int = 0) -> int:
     """One health poll; returns how many polls in a row have now timed out.
 
-    A refusal or a non-200 is believed at once. A timeout is believed only
-    after ``_SLOW_POLLS`` in a row: under a flood the gateway's own loop can be
-    late to read a healthy answer, and one late poll must not turn every
-    request into a 503.
+    A refusal or a non-200 is believed at once. A timeout is believed only after
+    ``_SLOW_POLLS`` in a row: under a flood the gateway's own loop can be late to read a
+    healthy answer, and one late poll must not turn every request into a 503.
     """
     code = await runtime.upstream.health()
     if code == SLOW:

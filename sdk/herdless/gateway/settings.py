@@ -23,6 +23,7 @@ from herdless._cli_settings import config_by_name
 from herdless.gateway.connections import ConnectionLimits
 from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import STATIC_CONCURRENCY, AdmissionConfig
+from herdless.gateway.cors import parse_origins
 from herdless.gateway.policies import KeyPolicies, load_policies
 
 __all__ = [
@@ -123,6 +124,9 @@ class GatewaySettings(BaseSettings):
     idle timeout (httpx: 5)"""
     max_connections_per_peer: int = Field(default=1024, ge=0)
     """connections one client address may hold, at most half the process's file limit (0: no cap)"""
+    allowed_origins: str = ""
+    """origins of the web pages that may call /v1/ from a browser (CORS), comma-separated or a
+    JSON list as vLLM's flag ('*': any; unset: none, as vLLM)"""
     models_cache_ttl: float = Field(default=1.0, ge=0)
     """seconds GET /v1/models is answered from the last upstream answer (0: fetched every time;
     concurrent requests still share one fetch)"""
@@ -180,6 +184,12 @@ class GatewaySettings(BaseSettings):
         if value.lower() not in levels:
             raise ValueError(f"must be one of {sorted(levels)}")
         return value.lower()
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        parse_origins(value)
+        return value
 
     @field_validator("api_keys")
     @classmethod

@@ -5,6 +5,8 @@ tests/clients/test_browser.py runs the same with a real Chromium and openai-node
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from pydantic import ValidationError
@@ -121,6 +123,25 @@ async def test_by_default_no_page_may_call_as_with_vllm(gateway: GatewayFactory)
     assert "access-control-allow-origin" not in preflight.headers
     assert served.status_code == 200
     assert "access-control-allow-origin" not in served.headers
+
+
+async def test_a_reload_names_a_new_origin_without_a_restart(
+    gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text("allowed_origins = 'https://old.example'\n")
+    admin = {"authorization": "Bearer admin-secret"}
+    async with gateway(config=path, admin_token="admin-secret") as (client, _):
+        before = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+        path.write_text("allowed_origins = 'https://old.example, https://chat.example'\n")
+        reloaded = await client.post("/admin/reload", headers=admin)
+        after = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert before.status_code == 400
+    assert reloaded.json()["changed"] == {
+        "allowed_origins": "https://old.example, https://chat.example"
+    }
+    assert after.status_code == 200
+    assert after.headers["access-control-allow-origin"] == "https://chat.example"
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
 from herdless.gateway.core.admission import Admission
-from herdless.gateway.cors import CrossOrigin, parse_origins
+from herdless.gateway.cors import CrossOrigin
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, effective_config, event
 from herdless.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -107,7 +107,7 @@ def create_app(
     # Starlette answers "/healthz/" with a 307 to a URL built from the Host header: an open
     # redirect that a client following it would send its body (and key) through.
     app.router.redirect_slashes = False
-    app.add_middleware(CrossOrigin, origins=parse_origins(settings.allowed_origins))
+    app.add_middleware(CrossOrigin, origins=lambda: runtime.settings.allowed_origins)
     app.state.runtime = runtime
     app.state.watcher = watcher
     app.state.reloader = reloader

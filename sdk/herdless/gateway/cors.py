@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -71,18 +71,15 @@ def parse_origins(text: str) -> tuple[str, ...]:
 
 class CrossOrigin:
     """ASGI middleware: a browser's request under ``/v1/`` goes through Starlette's
-    ``CORSMiddleware`` for ``origins`` (none: every page's preflight is refused, a 400
-    ``Disallowed CORS origin`` as vLLM's); any other request goes straight to ``app``."""
+    ``CORSMiddleware`` for the origins ``origins()`` gives (the settings in force, so that a
+    reload changes them; none: every page's preflight is refused, a 400 ``Disallowed CORS
+    origin`` as vLLM's); any other request goes straight to ``app``."""
 
-    def __init__(self, app: ASGIApp, origins: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, origins: Callable[[], str]) -> None:
         self._app = app
-        self._cors = CORSMiddleware(
-            app,
-            allow_origins=origins,
-            allow_methods=("GET", "POST"),
-            allow_headers=("*",),  # what the page asks for: openai-node's x-stainless-*
-            expose_headers=EXPOSED,
-        )
+        self._origins = origins
+        self._text: str | None = None
+        self._cors: ASGIApp = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -90,6 +87,19 @@ class CrossOrigin:
             and scope["path"].startswith("/v1/")
             and any(name == b"origin" for name, _ in scope["headers"])
         ):
-            await self._cors(scope, receive, send)
+            await self._for(self._origins())(scope, receive, send)
         else:
             await self._app(scope, receive, send)
+
+    def _for(self, text: str) -> ASGIApp:
+        """The CORS middleware for ``text`` (validated by the settings), built once."""
+        if text != self._text:
+            self._cors = CORSMiddleware(
+                self._app,
+                allow_origins=parse_origins(text),
+                allow_methods=("GET", "POST"),
+                allow_headers=("*",),  # what the page asks for: openai-node's x-stainless-*
+                expose_headers=EXPOSED,
+            )
+            self._text = text
+        return self._cors

@@ -52,6 +52,7 @@ RELOADABLE = frozenset({
     "upstream_retry_after", "prompt_weight", "completion_weight", "interactive_reserve",
     "max_body_bytes", "body_timeout", "max_messages", "max_tokens_cap", "default_max_tokens",
     "health_interval", "access_log", "api_keys", "key_policies", "admin_token",
+    "allowed_origins",
 })  # fmt: skip
 """The settings a reload changes; the others take a restart (the listening port first)."""
 

@@ -42,13 +42,10 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = urllib.parse.urlsplit(self.path).path
-        if path == "/page.html":
-            file = PAGE
-        elif path.startswith("/openai/") and ".." not in path:
+        file = PAGE if path == "/page.html" else None
+        if path.startswith("/openai/") and ".." not in path:
             file = self.openai / path.removeprefix("/openai/")
-        else:
-            file = Path("/nonexistent")
-        if not file.is_file():
+        if file is None or not file.is_file():
             self.send_error(404)
             return
         body = file.read_bytes()
@@ -105,6 +102,7 @@ class PageServer:
                 browser,
                 "--headless=new",
                 "--no-sandbox",  # root in CI containers
+                "--disable-dev-shm-usage",  # a container's /dev/shm is small
                 "--disable-gpu",
                 "--no-first-run",
                 "--disable-background-networking",
@@ -112,16 +110,18 @@ class PageServer:
                 f"--user-data-dir={profile}",
                 url,
             ]
-            process = subprocess.Popen(
-                command,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            try:
-                if not handler.arrived.wait(timeout):
-                    raise TimeoutError(f"the page reported nothing in {timeout} s: {url}")
-            finally:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            log = Path(profile) / "chromium.log"
+            with log.open("wb") as stderr:
+                process = subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                )
+                try:
+                    if not handler.arrived.wait(timeout):
+                        said = log.read_text(errors="replace")[-2000:]
+                        raise TimeoutError(
+                            f"the page reported nothing in {timeout} s: {url}\n{said}"
+                        )
+                finally:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
         return handler.results[0]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+if TYPE_CHECKING:  # the settings read parse_origins where the server extra is not installed
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["EXPOSED", "CrossOrigin", "parse_origins"]
 
@@ -94,6 +95,8 @@ class CrossOrigin:
     def _for(self, text: str) -> ASGIApp:
         """The CORS middleware for ``text`` (validated by the settings), built once."""
         if text != self._text:
+            from starlette.middleware.cors import CORSMiddleware
+
             self._cors = CORSMiddleware(
                 self._app,
                 allow_origins=parse_origins(text),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from herdless.bench.clients import ClientsParams, _figures, _result
+from herdless.bench.clients_report import figures, table
 from herdless.bench.js_clients import CallResult
 
 
@@ -18,13 +18,13 @@ def call(index: int, *, ok: bool = True, attempts: int = 1, backend: str = "upst
 
 def test_the_figures_count_errors_attempts_and_the_spilled_calls_first_bytes() -> None:
     calls = [call(0), call(1, ok=False, attempts=3), call(2, backend="hosted", first=0.4)]
-    figures = _figures(calls, hosted_p50=0.3)
-    assert figures["calls"] == 3
-    assert figures["errors"] == 1
-    assert figures["attempts"] == 5 / 3
-    assert figures["hosted"] == 1
-    assert figures["spill_first_byte_p95_s"] == 0.4
-    assert math.isnan(_figures([call(0)])["spill_first_byte_p95_s"])
+    got = figures(calls, hosted_p50=0.3)
+    assert got["calls"] == 3
+    assert got["errors"] == 1
+    assert got["attempts"] == 5 / 3
+    assert got["hosted"] == 1
+    assert got["spill_first_byte_p95_s"] == 0.4
+    assert math.isnan(figures([call(0)])["spill_first_byte_p95_s"])
 
 
 def test_a_spill_slower_than_the_hosted_model_misses_its_target() -> None:
@@ -37,9 +37,30 @@ def test_a_spill_slower_than_the_hosted_model_misses_its_target() -> None:
         },
     ]
     hosted_p95 = dict.fromkeys(("openai", "vercel", "langchain", "single"), 1.0)
-    result = _result(ClientsParams(), rows, {}, hosted_p95)
+    result = table({}, rows, {}, hosted_p95)
     by_label = {t.label: t for t in result.targets}
     assert by_label["overload, spill: single attempt errors"].met
     first = by_label["overload, spill key, single attempt: spilled first byte p95 - hosted p50 (s)"]
     assert not first.met
     assert abs(first.value - 0.6) < 1e-9
+
+
+def test_the_default_queue_and_a_hold_are_measured_against_vllm_alone() -> None:
+    rows: list[dict[str, object]] = [
+        {"arm": "overload, vLLM alone: all", "errors": 0, "wall_s": 16.0},
+        {"arm": "overload, spill, queue 256: all", "errors": 2, "wall_s": 17.6},
+        {"arm": "window 20 s, vLLM alone: openai", "errors": 9},
+        {"arm": "window 20 s, vLLM alone: vercel", "errors": 7},
+        {"arm": "window 20 s, vLLM alone: langchain", "errors": 0},
+        *({"arm": f"window 20 s, hold 10 s: {c}", "errors": 0} for c in ("openai", "vercel")),
+        {"arm": "window 20 s, hold 10 s: langchain", "errors": 0},
+    ]
+    hosted_p95 = dict.fromkeys(("openai", "vercel", "langchain", "single"), 1.0)
+    by_label = {t.label: t for t in table({}, rows, {}, hosted_p95).targets}
+    slower = by_label["overload, queue 256: wall time of the case / vLLM alone's"]
+    assert abs(slower.value - 1.1) < 1e-9
+    assert not slower.met
+    errors = by_label["overload, queue 256: errors, all clients"]
+    assert (errors.value, errors.met, errors.note) == (2, False, "vLLM alone: 0")
+    window = by_label["window 20 s, hold 10 s: retrying clients' errors"]
+    assert (window.value, window.met, window.note) == (0, True, "vLLM alone: 16")

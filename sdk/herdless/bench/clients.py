@@ -7,7 +7,8 @@ backend does), at once, against ``herdless serve --max-concurrency 8 --max-queue
 on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8``:
 
 - ``overload``: 48 calls per client, 24 at once, ``max_tokens`` 32-64, the four clients
-  at once (96 in flight against 8 running + 16 waiting); on a gateway with no key policy
+  at once (96 in flight against 8 running + 16 waiting); straight at a GPU emulated alike
+  with no gateway (``vLLM alone``: it queues them all itself); on a gateway with no key policy
   (``flags``: each request as its client shows; Node's fetch shows it never retries),
   and on one where the single-attempt client's key holds 20 s and may spill (``spill``)
   or may not (``hold``), its key saying ``retries = true`` (a 429 at once, what every
@@ -18,9 +19,10 @@ on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8`
   attempts per request, calls that reached the hosted model, and the spilled calls'
   first byte against the hosted model's own p50 (the same client straight at it, in the
   same run);
-- ``window 20 s``: a maintenance window announced (``/admin/drain?expect=20``) and
-  resumed after 20 s, 10 calls per client spread over it; keys that may spill, then
-  keys that may not (hold 10 s: the retrying clients are told the window's end);
+- ``window 20 s``: a model swap of 20 s, 10 calls per client spread over it: on vLLM
+  alone (its port closed for the swap, nothing announced), then announced at the gateway
+  (``/admin/drain?expect=20``, resumed after 20 s) for keys that may spill, then keys
+  that may not (hold 10 s: the retrying clients are told the window's end);
 - ``window 90 s``: openai-node (2 retries) on a key that may not spill, hold 120 s;
 - ``sdk``: herdless's own client through the spilling gateway under the overload: the
   gateway spills none of its requests (they carry ``X-Herdless-Deadline-Ms``).
@@ -30,10 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import httpx
 
 from herdless._percentiles import percentile
+from herdless.bench.clients_report import figures, table
 from herdless.bench.js_clients import (
     CLIENTS,
     CallResult,
@@ -49,7 +51,7 @@ from herdless.bench.js_clients import (
     node_available,
     run_clients_async,
 )
-from herdless.bench.report import Column, ScenarioResult, Target, knobs
+from herdless.bench.report import ScenarioResult, knobs
 from herdless.bench.runner import Progress
 from herdless.launch.servers import ServerProcess, emulator_process, gateway_process
 
@@ -65,7 +67,6 @@ _KEYS = {  # key -> (fallback, hold, retries); the retrying clients' key, "apps"
     "long": (False, 120.0, True),
 }
 _MODEL = "company-llm"
-_RETRYING = ("openai", "vercel", "langchain")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +92,7 @@ class ClientsParams:
 @dataclass(slots=True)
 class _Stack:
     gpu: ServerProcess
+    alone: ServerProcess  # the same GPU with no gateway in front: the clients straight at vLLM
     hosted: ServerProcess
     flags: ServerProcess
     keyed: ServerProcess
@@ -111,6 +113,7 @@ def _stack(folder: Path) -> Iterator[_Stack]:
 
     with (
         emulator_process(max_num_seqs=8, model=_MODEL, access_log=False) as gpu,
+        emulator_process(max_num_seqs=8, model=_MODEL, access_log=False) as alone,
         emulator_process(speed=8, model="hosted-llm", access_log=False) as hosted,
         gateway_process(
             upstream=gpu.url, max_concurrency=8, max_queue=16, access_log=False
@@ -118,7 +121,7 @@ def _stack(folder: Path) -> Iterator[_Stack]:
         gateway_process(**_keyed(policies, gpu, hosted), max_queue=16) as keyed,
         gateway_process(**_keyed(policies, gpu, hosted)) as roomy,  # the default --max-queue
     ):
-        yield _Stack(gpu=gpu, hosted=hosted, flags=flags, keyed=keyed, roomy=roomy)
+        yield _Stack(gpu=gpu, alone=alone, hosted=hosted, flags=flags, keyed=keyed, roomy=roomy)
 
 
 def _keyed(policies: Path, gpu: ServerProcess, hosted: ServerProcess) -> dict[str, Any]:
@@ -146,39 +149,35 @@ async def _all(scenarios: Sequence[Scenario], directory: Path) -> list[list[Call
     )
 
 
-def _figures(results: Sequence[CallResult], hosted_p50: float = math.nan) -> dict[str, float]:
-    done = [r.total_s for r in results]
-    spilled = [r for r in results if r.headers.get("x-herdless-backend") == "hosted"]
-    first = [r.first_byte_s for r in spilled if r.first_byte_s is not None]
-    return {
-        "calls": len(results),
-        "errors": sum(not r.ok for r in results),
-        "p95_s": percentile(done, 95),
-        "attempts": sum(r.attempts for r in results) / len(results),
-        "hosted": len(spilled),
-        "spill_first_byte_p95_s": percentile(first, 95) if first else math.nan,
-        "hosted_p50_s": hosted_p50,
-    }
-
-
 async def _window(
-    stack: _Stack, directory: Path, key: str, clients: Sequence[str], window: float, calls: int
+    stack: _Stack,
+    directory: Path,
+    key: str | None,
+    clients: Sequence[str],
+    window: float,
+    calls: int,
 ) -> list[list[CallResult]]:
-    """Announce a window of ``window`` seconds, send ``calls`` per client spread over it,
-    resume at its end; returns each client's results."""
-    auth = {"authorization": f"Bearer {_ADMIN}"}
-    url = stack.keyed.url
+    """Swap the model for ``window`` seconds, sending ``calls`` per client spread over it;
+    returns each client's results. With a ``key``, the window is announced at the keyed
+    gateway (drained, then resumed at its end); with none, the same swap on vLLM alone
+    (no gateway: its port closes for the window, with no word to anyone)."""
+    url = stack.keyed.url if key else stack.alone.url
     spacing = 1000 * window / calls
     scenarios = [
         _scenario(c, url, f"{key}-key", calls=calls, concurrency=calls, start_spacing_ms=spacing)
         for c in clients
     ]
-    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=10) as admin:
-        (await admin.post(f"/admin/drain?expect={window:g}")).raise_for_status()
+    async with httpx.AsyncClient(base_url=url, timeout=10) as control:
+        if key is None:
+            swap = {"maintenance_for": window}  # it serves again when the window ends
+            (await control.post("/_emulator/faults", json=swap)).raise_for_status()
+            return await _all(scenarios, directory)
+        auth = {"authorization": f"Bearer {_ADMIN}"}
+        (await control.post(f"/admin/drain?expect={window:g}", headers=auth)).raise_for_status()
         started = time.monotonic()
         running = asyncio.ensure_future(_all(scenarios, directory))
         await asyncio.sleep(max(0.0, window - (time.monotonic() - started)))
-        (await admin.post("/admin/resume")).raise_for_status()
+        (await control.post("/admin/resume", headers=auth)).raise_for_status()
         return await running
 
 
@@ -253,6 +252,7 @@ async def _measure(
     # The four at once (96 in flight against 8 running + 16 waiting); the retrying clients
     # on a key of the flags ("apps"), the single-attempt one on the case's key.
     cases = [
+        ("overload, vLLM alone", stack.alone.url, "any-key"),
         ("overload, flags", stack.flags.url, "any-key"),
         ("overload, spill", stack.keyed.url, "spill-key"),
         ("overload, hold", stack.keyed.url, "hold-key"),
@@ -262,135 +262,38 @@ async def _measure(
     ]
     for case, url, key in cases:
         keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in CLIENTS}
+        started = time.monotonic()
         results = await _all([_scenario(c, url, keys[c]) for c in CLIENTS], directory)
+        wall = time.monotonic() - started
         for client, result in zip(CLIENTS, results, strict=True):
-            figures = _figures(result, hosted_p50[client])
-            rows.append({"arm": f"{case}: {client}", **figures})
-            runs[f"{case}: {client}"] = [figures]
+            row = figures(result, hosted_p50[client])
+            rows.append({"arm": f"{case}: {client}", **row})
+            runs[f"{case}: {client}"] = [row]
+        # The GPU's whole work: the same in every case, so its wall time is the throughput.
+        everyone = figures([r for result in results for r in result]) | {"wall_s": wall}
+        rows.append({"arm": f"{case}: all", **everyone})
+        runs[f"{case}: all"] = [everyone]
         progress(case)
-    for case, key in (("window 20 s, spill", "spill"), ("window 20 s, hold 10 s", "hold10")):
-        results = await _window(stack, directory, key, CLIENTS, params.window, params.window_calls)
+    windows: tuple[tuple[str, str | None], ...] = (
+        ("window 20 s, vLLM alone", None),
+        ("window 20 s, spill", "spill"),
+        ("window 20 s, hold 10 s", "hold10"),
+    )
+    for case, window_key in windows:
+        results = await _window(
+            stack, directory, window_key, CLIENTS, params.window, params.window_calls
+        )
         for client, result in zip(CLIENTS, results, strict=True):
-            figures = _figures(result, hosted_p50[client]) | {"hosted_p95_s": hosted_p95[client]}
-            rows.append({"arm": f"{case}: {client}", **figures})
-            runs[f"{case}: {client}"] = [figures]
+            row = figures(result, hosted_p50[client]) | {"hosted_p95_s": hosted_p95[client]}
+            rows.append({"arm": f"{case}: {client}", **row})
+            runs[f"{case}: {client}"] = [row]
         progress(case)
     [long] = await _window(
         stack, directory, "long", ["openai"], params.long_window, params.window_calls
     )
-    rows.append({"arm": "window 90 s, hold 120 s: openai", **_figures(long)})
+    rows.append({"arm": "window 90 s, hold 120 s: openai", **figures(long)})
     progress("window 90 s")
     sdk = await _sdk(stack)
     rows.append({"arm": "overload, spill key: herdless SDK", **sdk})
     progress("sdk")
-    return [_result(params, rows, runs, hosted_p95)]
-
-
-def _result(
-    params: ClientsParams,
-    rows: list[dict[str, object]],
-    runs: dict[str, list[dict[str, float]]],
-    hosted_p95: Mapping[str, float],
-) -> ScenarioResult:
-    by = {str(row["arm"]): row for row in rows}
-
-    def value(arm: str, key: str) -> float:
-        return float(by.get(arm, {}).get(key, math.nan))  # type: ignore[arg-type]
-
-    targets = [
-        *(  # flags: no key policy, the client shows it never retries
-            Target(
-                label=f"overload, {arm}: single attempt errors",
-                value=value(f"overload, {arm}: single", "errors"),
-                limit=0,
-            )
-            for arm in ("flags", "spill", "hold, retries = false", "spill, retries = false")
-        ),
-        Target(
-            label="overload, spill key, single attempt: spilled first byte p95 - hosted p50 (s)",
-            value=value("overload, spill: single", "spill_first_byte_p95_s")
-            - value("overload, spill: single", "hosted_p50_s"),
-            limit=0.1,
-        ),
-        Target(
-            label="overload, hold key: calls to the hosted model",
-            value=sum(value(f"overload, hold: {c}", "hosted") for c in CLIENTS),
-            limit=0,
-        ),
-        Target(
-            label="window 20 s, spill key: errors (all clients)",
-            value=sum(value(f"window 20 s, spill: {c}", "errors") for c in CLIENTS),
-            limit=0,
-        ),
-        Target(
-            label="window 20 s, spill key: worst p95 - hosted p95 (s)",
-            value=max(value(f"window 20 s, spill: {c}", "p95_s") - hosted_p95[c] for c in CLIENTS),
-            limit=0.2,
-        ),
-        Target(
-            label="window 20 s, hold 10 s: retrying clients' worst p95 (s)",
-            value=max(
-                value(f"window 20 s, hold 10 s: {c}", "p95_s") for c in CLIENTS if c != "single"
-            ),
-            limit=22.0,
-        ),
-        Target(
-            label="window 90 s, hold 120 s, openai-node: errors",
-            value=value("window 90 s, hold 120 s: openai", "errors"),
-            limit=0,
-        ),
-        Target(
-            label="overload, queue 256, retrying clients: worst attempts per request",
-            value=max(value(f"overload, spill, queue 256: {c}", "attempts") for c in _RETRYING),
-            limit=1.1,
-        ),
-        Target(
-            label="overload, queue 256, retrying clients: worst p95 / flags' p95",
-            value=max(
-                value(f"overload, spill, queue 256: {c}", "p95_s")
-                / value(f"overload, flags: {c}", "p95_s")
-                for c in _RETRYING
-            ),
-            limit=1.0,
-        ),
-        Target(
-            label="overload, queue 16, retrying clients: worst attempts per request",
-            value=max(value(f"overload, spill: {c}", "attempts") for c in _RETRYING),
-            limit=1.1,
-            note="held requests count against --max-queue: 96 in flight against 8 + 16",
-        ),
-        Target(
-            label="herdless SDK through the spilling key: requests the gateway spilled",
-            value=value("overload, spill key: herdless SDK", "gateway_spills"),
-            limit=0,
-        ),
-    ]
-    return ScenarioResult(
-        name="clients",
-        title="clients that do not embed herdless: key policies, holds, the hosted fallback",
-        params=knobs(params, leave_out={"window_calls", "cache"}),
-        columns=[
-            Column(key="calls", label="calls", fmt="{:.0f}"),
-            Column(key="errors", label="errors", fmt="{:.0f}"),
-            Column(key="p95_s", label="p95 (s)"),
-            Column(key="attempts", label="attempts/call"),
-            Column(key="hosted", label="to the hosted model", fmt="{:.0f}"),
-            Column(key="spill_first_byte_p95_s", label="spilled first byte p95 (s)"),
-            Column(key="hosted_p50_s", label="hosted alone p50 (s)"),
-            Column(key="gateway_spills", label="gateway spills", fmt="{:.0f}"),
-        ],
-        rows=rows,
-        runs=runs,
-        targets=targets,
-        notes=[
-            "One run; every client at once in each case (96 calls in flight against 8 running "
-            "+ 16 waiting in the overload). flags: the gateway with no key policy (each "
-            "request as its client shows); spill / hold: the single-attempt client's key "
-            "holds 20 s and may / may not spill, and says retries = true (a 429 at once), "
-            "the retrying clients' key takes the flags; retries = false: the single-attempt "
-            "client's key says its clients never retry (a full queue keeps its requests "
-            "waiting for their place); queue 256: spill with the default --max-queue.",
-            "single: one plain POST per call with Node's fetch, never retried (what Open "
-            "WebUI's backend does); its user agent shows it never retries.",
-        ],
-    )
+    return [table(knobs(params, leave_out={"window_calls", "cache"}), rows, runs, hosted_p95)]

@@ -403,6 +403,44 @@ def test_a_light_users_retry_after_does_not_queue_behind_a_heavy_users(
     assert light.retry_after == pytest.approx(2.0)
 
 
+def test_a_users_callers_are_told_no_later_than_one_line_for_all_would_tell_them(
+    clock: FakeClock,
+) -> None:
+    # Two users wait, and only the heavy one is refused. Every place the queue frees
+    # (whoever's waiter starts) is one of its callers': told its share of the rate
+    # instead (2, 4, 6 ... s), they would leave every other place empty, and the queue
+    # would run dry while they waited outside.
+    adm = make(clock, max_concurrency=2, max_queue=4, initial_service_time=2.0)
+    started(adm, "u-heavy")
+    started(adm, "u-heavy")
+    for _ in range(3):
+        queued(adm, "u-heavy")
+    queued(adm, "u-light")
+    heavy = [offer(adm, "u-heavy") for _ in range(5)]
+    assert [r.retry_after for r in heavy if isinstance(r, Refuse)] == pytest.approx([1, 2, 3, 4, 5])
+    light = offer(adm, "u-light")
+    assert isinstance(light, Refuse)
+    assert light.retry_after == pytest.approx(2.0)  # its share of the places: before the line
+
+
+@given(users=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=30))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_the_kth_caller_refused_at_once_is_told_at_most_k_slots(
+    clock: FakeClock, users: list[str]
+) -> None:
+    adm = make(clock, max_concurrency=2, max_queue=3, initial_service_time=2.0)
+    started(adm, "a")
+    started(adm, "b")
+    for user in ("a", "b", "c"):
+        queued(adm, user)
+    for k, user in enumerate(users, start=1):
+        refused = offer(adm, user)
+        assert isinstance(refused, Refuse)
+        assert refused.retry_after <= k * 1.0 + 1e-9  # a slot frees every 1 s
+
+
 def test_the_deadline_check_uses_the_users_place(clock: FakeClock) -> None:
     adm = make(clock, max_concurrency=1, max_queue=10, initial_service_time=1.0)
     started(adm, "u-heavy")

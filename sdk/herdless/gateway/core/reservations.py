@@ -13,7 +13,7 @@ refused caller the next free slot after it:
   horizon::
 
       retry_at = min(max(now, horizon_user, floor, first) + gap / share,
-                     max(now, horizon_line, floor, first) + gap)
+                     max(now, horizon_line, floor, first) + gap / user_share)
 
   where ``first`` is when the first running request ends, predicted by the engine,
   while the answers per second are not measured yet or have stalled (``-inf``
@@ -23,11 +23,14 @@ refused caller the next free slot after it:
   alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as before
   fairness had users. A light user refused while a heavy one floods is told
   a time near its turn, not after the heavy user's callers. ``horizon_line`` is the
-  latest time told to anyone: no caller is told a later time than one line for all
-  would tell it. The share counts the users that wait *now*, and they wait for a
-  while only: told ``gap / share`` apart for as long as it is refused, a user's
-  callers would come back at its share of the rate long after the others' last
-  waiter had started, while the queue ran dry and the GPU idled;
+  latest time told to anyone, and ``user_share`` the share among the users of its key
+  alone: no key's callers are told later times than one line for all keys would tell
+  them. The share counts the keys that wait *now*, and they wait for a while only:
+  told ``gap / share`` apart for as long as it was refused, a key's callers came back
+  at its share of the rate long after the other keys' last waiter had started, while
+  the queue ran dry and the GPU idled. Within a key nothing else keeps a place in the
+  queue for its light users, so there the share stays; between keys, each key's share
+  of the queue (``key_queue_share``) does;
 * token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;
@@ -102,6 +105,7 @@ class Reservations:
         *,
         gap: float,
         share: float,
+        user_share: float = 1.0,
         horizon: float,
         queued: int,
         deadline: float | None = None,
@@ -111,7 +115,9 @@ class Reservations:
     ) -> Refuse:
         """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
         between two slots freeing; ``share``: the user's share of them (0 < share <= 1);
-        ``not_before``: no slot frees before then (an announced maintenance window's end);
+        ``user_share``: its share among the users of its key alone (``share`` <=
+        ``user_share`` <= 1); ``not_before``: no slot frees before then (an announced
+        maintenance window's end);
         ``first``: the first slot frees then (the first running request's predicted end).
 
         The caller moves the user's horizon to ``now + retry_after``, unless the answer
@@ -120,7 +126,7 @@ class Reservations:
         start = max(now, self.floor, _NEVER if not_before is None else not_before)
         first = _NEVER if first is None else first
         own = max(start, horizon, first) + gap / share  # its share of the slots that free
-        line = max(start, self._line, first) + gap  # behind every caller told a time
+        line = max(start, self._line, first) + gap / user_share  # one line for all keys
         wait = min(min(own, line) - now, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)

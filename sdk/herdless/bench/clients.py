@@ -92,7 +92,7 @@ class ClientsParams:
 @dataclass(slots=True)
 class _Stack:
     gpu: ServerProcess
-    alone: ServerProcess  # the same GPU with no gateway in front: the clients straight at vLLM
+    alone: ServerProcess  # a GPU emulated alike, no gateway in front: the clients at vLLM
     hosted: ServerProcess
     flags: ServerProcess
     keyed: ServerProcess
@@ -269,7 +269,8 @@ async def _measure(
             row = figures(result, hosted_p50[client])
             rows.append({"arm": f"{case}: {client}", **row})
             runs[f"{case}: {client}"] = [row]
-        # The GPU's whole work: the same in every case, so its wall time is the throughput.
+        # Every call of the case: where the GPU answered them all (the same work in each
+        # case), the wall time says what the GPU got through.
         everyone = figures([r for result in results for r in result]) | {"wall_s": wall}
         rows.append({"arm": f"{case}: all", **everyone})
         runs[f"{case}: all"] = [everyone]

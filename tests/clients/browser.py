@@ -68,13 +68,15 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
 
 class PageServer:
-    """The page and openai-node's files, served on a free port of 127.0.0.1 (its origin)."""
+    """The page and openai-node's files, served on a free port of 127.0.0.1 (its origin).
+    One page runs at a time: what it POSTs is read by the :meth:`run` that opened it."""
 
     def __init__(self, js_clients: Path) -> None:
         attributes = {"openai": js_clients / "node_modules" / "openai", "results": []}
         self._handler = type("Page", (_Page,), attributes)
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler)
         self.origin = f"http://127.0.0.1:{self._server.server_port}"
+        self._one_at_a_time = threading.Lock()
 
     @contextmanager
     def serving(self) -> Iterator[PageServer]:
@@ -93,6 +95,10 @@ class PageServer:
         Raises:
             TimeoutError: the page reported nothing within ``timeout`` seconds.
         """
+        with self._one_at_a_time:
+            return self._run(browser, timeout, query)
+
+    def _run(self, browser: str, timeout: float, query: dict[str, str]) -> dict[str, Any]:
         handler = self._handler
         handler.arrived = threading.Event()
         handler.results.clear()

@@ -403,30 +403,13 @@ def test_a_light_users_retry_after_does_not_queue_behind_a_heavy_users(
     assert light.retry_after == pytest.approx(2.0)
 
 
-def test_a_keys_callers_are_told_no_later_than_one_line_for_all_keys_would_tell_them(
+def test_a_heavy_users_callers_keep_to_its_share_while_a_light_user_waits(
     clock: FakeClock,
 ) -> None:
-    # Two keys wait, and only the heavy one is refused. The light key has one waiter:
-    # once it starts, every place that frees is the heavy key's. Told its share of the
-    # rate while it is refused (2, 4, 6 ... s), its callers would come back at half the
-    # rate long after that, the queue would run dry and the GPU idle.
-    adm = make(clock, max_concurrency=2, max_queue=4, initial_service_time=2.0)
-    started(adm, "u-heavy", key="key-heavy")
-    started(adm, "u-heavy", key="key-heavy")
-    for _ in range(3):
-        queued(adm, "u-heavy", key="key-heavy")
-    queued(adm, "u-light", key="key-light")
-    heavy = [offer(adm, "u-heavy", key="key-heavy") for _ in range(5)]
-    assert [r.retry_after for r in heavy if isinstance(r, Refuse)] == pytest.approx([1, 2, 3, 4, 5])
-    light = offer(adm, "u-light", key="key-light")
-    assert isinstance(light, Refuse)
-    assert light.retry_after == pytest.approx(2.0)  # its share of the places: before the line
-
-
-def test_within_a_key_a_heavy_users_callers_keep_to_its_share(clock: FakeClock) -> None:
-    # Nothing else keeps a place in the queue for a key's light users (between keys,
-    # each key's share of the queue does): the heavy user's callers come back at its
-    # share of the places, leaving the others room for their next requests.
+    # The heavy user's callers come back at its share of the places, leaving the light
+    # user room for its next requests. Bounded instead by one line for all (1, 2, 3 s),
+    # they filled the queue the light users arrive to (docs/benchmarks.md, "A refused
+    # caller told too late a time").
     adm = make(clock, max_concurrency=2, max_queue=4, initial_service_time=2.0)
     started(adm, "u-heavy")
     started(adm, "u-heavy")
@@ -435,24 +418,6 @@ def test_within_a_key_a_heavy_users_callers_keep_to_its_share(clock: FakeClock) 
     queued(adm, "u-light")
     heavy = [offer(adm, "u-heavy") for _ in range(3)]
     assert [r.retry_after for r in heavy if isinstance(r, Refuse)] == pytest.approx([2, 4, 6])
-
-
-@given(keys=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=30))
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-def test_the_kth_caller_of_a_key_refused_at_once_is_told_at_most_k_slots(
-    clock: FakeClock, keys: list[str]
-) -> None:
-    adm = make(clock, max_concurrency=2, max_queue=3, initial_service_time=2.0)
-    started(adm, "u", key="a")
-    started(adm, "u", key="b")
-    for key in ("a", "b", "c"):
-        queued(adm, "u", key=key)
-    for k, key in enumerate(keys, start=1):
-        refused = offer(adm, "u", key=key)
-        assert isinstance(refused, Refuse)
-        assert refused.retry_after <= k * 1.0 + 1e-9  # a slot frees every 1 s
 
 
 def test_the_deadline_check_uses_the_users_place(clock: FakeClock) -> None:

@@ -635,7 +635,6 @@ class Admission:
             gap=gap,
             first=first,
             share=self._queue.share(flow),
-            user_share=self._queue.user_share(flow),
             horizon=flow.horizon,
             queued=self._queued,
             deadline=deadline,

@@ -351,14 +351,8 @@ class FairQueue:
         cls = self._classes[flow.priority]
         key = flow.owner
         keys = len(cls.waiting) + (key.id not in cls.waiting)
-        return self.user_share(flow) / keys
-
-    def user_share(self, flow: Flow) -> float:
-        """``flow``'s share of the slots that free for its key: one over the users of its
-        key waiting, itself counted; 1 under ``fcfs``."""
-        if self._config.scheduler == "fcfs":
-            return 1.0
-        return 1.0 / (len(flow.owner.waiting) + (not flow.waiting))
+        users = len(key.waiting) + (not flow.waiting)
+        return 1.0 / (keys * users)
 
     def place(self, flow: Flow) -> int:
         """About how many waiters start before a new request of ``flow``, plus one: its

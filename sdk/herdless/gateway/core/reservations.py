@@ -12,8 +12,7 @@ refused caller the next free slot after it:
   :meth:`herdless.gateway.core.fairqueue.FairQueue.share`), so each user keeps its own
   horizon::
 
-      retry_at = min(max(now, horizon_user, floor, first) + gap / share,
-                     max(now, horizon_line, floor, first) + gap / user_share)
+      retry_at = max(now, horizon_user, floor, first) + gap / share
 
   where ``first`` is when the first running request ends, predicted by the engine,
   while the answers per second are not measured yet or have stalled (``-inf``
@@ -22,15 +21,7 @@ refused caller the next free slot after it:
   callers would come back a moment before it, to a queue still full). A user
   alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as before
   fairness had users. A light user refused while a heavy one floods is told
-  a time near its turn, not after the heavy user's callers. ``horizon_line`` is the
-  latest time told to anyone, and ``user_share`` the share among the users of its key
-  alone: no key's callers are told later times than one line for all keys would tell
-  them. The share counts the keys that wait *now*, and they wait for a while only:
-  told ``gap / share`` apart for as long as it was refused, a key's callers came back
-  at its share of the rate long after the other keys' last waiter had started, while
-  the queue ran dry and the GPU idled. Within a key nothing else keeps a place in the
-  queue for its light users, so there the share stays; between keys, each key's share
-  of the queue (``key_queue_share``) does;
+  a time near its turn, not after the heavy user's callers;
 * token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;
@@ -77,14 +68,13 @@ class Reservations:
         config: the gateway's limits (caps, delays, the queue's size).
     """
 
-    __slots__ = ("_config", "_line", "_messages", "_outage_horizon", "capacity", "floor")
+    __slots__ = ("_config", "_messages", "_outage_horizon", "capacity", "floor")
 
     def __init__(self, config: AdmissionConfig) -> None:
         self._config = config
         self.capacity = config.key_capacity(config.static_concurrency)
         """``X-Herdless-Capacity`` of the refusals: set by admission as its limit moves."""
         self._outage_horizon = _NEVER
-        self._line = _NEVER  # the latest time a queue refusal told anyone
         self.floor = _NEVER
         """The earliest time a queue refusal may name: promises of the last outage."""
         # The refusal path runs once per refused request of a flood: its constant
@@ -105,7 +95,6 @@ class Reservations:
         *,
         gap: float,
         share: float,
-        user_share: float = 1.0,
         horizon: float,
         queued: int,
         deadline: float | None = None,
@@ -115,22 +104,17 @@ class Reservations:
     ) -> Refuse:
         """A queue refusal for a user whose horizon is ``horizon``; ``gap``: seconds
         between two slots freeing; ``share``: the user's share of them (0 < share <= 1);
-        ``user_share``: its share among the users of its key alone (``share`` <=
-        ``user_share`` <= 1); ``not_before``: no slot frees before then (an announced
-        maintenance window's end);
+        ``not_before``: no slot frees before then (an announced maintenance window's end);
         ``first``: the first slot frees then (the first running request's predicted end).
 
         The caller moves the user's horizon to ``now + retry_after``, unless the answer
         is ``deadline_unattainable`` (no reservation: it will not come back for this)."""
         cfg = self._config
-        start = max(now, self.floor, _NEVER if not_before is None else not_before)
-        first = _NEVER if first is None else first
-        own = max(start, horizon, first) + gap / share  # its share of the slots that free
-        line = max(start, self._line, first) + gap / user_share  # one line for all keys
-        wait = min(min(own, line) - now, cfg.max_retry_after)
+        start = max(now, horizon, self.floor, _NEVER if not_before is None else not_before)
+        promise = max(start, _NEVER if first is None else first) + gap / share - now
+        wait = min(promise, cfg.max_retry_after)
         if deadline is not None and wait > deadline:
             return unattainable(429, wait, deadline, self.capacity)
-        self._line = max(self._line, now + wait)
         retry = not_before is None or not_before - now <= cfg.max_retry_after
         return Refuse(
             status=429,

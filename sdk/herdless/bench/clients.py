@@ -161,10 +161,10 @@ async def _window(
     returns each client's results. With a ``key``, the window is announced at the keyed
     gateway (drained, then resumed at its end); with none, the same swap on vLLM alone
     (no gateway: its port closes for the window, with no word to anyone)."""
-    url = stack.keyed.url if key else stack.alone.url
+    url, api_key = (stack.keyed.url, f"{key}-key") if key else (stack.alone.url, "any-key")
     spacing = 1000 * window / calls
     scenarios = [
-        _scenario(c, url, f"{key}-key", calls=calls, concurrency=calls, start_spacing_ms=spacing)
+        _scenario(c, url, api_key, calls=calls, concurrency=calls, start_spacing_ms=spacing)
         for c in clients
     ]
     async with httpx.AsyncClient(base_url=url, timeout=10) as control:

@@ -13,12 +13,14 @@ burst held by a gateway whose queue takes all of it, as in ``test_flow_control``
 
 Each also reports the estimator's error as ``stats().wait_error`` measured it (issue 24's
 target: median <= 20 %, p90 <= 50 %; ``docs/benchmarks.md`` has the runs), and asserts
-only a guard well above it (median <= 100 %) against the failure it had: a batch read
-as one answer (or two) per batch time, every wait four (two) times too long, 300-400 %.
-Every waiter's first prediction is made at the same moment of the burst, so one run's
-error is one estimate's, made from the burst's first round, and this shared CPU runs
-that round up to 1.3 times slower than the rest now and then (recorded: 39-53 %, the
-estimate's rule not at fault).
+only a guard well above it against the failure it had: a batch read as one answer (or
+two) per batch time, every wait four (two) times too long, 300-400 %. Every waiter's
+first prediction is made at the same moment of the burst, from the burst's first round
+(its pace is that round's time), so one run's error is one estimate's, and a first
+round ``slow`` times longer than the later ones makes it about ``slow - 1`` with the rule
+right (this shared CPU: 1.3 times now and then, 39-53 %; a CI run read 240 %). So the
+guard is ``median <= max(100 %, slow)``, ``slow`` measured in the same burst from when
+the answers came; a batch read as one answer reads ``4 x slow - 1``.
 """
 
 from __future__ import annotations
@@ -54,17 +56,32 @@ async def _unrefused(url: str, calls: int) -> float:
 
 async def _through(
     gateway: str, calls: int, deadline: float, fallback: herdless.Backend | None
-) -> tuple[list[herdless.ChatResult | BaseException], herdless.ClientStats]:
+) -> tuple[list[herdless.ChatResult | BaseException], herdless.ClientStats, list[float]]:
+    """The burst's results, the client's stats, and when each call ended (seconds after
+    the burst began, in order)."""
+    ended: list[float] = []
     async with herdless.AsyncClient(
         primary=herdless.Backend(name="gpu", base_url=f"{gateway}/v1", model=MODEL_NAME),
         fallback=fallback,
         deadline=deadline,
     ) as client:
-        results = await asyncio.gather(
-            *(client.chat(MESSAGES, max_tokens=16, ignore_eos=True) for _ in range(calls)),
-            return_exceptions=True,
-        )
-        return list(results), client.stats()
+        start = time.monotonic()
+
+        async def one() -> herdless.ChatResult:
+            try:
+                return await client.chat(MESSAGES, max_tokens=16, ignore_eos=True)
+            finally:
+                ended.append(time.monotonic() - start)
+
+        results = await asyncio.gather(*(one() for _ in range(calls)), return_exceptions=True)
+        return list(results), client.stats(), sorted(ended)
+
+
+def _first_round_slowness(ended: list[float], batch: int = 4) -> float:
+    """How many times longer the burst's first round (its first ``batch`` answers, what
+    vLLM runs at once) took than each later round did on average."""
+    later = (ended[-1] - ended[batch - 1]) / ((len(ended) - batch) / batch)
+    return ended[batch - 1] / later
 
 
 @pytest.mark.parametrize(
@@ -90,11 +107,16 @@ async def test_a_busy_gpu_is_waited_for_within_the_deadline(
             fallback = herdless.Backend(
                 name="hosted", base_url=f"{other.url}/v1", model="hosted", external=True
             )
-        results, stats = await _through(gateway.url, calls, deadline, fallback)
+        results, stats, ended = await _through(gateway.url, calls, deadline, fallback)
     errors = [r for r in results if isinstance(r, BaseException)]
     assert errors == [], errors[:3]
     backends = [r.backend for r in results if isinstance(r, herdless.ChatResult)]
     assert backends == ["gpu"] * calls, f"{backends.count('hosted')} went to the hosted model"
-    print(f"{calls} calls, unrefused {straight:.1f} s, wait error {stats.wait_error}")
+    slow = _first_round_slowness(ended)
+    print(
+        f"{calls} calls, unrefused {straight:.1f} s, first round {slow:.2f}x the later ones,"
+        f" wait error {stats.wait_error}"
+    )
     error = stats.wait_error["gpu"]
-    assert error["p50"] <= 1.0, error  # a guard: a batch read as one answer gave 3-4
+    # A guard: a batch read as one answer gave 3-4 with the first round as fast as the rest.
+    assert error["p50"] <= max(1.0, slow), (error, slow)

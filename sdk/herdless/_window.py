@@ -330,13 +330,14 @@ class Window:
                 policy.minimum,
                 sum(1 for t in self._granted if t.sent and not t.refused),
             )
-            # Sent before the server said how many calls of ours it takes: a burst
-            # beyond that is refused as expected, and says nothing of less room.
-            blind = self._blind is not None and ticket.sent <= self._blind
             if held < self._size:
                 self._threshold = float(held)
                 self._resize(self._threshold)
-            elif ticket.epoch == self._epoch and not blind:
+            elif self._blind is not None and ticket.sent <= self._blind:
+                # Sent before the server said how many calls of ours it takes: a burst
+                # beyond that is refused as expected, and says nothing of less room.
+                pass
+            elif ticket.epoch == self._epoch:
                 # Nothing new measured (the window holds more calls than its size, as when
                 # its ceiling just fell): shrink by the factor, once per round.
                 size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))

@@ -60,6 +60,8 @@ MAX_LINES = 400
 ONE_CONCEPT = {
     "herdless.gateway.core.admission": "the admission state machine: every rule that moves a "
     "ticket between offered, queued, running and done reads and writes the same counters",
+    "herdless.gateway.core.fairqueue": "the fair queue: the waiters' order and whom a full "
+    "queue displaces both walk the same flows by the same service counters",
     "herdless._window": "flow control at one backend: the window's size, its slots and the "
     "line of calls waiting for one move together under one lock (every grant, release, "
     "refusal, requeue and review reads and writes the same counters and tickets)",

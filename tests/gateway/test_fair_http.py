@@ -162,6 +162,39 @@ async def test_a_displaced_batch_waiter_gets_a_429_with_a_retry_after_and_no_byt
     assert 'herdless_gateway_rejections_total{reason="displaced"} 1' in text
 
 
+async def test_a_full_queue_gives_a_herdless_waiter_of_the_busiest_user_to_a_new_user(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    herdless = {"x-request-id": "call-7", "x-herdless-attempt": "1"}  # comes back at its time
+    async with gateway(max_concurrency=1, max_queue=2) as (client, runtime):
+        adm = runtime.gate.admission
+
+        def post(user: str, headers: dict[str, str] | None = None) -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                client.post(CHAT, json=chat_body(user=user), headers=headers)
+            )
+
+        running = post("heavy")
+        await until(lambda: adm.inflight == 1)
+        returns = post("heavy", herdless)
+        await until(lambda: adm.queue_depth == 1)
+        plain = post("heavy")  # its client shows a 429 as an error: never displaced
+        await until(lambda: adm.queue_depth == 2)
+        chat = post("light")
+        displaced = await returns  # answered at once, while vLLM still holds the first
+        assert not plain.done()
+        fake_vllm.hold.set()
+        answers = await asyncio.gather(running, plain, chat)
+    assert displaced.status_code == 429
+    error = displaced.json()["error"]
+    assert error["code"] == "displaced"
+    assert "fewer places" in error["message"]
+    assert int(displaced.headers["retry-after-ms"]) > 0
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert len(fake_vllm.received) == 3  # the displaced request never reached vLLM
+
+
 async def test_metrics_show_classes_users_and_the_fairness_index(
     gateway: GatewayFactory,
 ) -> None:

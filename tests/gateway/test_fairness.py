@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -14,6 +15,8 @@ from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.service import jain_index
 from herdless.testing import FakeClock
+
+_CALLS = itertools.count()
 
 SIZED = False
 """Whether ``make`` builds a self-sized admission (set per test by the ``sizing`` fixture)."""
@@ -46,7 +49,9 @@ def offer(
     priority: Priority = "interactive",
     key: str = "key-a",
     deadline: float | None = None,
+    returns: bool = False,
 ) -> Admit | Enqueued | Refuse:
+    """``returns``: a herdless client's request (it comes back when refused)."""
     return adm.offer(
         key,
         prompt + completion,
@@ -54,6 +59,8 @@ def offer(
         user=user,
         priority=priority,
         deadline=deadline,
+        call=f"call-{next(_CALLS)}" if returns else None,
+        returns=returns,
     )
 
 
@@ -345,13 +352,16 @@ def test_an_interactive_arrival_displaces_the_newest_batch_waiter_of_a_full_queu
     assert adm.queue_depth == 3
 
 
-def test_only_batch_waiters_are_displaced_and_never_running_ones(clock: FakeClock) -> None:
+def test_a_running_request_or_one_whose_client_does_not_come_back_is_never_displaced(
+    clock: FakeClock,
+) -> None:
     adm = make(clock, max_concurrency=2, max_queue=2)
     started(adm, "u-batch", priority="batch")
     started(adm, "u-batch", priority="batch")
     queued(adm, "u-chat")
     queued(adm, "u-chat")
-    # Full of interactive waiters, two batch requests running: nothing to displace.
+    # Full of the interactive waiters of a client that never comes back (its 429 is an
+    # error on a screen), two batch requests running: nothing to displace.
     refused = offer(adm, "u-late")
     assert isinstance(refused, Refuse)
     assert refused.code == "queue_full"
@@ -381,6 +391,98 @@ def test_a_displacement_waits_for_the_deadline_check(clock: FakeClock) -> None:
     assert isinstance(late, Refuse)
     assert late.code == "deadline_unattainable"
     assert batch.state == "queued"  # not displaced for a request that was refused
+
+
+def test_an_arrival_displaces_the_newest_waiter_of_the_user_that_waits_in_the_most_places(
+    clock: FakeClock,
+) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=4, initial_service_time=2.0)
+    started(adm, "u-heavy", returns=True)
+    heavy = [queued(adm, "u-heavy", returns=True) for _ in range(3)]
+    light = queued(adm, "u-light", returns=True)
+    decision = offer(adm, "u-chat")  # a user that waits nowhere, a full queue
+    assert isinstance(decision, Enqueued)
+    ((victim, refused),) = decision.displaced
+    assert victim is heavy[-1]
+    assert (refused.status, refused.code) == (429, "displaced")
+    assert "fewer places" in refused.message
+    assert refused.retry_after > 0
+    assert [t.state for t in (*heavy[:2], light)] == ["queued"] * 3
+    assert (adm.queue_depth, adm.displacements) == (4, 1)
+    # Now u-heavy waits in two places, u-light and u-chat in one each: nobody two beyond.
+    late = offer(adm, "u-light", returns=True)
+    assert isinstance(late, Refuse)
+    assert late.code == "queue_full"
+    assert adm.displacements == 1
+
+
+def test_users_that_wait_alike_never_displace_each_other(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=4)
+    started(adm, "u-a", returns=True)
+    for user in ("u-a", "u-a", "u-b", "u-b"):
+        queued(adm, user, returns=True)
+    again = offer(adm, "u-b", returns=True)  # u-a waits in two places, u-b too
+    assert isinstance(again, Refuse)
+    assert again.code == "queue_full"
+    lone = make(clock, max_concurrency=1, max_queue=2)  # one user alone fills the queue
+    started(lone, "u-a", returns=True)
+    queued(lone, "u-a", returns=True)
+    queued(lone, "u-a", returns=True)
+    assert isinstance(offer(lone, "u-a", returns=True), Refuse)
+    assert (adm.displacements, lone.displacements) == (0, 0)
+
+
+def test_the_waiter_displaced_is_the_newest_whose_client_comes_back(clock: FakeClock) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=3)
+    started(adm, "u-heavy")
+    first = queued(adm, "u-heavy", returns=True)
+    queued(adm, "u-heavy")
+    queued(adm, "u-heavy")
+    decision = offer(adm, "u-chat")
+    assert isinstance(decision, Enqueued)
+    assert [victim for victim, _ in decision.displaced] == [first]
+
+
+def test_a_batch_arrival_displaces_a_batch_waiter_never_an_interactive_one(
+    clock: FakeClock,
+) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=3)
+    started(adm, "u-chat", returns=True)
+    chats = [queued(adm, "u-chat", returns=True) for _ in range(3)]
+    refused = offer(adm, "u-batch", priority="batch")
+    assert isinstance(refused, Refuse)
+    assert refused.code == "queue_full"
+    assert [t.state for t in chats] == ["queued"] * 3
+    other = make(clock, max_concurrency=1, max_queue=2)
+    started(other, "u-chat")
+    jobs = [queued(other, "u-jobs", priority="batch", returns=True) for _ in range(2)]
+    decision = offer(other, "u-report", priority="batch")
+    assert isinstance(decision, Enqueued)
+    assert [victim for victim, _ in decision.displaced] == [jobs[-1]]
+
+
+def test_a_full_key_share_is_freed_by_the_keys_own_user_that_waits_most(
+    clock: FakeClock,
+) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=6, key_queue_share=0.5)
+    started(adm, None, key="key-b")
+    others = [queued(adm, "u-heavy", key="key-b", returns=True) for _ in range(3)]
+    own = [queued(adm, "u-a", key="key-a", returns=True) for _ in range(3)]  # its share
+    decision = offer(adm, "u-b", key="key-a")
+    assert isinstance(decision, Enqueued)
+    assert [victim for victim, _ in decision.displaced] == [own[-1]]
+    assert [t.state for t in others] == ["queued"] * 3
+
+
+@pytest.mark.parametrize("scheduler", ["round-robin", "fcfs"])
+def test_the_reference_schedulers_never_displace(clock: FakeClock, scheduler: str) -> None:
+    adm = make(clock, max_concurrency=1, max_queue=2, scheduler=scheduler)
+    started(adm, "u-heavy", returns=True)
+    queued(adm, "u-heavy", returns=True)
+    queued(adm, "u-heavy", returns=True)
+    refused = offer(adm, "u-chat")
+    assert isinstance(refused, Refuse)
+    assert refused.code == "queue_full"
 
 
 # -- reservations at one's own place --------------------------------------------------------

@@ -4,8 +4,10 @@ Invariants: never more than ``max_concurrency`` running upstream, never more tha
 ``max_queue`` waiting (nor more than a key's share), the KV budget never exceeded,
 the core's counters equal the live tickets (per class too), a refused request always
 says when to come back (``0 < retry_after <= max_retry_after``), each user's queue
-reservations are handed out in order, only waiting batch requests are displaced and
-only by an interactive arrival, and token-budget tokens are conserved: a request
+reservations are handed out in order, only waiting requests are displaced (``vtc``):
+batch ones by an interactive arrival, or those whose client comes back of the user of the
+arrival's class that waited in two or more places beyond the arrival's own, and
+token-budget tokens are conserved: a request
 that never ran gives its whole price back, and no sequence of offers, releases,
 expiries, displacements and drains ever mints tokens beyond what the clock refilled.
 """
@@ -109,20 +111,29 @@ class AdmissionMachine(RuleBasedStateMachine):
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         before = {t: t.state for t in self.tickets}
-        decision = self.adm.offer(
-            key_id, price, user=user, priority=priority, prompt=prompt, call=call
-        )
         klass = priority if self.config.scheduler == "vtc" else "interactive"
         unit = key_id if user is None else f"{key_id}/{user}"
+        places: dict[tuple[str, str], int] = {}  # (class, user) -> places it waits in
+        for t in self._live("queued"):
+            places[(t.priority, t.unit)] = places.get((t.priority, t.unit), 0) + 1
+        decision = self.adm.offer(
+            key_id, price, user=user, priority=priority, prompt=prompt, call=call,
+            returns=call is not None,
+        )  # fmt: skip
         if isinstance(decision, Admit | Enqueued):
             ticket = decision.ticket
             self.tickets.append(ticket)
             assert ticket.state == ("running" if isinstance(decision, Admit) else "queued")
             assert (ticket.priority, ticket.unit) == (klass, unit)
             for victim, refused in getattr(decision, "displaced", ()):
-                assert klass == "interactive", "only an interactive arrival displaces"
+                assert self.config.scheduler == "vtc", "only vtc displaces"
                 assert before[victim] == "queued", "only a waiter is displaced"
-                assert (victim.priority, victim.state) == ("batch", "done")
+                assert victim.state == "done"
+                if (klass, victim.priority) != ("interactive", "batch"):
+                    assert victim.returns, "only a waiter whose client comes back"
+                    assert victim.priority == klass, "only a waiter of the arrival's class"
+                    mine = places.get((klass, unit), 0)
+                    assert places[(klass, victim.unit)] >= mine + 2, "only the busiest's"
                 assert (refused.status, refused.code) == (429, "displaced")
                 assert 0 < refused.retry_after <= self.config.max_retry_after
                 self._check_queue_order(refused, victim.priority, victim.unit)
@@ -142,6 +153,14 @@ class AdmissionMachine(RuleBasedStateMachine):
         for _ in range(self.config.max_concurrency + self.config.max_queue):
             self.offer(key_id, price, user, "batch", None, None)
         self.offer(key_id, price, "u-chat", "interactive", None, None)
+
+    @rule(key_id=KEYS, price=st.integers(1, 300))
+    def one_user_fills_the_queue_then_another_comes(self, key_id: str, price: int) -> None:
+        """A herdless client's user fills the queue, then a new user arrives (the other
+        displacement case)."""
+        for _ in range(self.config.max_concurrency + self.config.max_queue):
+            self.offer(key_id, price, "u-heavy", "interactive", None, "req-1")
+        self.offer(key_id, price, "u-new", "interactive", None, None)
 
     def _check_queue_order(self, refused: Refuse, klass: str, unit: str) -> None:
         at = self.clock.monotonic() + refused.retry_after

@@ -83,7 +83,7 @@ class Fairness:
     Attributes:
         depth: requests waiting, per class.
         served: tokens of the finished requests, per class (a counter).
-        displacements: batch waiters displaced so far (a counter).
+        displacements: waiters displaced so far (a counter).
         users: weighted tokens per user (``key`` or ``key/user``) over the last window.
         jain: Jain's index per class over the users that waited the whole window.
     """
@@ -319,7 +319,7 @@ class GatewayMetrics:
         out.one(
             p + "displacements_total",
             "counter",
-            "Batch waiters displaced by interactive arrivals.",
+            "Waiters displaced by arrivals in a full queue.",
             fair.displacements,
         )
         out.by(

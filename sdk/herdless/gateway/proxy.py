@@ -15,13 +15,12 @@ would have been refused: the upstream out, loading or draining, the queue full, 
 wait predicted past its key's hold, its hold passed, or the upstream's own 429 or 503.
 Never after its first byte: a request the GPU started stays there.
 
-A request whose client does not retry (a chat front-end that shows a 429 as an error:
-its key says so, or the client shows it), or a refused one come back (an OpenAI SDK's
-retry says so; any other sends the same body again), waits out a full queue here instead
-(:func:`herdless.gateway.edge.keeps`): it comes back itself at the time the refusal
-names, to the place held for it, within its hold
-(:func:`~herdless.gateway.edge.waited_out`); then it spills or is refused. It waits in
-the queue, too, for an upstream out for a time no one knows (rule 1 of admission)."""
+A request whose client does not retry (a chat front-end that shows a 429 as an error), or
+a refused one come back (an OpenAI SDK's retry says so; any other sends the same body
+again), waits out a full queue here (:func:`herdless.gateway.edge.keeps`): at the time a
+refusal names, it takes the place held for it, within its hold
+(:func:`~herdless.gateway.edge.waited_out`), or spills, or is refused. It waits out an
+upstream out for a time no one knows (admission's rule 1) and is never displaced (rule 8)."""
 
 from __future__ import annotations
 
@@ -171,6 +170,7 @@ class AdmittedProxy:
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,
             waits=kept and spill is None,  # an upstream out for a time no one knows: it waits
+            returns=not kept,  # with a call id: a herdless client, back at its time
         )
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):

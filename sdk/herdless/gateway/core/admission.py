@@ -30,7 +30,10 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 7. a caller's deadline shorter than its predicted wait (its place over the answers
    finished per second, measured, or the running requests over their mean run time
    when faster) -> ``deadline_unattainable``.
-8. an interactive arrival in a full queue displaces a batch waiter -> 429 ``displaced``.
+8. an arrival in a full queue (or key share) displaces a waiter (``vtc``) -> 429
+   ``displaced``: an interactive arrival the newest batch waiter of the user served
+   most; else the newest waiter whose client comes back (``returns``) of the user of
+   its class that waits in the most places, two or more beyond its own.
 9. waiters start in the fair order; the head first even when a smaller one would fit.
 """
 
@@ -54,6 +57,8 @@ from herdless.gateway.core.sizing import Hold, Sizing
 
 __all__ = ["Admission", "OfferOptions"]
 
+_FEWER = "a user that waits in fewer places took this request's place in the full queue"
+
 
 class OfferOptions(TypedDict, total=False):
     """The keyword arguments of :meth:`Admission.offer` (for those that pass them on)."""
@@ -66,6 +71,7 @@ class OfferOptions(TypedDict, total=False):
     call: str | None
     kept: float
     waits: bool
+    returns: bool
 
 
 class Admission:
@@ -207,7 +213,7 @@ class Admission:
 
     @property
     def displacements(self) -> int:
-        """Batch waiters displaced by interactive arrivals so far."""
+        """Waiters displaced by arrivals in a full queue so far (rule 8)."""
         return self._displacements
 
     def user_service(self) -> dict[str, float]:
@@ -384,6 +390,7 @@ class Admission:
         call: str | None = None,
         kept: float = 0.0,
         waits: bool = False,
+        returns: bool = False,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -404,6 +411,9 @@ class Admission:
                 whole wait is its hold.
             waits: its client would show a 503 as an error (it never retries, or this is
                 its retry): it waits out an upstream out for a time no one knows.
+            returns: its caller comes back when refused, with ``call`` (a herdless
+                client): waiting, it may be displaced for a user that waits in fewer
+                places (rule 8); a request of another client never is.
         """
         cfg = self.config
         now = self._clock.monotonic()
@@ -431,6 +441,7 @@ class Admission:
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
         ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
         ticket.ttl, ticket.kept = ttl is not None and ttl < key.limits.hold, kept
+        ticket.returns = returns and call is not None
         mine = None if call is None else (key_id, call)
         ahead = self._slots(now)[0] if self._holds else 0.0  # a place's time: see holds
         back = mine is not None and self._holds.claim(mine, now, ahead)
@@ -438,15 +449,19 @@ class Admission:
             self._start(ticket, flow, now)
             key.charge(price)
             return Admit(ticket)
-        victim = None
+        victim, fewer = None, False
         key_full = key.queued >= key.limits.queue_limit(cfg.max_queue)
         taken = self._queued
         if self._holds and not back and taken < cfg.max_queue:
             taken += self._holds.held(now, ahead)  # places kept for callers due back
         if taken >= cfg.max_queue or key_full:
-            if interactive and cfg.scheduler == "vtc":
-                # A full key share is freed only by one of the key's own batch waiters.
-                victim = self._queue.victim(key_id if key_full else None)
+            if cfg.scheduler == "vtc":
+                # A full key share is freed only by one of the key's own waiters.
+                mate = key_id if key_full else None
+                victim = self._queue.victim(mate) if interactive else None
+                fewer = victim is None
+                if fewer:
+                    victim = self._queue.longest(flow, mate)
             if victim is None:
                 code = self._full_code(ticket)
                 return self._queue_refusal(flow, now, code, deadline=deadline, call=mine)
@@ -454,7 +469,7 @@ class Admission:
             wait = self._queue.place(flow) / self._drain_hope()
             if wait > deadline:
                 return unattainable(429, wait, deadline, self.key_capacity)
-        displaced = () if victim is None else ((victim, self._displace(victim, now)),)
+        displaced = () if victim is None else ((victim, self._displace(victim, now, fewer)),)
         key.charge(price)
         self._queue.push(flow, ticket, now)
         key.queued += 1
@@ -607,12 +622,14 @@ class Admission:
         self._queued -= 1
         ticket.state = "done"
 
-    def _displace(self, victim: Ticket, now: float) -> Refuse:
-        """Rule 8: the batch waiter ``victim`` leaves the queue with a reservation."""
+    def _displace(self, victim: Ticket, now: float, fewer: bool) -> Refuse:
+        """Rule 8: the waiter ``victim`` leaves the queue with a reservation (``fewer``:
+        for a user that waits in fewer places, else for an interactive request)."""
         flow = self._queue.flow_of(victim)
         self._drop(victim)
         self._displacements += 1
-        return self._queue_refusal(flow, now, "displaced")
+        why = _FEWER if fewer else None
+        return self._queue_refusal(flow, now, "displaced", message=why)
 
     def _queue_refusal(
         self,

@@ -38,6 +38,8 @@ class Ticket:
         kept: seconds it waited in the gateway before this offer, outside the queue (a
             request a full queue kept: :func:`herdless.gateway.edge.waited_out`), spent
             of its hold.
+        returns: its caller comes back when refused (a herdless client, that says who
+            it is): a full queue may give its place to a user that waits in fewer.
     """
 
     id: int
@@ -54,6 +56,7 @@ class Ticket:
     waits_out_drain: bool = False
     ttl: bool = False
     kept: float = 0.0
+    returns: bool = False
 
     @property
     def unit(self) -> str:

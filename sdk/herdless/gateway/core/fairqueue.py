@@ -45,6 +45,12 @@ the users of a key, in turn by requests (the gateway's order before ``vtc``), an
 ``fcfs`` serves the oldest waiter first. Both ignore the classes (their callers
 put every request in ``interactive``).
 
+**A full queue** (``vtc``) gives way to an arrival: an interactive one takes the place
+of the newest batch waiter of the batch user served most (:meth:`FairQueue.victim`);
+else an arrival takes the place of the user of its class that waits in the most places,
+two or more beyond its own (:meth:`FairQueue.longest`: a switch's longest-queue drop), so
+one user cannot hold the queue against the others.
+
 **Bounded.** At most ``max_users`` flows are remembered. A new one replaces the
 least recently used flow that neither waits nor runs (among the oldest 16); when
 there is none, the request joins its key's ``other`` flow (one per key and class,
@@ -307,6 +313,23 @@ class FairQueue:
         key = max(keys, key=lambda k: k.counter)
         flow = max(key.waiting.values(), key=lambda f: f.counter)
         return flow.waiting[-1]
+
+    def longest(self, flow: Flow, key_id: str | None) -> Ticket | None:
+        """The waiter an arrival of ``flow`` displaces from a full queue: the newest that
+        returns of the user of its class that waits in the most places, when that is at
+        least two more than ``flow`` waits in (so that the two never swap), ties to the
+        one served most (of ``key_id`` only, when given)."""
+        cls = self._classes[flow.priority]
+        if key_id is None:
+            keys = list(cls.waiting.values())
+        else:
+            key = cls.waiting.get(key_id)
+            keys = [] if key is None else [key]
+        flows = (f for k in keys for f in k.waiting.values())
+        most = max(flows, key=lambda f: (len(f.waiting), f.counter), default=None)
+        if most is None or len(most.waiting) < len(flow.waiting) + 2:
+            return None
+        return next((t for t in reversed(most.waiting) if t.returns), None)
 
     # -- service ----------------------------------------------------------------------------
 

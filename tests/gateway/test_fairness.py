@@ -443,6 +443,30 @@ def test_the_waiter_displaced_is_the_newest_whose_client_comes_back(clock: FakeC
     assert [victim for victim, _ in decision.displaced] == [first]
 
 
+def test_a_waiter_is_displaced_only_where_its_caller_would_wait_for_its_new_time(
+    clock: FakeClock,
+) -> None:
+    """A caller told a time past its deadline would leave for its fallback: a busy GPU
+    must never push a call out of the building."""
+    adm = make(clock, max_concurrency=1, max_queue=3, initial_service_time=2.0)
+    started(adm, "u-heavy", returns=True)
+    heavy = [queued(adm, "u-heavy", returns=True, deadline=10.0) for _ in range(3)]
+    clock.advance(8.0)  # 2 s left each: half of it is shorter than any time a refusal tells
+    refused = offer(adm, "u-chat")
+    assert isinstance(refused, Refuse)
+    assert refused.code == "queue_full"
+    assert [t.state for t in heavy] == ["queued"] * 3
+    roomy = make(clock, max_concurrency=1, max_queue=3, initial_service_time=2.0)
+    started(roomy, "u-heavy", returns=True)
+    heavy = [queued(roomy, "u-heavy", returns=True, deadline=60.0) for _ in range(3)]
+    clock.advance(8.0)
+    decision = offer(roomy, "u-chat")
+    assert isinstance(decision, Enqueued)
+    ((victim, told),) = decision.displaced
+    assert victim is heavy[-1]
+    assert told.retry_after <= (60.0 - 8.0) / 2
+
+
 def test_a_batch_arrival_displaces_a_batch_waiter_never_an_interactive_one(
     clock: FakeClock,
 ) -> None:

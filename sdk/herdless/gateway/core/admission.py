@@ -33,7 +33,9 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 8. an arrival in a full queue (or key share) displaces a waiter (``vtc``) -> 429
    ``displaced``: an interactive arrival the newest batch waiter of the user served
    most; else the newest waiter whose client comes back (``returns``) of the user of
-   its class that waits in the most places, two or more beyond its own.
+   its class that waits in the most places, two or more beyond its own, where the time
+   it is told is at most half what is left of its deadline (it waits for it rather
+   than leave for a hosted model).
 9. waiters start in the fair order; the head first even when a smaller one would fit.
 """
 
@@ -442,6 +444,7 @@ class Admission:
         ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
         ticket.ttl, ticket.kept = ttl is not None and ttl < key.limits.hold, kept
         ticket.returns = returns and call is not None
+        ticket.deadline_at = None if deadline is None else now + deadline
         mine = None if call is None else (key_id, call)
         ahead = self._slots(now)[0] if self._holds else 0.0  # a place's time: see holds
         back = mine is not None and self._holds.claim(mine, now, ahead)
@@ -461,7 +464,7 @@ class Admission:
                 victim = self._queue.victim(mate) if interactive else None
                 fewer = victim is None
                 if fewer:
-                    victim = self._queue.longest(flow, mate)
+                    victim = self._waits_anyway(self._queue.longest(flow, mate), now)
             if victim is None:
                 code = self._full_code(ticket)
                 return self._queue_refusal(flow, now, code, deadline=deadline, call=mine)
@@ -631,6 +634,36 @@ class Admission:
         why = _FEWER if fewer else None
         return self._queue_refusal(flow, now, "displaced", message=why)
 
+    def _queue_time(
+        self, flow: Flow, now: float, code: str, *, deadline: float | None = None,
+        message: str | None = None,
+    ) -> Refuse:  # fmt: skip
+        """The queue refusal a caller of ``flow`` would be told now (nothing moves)."""
+        gap, first = self._slots(now)
+        return self._reservations.queue(
+            now,
+            code,
+            message=message,
+            not_before=self._drain_until if self._draining else None,
+            gap=gap,
+            first=first,
+            share=self._queue.share(flow),
+            horizon=flow.horizon,
+            queued=self._queued,
+            deadline=deadline,
+        )
+
+    def _waits_anyway(self, victim: Ticket | None, now: float) -> Ticket | None:
+        """``victim``, if its caller would wait for the time a displacement tells it: at
+        most half what is left of its deadline (the rest for its jitter and its answer).
+        A herdless client told a later time sends the call to its fallback: a busy GPU
+        never pushes a call out of the building."""
+        if victim is None or victim.deadline_at is None:
+            return victim
+        left = (victim.deadline_at - now) / 2
+        told = self._queue_time(self._queue.flow_of(victim), now, "displaced", deadline=left)
+        return None if told.code == "deadline_unattainable" else victim
+
     def _queue_refusal(
         self,
         flow: Flow,
@@ -643,19 +676,7 @@ class Admission:
     ) -> Refuse:
         """A queue refusal at the user's own place: its share of the slots that free;
         ``call``: the caller comes back with this id, so a place is held for it then."""
-        gap, first = self._slots(now)
-        refused = self._reservations.queue(
-            now,
-            code,
-            message=message,
-            not_before=self._drain_until if self._draining else None,
-            gap=gap,
-            first=first,
-            share=self._queue.share(flow),
-            horizon=flow.horizon,
-            queued=self._queued,
-            deadline=deadline,
-        )
+        refused = self._queue_time(flow, now, code, deadline=deadline, message=message)
         if refused.code != "deadline_unattainable":
             flow.horizon = now + refused.retry_after
             if call is not None and refused.retry:

@@ -40,6 +40,8 @@ class Ticket:
             of its hold.
         returns: its caller comes back when refused (a herdless client, that says who
             it is): a full queue may give its place to a user that waits in fewer.
+        deadline_at: clock time its caller stops waiting for it to start (``None``: not
+            said).
     """
 
     id: int
@@ -57,6 +59,7 @@ class Ticket:
     ttl: bool = False
     kept: float = 0.0
     returns: bool = False
+    deadline_at: float | None = None
 
     @property
     def unit(self) -> str:

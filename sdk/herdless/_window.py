@@ -24,9 +24,12 @@ first served; a call that leaves hands its slot to the next waiting call at once
                   held: the calls sent and not refused, what the backend holds of
                   this client now: a measurement
               when that says nothing new (the window holds more calls than its size):
-                  size *= decrease, once per round
+                  size *= decrease, once per round; not for a call sent before the
+                  server first advertised its capacity (a burst beyond it is refused
+                  as expected)
               a refused call keeps its slot, unless the window now holds more calls
-              than its size: then it gives the slot back and waits first in line
+              than its size: then it gives the slot back and waits first in line,
+              behind the calls requeued before it
     bounds    minimum <= size <= min(maximum, advertised capacity)
 
 **How long a waiter will wait**: ``herdless._turnover`` (``Turnover``: the rule, from the
@@ -157,6 +160,7 @@ class Window:
     """
 
     __slots__ = (
+        "_blind",
         "_ceiling",
         "_clock",
         "_epoch",
@@ -192,6 +196,7 @@ class Window:
         self._in_use = 0
         self._resting = 0  # slot holders refused and waiting to retry
         self._sends = 0  # attempts sent: orders them (who was at the backend before whom)
+        self._blind: int | None = None  # the sends before the server first said its capacity
         self._granted: set[SlotTicket] = set()  # the calls holding a slot
         self._waiting: deque[SlotTicket] = deque()
         self._listeners: deque[SlotTicket] = deque()  # refused, retrying at a release
@@ -325,10 +330,13 @@ class Window:
                 policy.minimum,
                 sum(1 for t in self._granted if t.sent and not t.refused),
             )
+            # Sent before the server said how many calls of ours it takes: a burst
+            # beyond that is refused as expected, and says nothing of less room.
+            blind = self._blind is not None and ticket.sent <= self._blind
             if held < self._size:
                 self._threshold = float(held)
                 self._resize(self._threshold)
-            elif ticket.epoch == self._epoch:
+            elif ticket.epoch == self._epoch and not blind:
                 # Nothing new measured (the window holds more calls than its size, as when
                 # its ceiling just fell): shrink by the factor, once per round.
                 size = max(policy.minimum, math.floor(min(before, self._in_use) * policy.decrease))
@@ -348,7 +356,8 @@ class Window:
 
     def requeue(self, ticket: SlotTicket) -> bool:
         """``ticket``'s call was refused while the window holds more calls than its size
-        (it just shrank): give its slot back and put it first in line, so that it goes
+        (it just shrank): give its slot back and put it first in line (behind the calls
+        requeued before it, refused earlier), so that it goes
         again when the window has room, not into a full server. Returns whether it did."""
         with self._lock:
             if ticket.state != "granted" or self._in_use <= self._whole:
@@ -362,7 +371,11 @@ class Window:
             ticket._notify = None
             self._in_use -= 1
             self._granted.discard(ticket)
-            self._waiting.appendleft(ticket)
+            # Behind the calls requeued before it, which were refused first: a server
+            # that told each a time told them earlier ones.
+            waiting = self._waiting
+            place = next((i for i, t in enumerate(waiting) if not t.sent), len(waiting))
+            waiting.insert(place, ticket)
             return True
 
     @property
@@ -389,6 +402,8 @@ class Window:
         if capacity < 1 or not self._policy.enabled or capacity == self._ceiling:
             return  # the common case: the same capacity, again
         with self._lock:
+            if self._blind is None:  # the first time it says
+                self._blind = self._sends
             self._ceiling = float(min(capacity, self._policy.maximum))
             if self._threshold == math.inf:  # no refusal yet: start near the right size
                 self._resize(self._ceiling)

@@ -94,6 +94,37 @@ def test_a_place_held_for_a_caller_that_went_elsewhere_frees_after_its_grace() -
     assert isinstance(adm.offer("key-a", 10), Enqueued)
 
 
+def test_a_caller_let_in_before_its_time_no_longer_holds_a_place() -> None:
+    """A herdless client sends a refused call again when its own window frees a slot,
+    often before the time it was told. Let in then, it is in the queue: the place held
+    for its time counted it twice, and a shared client's next calls were refused for it
+    (real vLLM behind 4 + 4: its window fell to 5 and the GPU ran batches a step apart)."""
+    clock = FakeClock()
+    adm = Admission(
+        AdmissionConfig(max_concurrency=2, max_queue=2, initial_service_time=2.0), clock=clock
+    )
+    running = [adm.offer("key-a", 10) for _ in range(2)]
+    assert all(isinstance(adm.offer("key-a", 10), Enqueued) for _ in range(2))
+    first = adm.offer("key-a", 10, call="req-0")
+    told = adm.offer("key-a", 10, call="req-1")
+    assert isinstance(first, Refuse)
+    assert isinstance(told, Refuse)
+    assert told.retry_after == pytest.approx(2 * first.retry_after)  # a place a second
+    clock.advance(0.1)
+    for ending in running:
+        assert isinstance(ending, Admit)
+        adm.release(ending.ticket)
+    started = adm.dispatch()
+    assert len(started) == 2  # two places free, req-1's time 1.9 s away
+    assert isinstance(adm.offer("key-a", 10, call="req-1"), Enqueued)  # early
+    clock.advance(first.retry_after - 0.1)
+    assert isinstance(adm.offer("key-a", 10, call="req-0"), Enqueued)  # on time
+    clock.advance(0.5)
+    adm.release(started[0])
+    assert len(adm.dispatch()) == 1  # req-1 runs; one place is free before its time
+    assert isinstance(adm.offer("key-a", 10), Enqueued)  # nothing is held for it now
+
+
 @pytest.mark.parametrize("forgotten", [False, True])
 def test_a_place_held_for_a_caller_that_will_not_come_back_frees_at_once(forgotten: bool) -> None:
     """A request the gateway kept waiting for a client that never retries, gone or past

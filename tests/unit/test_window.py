@@ -120,7 +120,8 @@ def test_the_window_follows_what_the_backend_holds() -> None:
 
 
 def test_a_window_over_its_size_shrinks_by_its_factor_once_per_round() -> None:
-    win, _ = window(initial=8, maximum=8, decrease=0.5)
+    win, _ = window(initial=8, maximum=16, decrease=0.5)
+    win.advertise(8)
     tickets = fill(win, 8)
     win.advertise(4)  # the backend's capacity fell below what is in use
     assert win.size == 4
@@ -128,6 +129,41 @@ def test_a_window_over_its_size_shrinks_by_its_factor_once_per_round() -> None:
     assert win.size == 2
     assert win.refused(tickets[6]) is False  # the same round: once
     assert win.size == 2
+
+
+def test_a_burst_sent_before_the_capacity_was_known_keeps_the_window_at_it() -> None:
+    """A shared client's first burst goes out at its initial window (16) before the
+    gateway says it takes 8 of its calls: the 8 it refuses are that overshoot. Cut by
+    the factor, the window stayed at 6 (then 5) where the gateway took 8, and a real
+    vLLM behind it ran its batches a step apart."""
+    win, _ = window(initial=16)
+    tickets = fill(win, 20)
+    win.advertise(8)
+    assert win.size == 8
+    for ticket in tickets[8:16]:
+        assert win.refused(ticket) is False
+        assert win.requeue(ticket)
+    assert (win.size, win.in_use) == (8, 8)
+    # Sent again after it said so, and refused: that is a sign of less room.
+    win.release(tickets[0])
+    again = tickets[8]  # the first refused goes first
+    assert again.state == "granted"
+    win.sent(again)
+    assert win.refused(again) is True
+    assert win.size < 8
+
+
+def test_calls_requeued_one_after_another_go_again_in_the_order_they_were_refused() -> None:
+    """A gateway told them times in that order: the first refused is the first due (sent
+    last first, each came early while the others' places were held past their times)."""
+    win, _ = window(initial=4)
+    tickets = fill(win, 6)  # four sent, two waiting
+    for ticket in tickets[1:4]:
+        assert win.refused(ticket) is True  # 4 -> 3 -> 2 -> 1: what the backend held
+        assert win.requeue(ticket)
+    assert [win.position(t) for t in tickets[1:]] == [0, 1, 2, 3, 4]
+    win.release(tickets[0])
+    assert [t.state for t in tickets[1:3]] == ["granted", "waiting"]
 
 
 def test_it_never_shrinks_below_its_minimum() -> None:

@@ -451,6 +451,8 @@ class Admission:
         if self._startable(ticket, now):
             self._start(ticket, flow, now)
             key.charge(price)
+            if mine is not None:
+                self._holds.forget(mine)  # in before its time: no place is held for it too
             return Admit(ticket)
         victim, fewer = None, False
         key_full = key.queued >= key.limits.queue_limit(cfg.max_queue)
@@ -477,6 +479,8 @@ class Admission:
         self._queue.push(flow, ticket, now)
         key.queued += 1
         self._queued += 1
+        if mine is not None:
+            self._holds.forget(mine)
         return Enqueued(ticket, displaced)
 
     def dispatch(self) -> list[Ticket]:

@@ -61,8 +61,9 @@ class Holds:
 
     def claim(self, call: Call, now: float, ahead: float) -> bool:
         """``call`` is back: whether a place was held for it (its time is at most
-        ``ahead`` away, and not past its grace). One that comes earlier keeps its hold
-        and is judged like anyone else."""
+        ``ahead`` away, and not past its grace). One that comes earlier is judged like
+        anyone else and keeps its hold if it is refused (let in, it is forgotten: it
+        is in the queue already)."""
         due = self._due.get(call)
         if due is None or due - now > ahead:
             return False

@@ -27,11 +27,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,12 +40,25 @@ import httpx
 import pytest
 
 from herdless.bench.js_clients import node_available
-from herdless.launch.servers import emulator_process, free_port, gateway_process
+from herdless.launch.servers import emulator_process, gateway_process
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).parent
 README_PORTS = (5000, 6379, 8000, 8080, 9000, 9464)
+
+
+def free_ports(wanted: Iterable[int]) -> dict[int, int]:
+    """A free port for each README port, all different: bound at once, then released
+    (picked one at a time, two could be the same port, and a README's server would then
+    answer another's requests)."""
+    with contextlib.ExitStack() as stack:
+        socks = {p: stack.enter_context(socket.socket()) for p in wanted}
+        for sock in socks.values():
+            sock.bind(("127.0.0.1", 0))
+        return {p: sock.getsockname()[1] for p, sock in socks.items()}
+
+
 # How long one README may take, start to last check (a cold import of LangChain,
 # Django or Celery on a busy two-core machine is a few seconds each).
 RUN_TIMEOUT = 120.0
@@ -276,7 +290,7 @@ def stack() -> Iterator[Stack]:
         emulator_process(model="hosted-mini", speed=20) as hosted,
     ):
         ports = {8000: gpu.port, 8080: gateway.port, 9000: hosted.port}
-        ports |= {p: free_port() for p in README_PORTS if p not in ports}
+        ports |= free_ports(p for p in README_PORTS if p not in ports)
         yield Stack(ports, gpu.url)
 
 
@@ -332,7 +346,7 @@ def test_django(readme, stack):
 
 def test_fastapi(readme):
     # The README starts its own GPU, gateway and hosted model: only ports are given.
-    ports = {p: free_port() for p in README_PORTS}
+    ports = free_ports(README_PORTS)
     out = readme("fastapi", ports, foreground="uvicorn ").finish()
     assert "x-herdless-backend: primary" in out.lower()  # curl -si: the headers
     assert 'data: {"delta": ' in out  # curl -N: the SSE stream

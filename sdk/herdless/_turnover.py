@@ -35,10 +35,19 @@ one: right whether the clumps are split or whole, and nothing is measured "to no
 silence between two clumps is not a slowdown). The period is **firm** once the pairs
 span at least ``_FIRM`` of the answer time (below). Before, the latest clump, once it is
 over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
-(a burst's first batch goes straight in); but not a lone answer while the window held
-more calls at the backend: it may be a batch's leading answer whose others came later
-than ``gap`` (read as one answer per batch time, every wait four times too long), so
-only the best case judges until a later clump gives one.
+(a burst's first batch goes straight in).
+
+**A lone first answer** while the window held more calls at the backend is either a
+batch's leading answer whose others came later than ``gap`` (a slow engine step on a
+busy CPU puts it up to a whole batch time ahead) or an engine that answers one at a
+time. Read as a clump of one, it makes every wait four times too long, so it forms
+no pair and no estimate of its own; the next clump, once it is over, tells which::
+
+    next clump of several   the leader's batch:  clump = its answers + 1,
+                            period = the fastest hold of all (the leader's); its
+                            pair counts the leader among its answers
+    next clump of one       one at a time:       clump = 1, period = the seconds
+                            between the two; both pairs count as they are
 
 **The wait** of a waiter that waits for ``ahead`` more answers (the window counts them:
 enough to free the slots of the calls ahead of it, its own, and any the window holds
@@ -124,6 +133,7 @@ class Turnover:
         "_in_clump",
         "_last",
         "_latest",
+        "_lead",
         "_pairs",
         "_period",
         "_steady",
@@ -139,6 +149,9 @@ class Turnover:
         self._in_clump = 0  # answers in it so far
         self._hold = math.inf  # the fastest hold of its answers
         self._calls = 0  # the calls the window held at the backend when it began
+        # A lone first answer held back (see the module docstring): (seconds from it to
+        # the next clump's start, its hold).
+        self._lead: tuple[float, float] | None = None
         self._steady = False  # the window stayed full since the latest clump began
         self._fresh = False  # the last completion began a clump
         self._period: float | None = None  # seconds between clump starts (pairs)
@@ -165,9 +178,13 @@ class Turnover:
             self._fresh = False
         else:
             if self._steady and self._in_clump:  # the backend had our calls all along
-                self._pairs.append((now - self._latest, float(self._in_clump)))
+                self._pair(now - self._latest)
+            else:
+                self._lead = None
             self._latest, self._in_clump, self._fresh = now, 1, True
             self._hold, self._calls = held, calls
+            if self._lead is not None:  # perhaps the lone leader's batch: its fastest hold
+                self._hold = min(held, self._lead[1])
         self._last = now
         self._measure()
 
@@ -222,10 +239,15 @@ class Turnover:
         if not self._firm or period is None:
             if not self._in_clump or not over:
                 return None  # the first clump is not over: its size is not known yet
-            if self._in_clump == 1 and self._calls > 1:
+            lead = self._lead
+            if lead is not None and self._in_clump > 1:  # the lone leader's batch
+                period, clump = self._hold, float(self._in_clump + 1)
+            elif lead is not None:  # one answer at a time
+                period, clump = lead[0], 1.0
+            elif self._in_clump == 1 and self._calls > 1:
                 return None  # a batch's leading answer, or one at a time: not known yet
-            # A first estimate: the clump's answers per its fastest hold.
-            period, clump = self._hold, float(self._in_clump)
+            else:  # a first estimate: the clump's answers per its fastest hold
+                period, clump = self._hold, float(self._in_clump)
         elif not over:
             rest = max(0.0, clump - self._in_clump)
         if ahead <= rest:
@@ -283,6 +305,21 @@ class Turnover:
     def _full(self) -> bool:
         """Whether the latest clump has as many answers as the measured ones had."""
         return self._firm and self._in_clump >= round(self._clump)
+
+    def _pair(self, seconds: float) -> None:
+        """The latest clump is over, ``seconds`` after it began, as the next one begins:
+        its pair, or the lone first answer held back until the clump after it tells what
+        it was (see the module docstring)."""
+        answers, lead = float(self._in_clump), self._lead
+        self._lead = None
+        if lead is not None and answers > 1:  # the leader's batch: count it in
+            self._pairs.append((seconds, answers + 1))
+        elif lead is not None:  # one at a time
+            self._pairs.extend(((lead[0], 1.0), (seconds, answers)))
+        elif answers == 1 and self._calls > 1 and not self._pairs:
+            self._lead = (seconds, self._hold)
+        else:
+            self._pairs.append((seconds, answers))
 
     def _measure(self) -> None:
         pairs = self._pairs

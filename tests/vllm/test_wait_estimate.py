@@ -20,7 +20,9 @@ first prediction is made at the same moment of the burst, from the burst's first
 round ``slow`` times longer than the later ones makes it about ``slow - 1`` with the rule
 right (this shared CPU: 1.3 times now and then, 39-53 %; a CI run read 240 %). So the
 guard is ``median <= max(100 %, slow)``, ``slow`` measured in the same burst from when
-the answers came; a batch read as one answer reads ``4 x slow - 1``.
+the answers came; a batch read as one answer reads ``4 x slow - 1``. So did a lone first
+answer up to a round ahead of its batch's others, read as one answer per lead (a CI run:
+139 % with ``slow`` 1.03); it is counted with its batch now (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations

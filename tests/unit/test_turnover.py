@@ -338,13 +338,12 @@ def test_a_batch_whose_first_answer_leads_by_a_slow_step_is_one_clump(share: flo
 def test_a_first_answer_further_ahead_is_counted_with_its_batch(share: float) -> None:
     """Further ahead (a CI run: 139 %; real vLLM beside a busy loop on this CPU, four
     runs in 24: the first round's lone answer 0.3-1.0 s before its batch's three
-    others, 111-704 %),
-    the lone answer and the three others' clump made a pair, one answer per lead,
-    firm at once: every wait two to four times too long (172-430 % here). The lone
-    answer now waits for the next clump and is counted in it. What is left (p50 4-60 %):
-    the pace is counted from the three others' clump, which real vLLM's runs bear out
-    (its others came with the next round), but here they are that share of a round
-    late, and so is every prediction."""
+    others, 111-704 %), the lone answer and the three others' clump made a pair, one
+    answer per lead, firm at once: every wait two to four times too long (172-430 %
+    here). The lone answer now waits for the next clump and is counted in it. What is
+    left (p50 4-60 %): the pace is counted from the three others' clump, which real
+    vLLM's runs bear out (its others came with the next round), but here they are that
+    share of a round late, and so is every prediction."""
     error = replay(_led(VLLM_30, share)).window.wait_error()
     assert error["p50"] <= 0.65
     assert error["p90"] <= 0.80

@@ -116,13 +116,14 @@ class FakeVllm:
             return Response(EMBEDDING, media_type="application/json")
         if path == "/v1/responses":
             return Response(RESPONSE, media_type="application/json")
-        stream = json.loads(body).get("stream")
+        data = json.loads(body)
+        if data.get("stream"):  # the usage event only when asked for, as vLLM
+            events = TEXT_SSE if path == "/v1/completions" else SSE
+            if not (data.get("stream_options") or {}).get("include_usage"):
+                events = without_usage(events)
+            return Response(events, media_type="text/event-stream")
         if path == "/v1/completions":
-            if stream:
-                return Response(TEXT_SSE, media_type="text/event-stream")
             return Response(TEXT_COMPLETION, media_type="application/json")
-        if stream:
-            return Response(SSE, media_type="text/event-stream")
         return Response(COMPLETION, media_type="application/json")
 
 
@@ -134,6 +135,12 @@ class RefusingTransport(httpx.AsyncBaseTransport):
 
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[tuple[httpx.AsyncClient, Runtime]]]
+
+
+def without_usage(events: bytes) -> bytes:
+    """The SSE events less the usage event (``"choices":[]``): what vLLM streams when its
+    client does not ask for usage."""
+    return b"".join(e + b"\n\n" for e in events.split(b"\n\n") if e and b'"choices":[]' not in e)
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:

@@ -73,14 +73,18 @@ async def test_non_streaming_passes_bytes_and_request_id(
     assert (runtime.gate.admission.inflight, runtime.gate.admission.inflight_tokens) == (0, 0)
 
 
-async def test_streaming_passes_the_sse_bytes_unchanged(gateway: GatewayFactory) -> None:
+async def test_streaming_passes_the_sse_bytes_unchanged(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    asked = chat_body(stream=True, stream_options={"include_usage": True})
     async with (
         gateway() as (client, _),
-        client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response,
+        client.stream("POST", "/v1/chat/completions", json=asked) as response,
     ):
         body = b"".join([chunk async for chunk in response.aiter_raw()])
     assert response.headers["content-type"].startswith("text/event-stream")
     assert body == SSE
+    assert json.loads(fake_vllm.received[0][1]) == asked  # a stream without usage: test_usage
 
 
 async def test_a_request_id_is_made_when_the_client_sends_none(

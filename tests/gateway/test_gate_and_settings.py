@@ -18,7 +18,7 @@ from herdless.gateway.core.decisions import Admit, Enqueued, Refuse
 from herdless.gateway.core.limits import AdmissionConfig
 from herdless.gateway.gate import Gate
 from herdless.gateway.settings import ApiKeys, GatewaySettings
-from herdless.gateway.upstream import UsageSniffer
+from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import BadRequest, parse_chat_request
 from herdless.testing import FakeClock
 

@@ -101,3 +101,32 @@ def test_completions_and_responses_pass_admission_and_settle_their_usage(
     # The gateway read both usages (the Responses API names its counts input_tokens and
     # output_tokens) and served exactly those tokens, not its estimates.
     assert after - before == text.usage.total_tokens + answer.usage.total_tokens
+
+
+def test_a_stream_without_usage_is_settled_on_it_and_streamed_as_vllm_streams_it(
+    client: openai.OpenAI, gateway: ServerProcess
+) -> None:
+    # The gateway asks vLLM for the usage its client did not ask for: it settles the
+    # price (its estimate of the prompt plus max_tokens) on it, and the client gets the
+    # stream vLLM sends when not asked (no usage chunk; the fingerprint on the last one).
+    served = "herdless_gateway_tokens_served_total"
+    whole = client.chat.completions.create(
+        model=MODEL_NAME, messages=HI, extra_body=forced_answer(3, ending="stop", max_tokens=64)
+    )
+    before = read_metric(gateway.url, served, **{"class": "interactive"})
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=HI,
+            stream=True,
+            extra_body=forced_answer(3, ending="stop", max_tokens=64),
+        )
+    )
+    after = read_metric(gateway.url, served, **{"class": "interactive"})
+    assert all(chunk.choices for chunk in chunks)
+    assert all(chunk.usage is None for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == FORCED_TEXT * 3
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].system_fingerprint
+    assert whole.usage is not None
+    assert after - before == whole.usage.total_tokens  # the usage, not the price

@@ -31,7 +31,6 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import httpx
 from starlette.types import Receive, Scope, Send
 
 from herdless.gateway.core.comebacks import Sender
@@ -55,26 +54,24 @@ from herdless.gateway.edge import (
 )
 from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
+from herdless.gateway.relay import relay
 from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
 from herdless.gateway.runtime import AUDIT_LOG, Runtime, header_map, request_id
 from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
-from herdless.gateway.upstream import UpstreamUnavailable, UsageSniffer
+from herdless.gateway.upstream import UpstreamUnavailable
+from herdless.gateway.usage import asking_usage
 from herdless.gateway.wire import (
     BadRequest,
     capacity_header,
     deadline_header,
     json_object,
     priority_header,
-    refusal_headers,
     ttl_header,
-    upstream_hint,
 )
 
 __all__ = ["AdmittedProxy"]
 
-_PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
-_UPSTREAM = (b"x-herdless-backend", b"upstream")
 _HOSTED = (b"x-herdless-backend", b"hosted")
 _KEPT = itertools.count()  # a kept request's id: "kept N", a space no X-Request-ID holds
 
@@ -193,7 +190,9 @@ class AdmittedProxy:
             return decision.status, decision.code, None
         ticket = decision.ticket
         try:
-            work = self._admitted(exchange, decision, raw, deadline, spill=spill)
+            work = self._admitted(
+                exchange, decision, raw, deadline, spill=spill, usage=request.adds_usage
+            )
             outcome = await self._until_gone(exchange.receive, work)
         finally:
             rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
@@ -305,7 +304,10 @@ class AdmittedProxy:
         deadline: float | None,
         *,
         spill: Spill | None,
+        usage: bool,
     ) -> tuple[int, str | None]:
+        """Run it upstream (after its wait in the queue), relayed to its client. ``usage``:
+        the gateway asks for the stream's usage itself (:func:`~.usage.adds_usage`)."""
         rt, send = self._rt, exchange.send
         ticket = decision.ticket
         if isinstance(decision, Enqueued):
@@ -321,7 +323,8 @@ class AdmittedProxy:
         headers = exchange.headers | {"x-request-id": rid}
         started = time.perf_counter()
         try:
-            response = await rt.upstream.open("POST", self._route.path, body=raw, headers=headers)
+            body = asking_usage(raw) if usage else raw
+            response = await rt.upstream.open("POST", self._route.path, body=body, headers=headers)
         except UpstreamUnavailable as exc:
             rt.gate.release(ticket)
             if exc.down:
@@ -341,7 +344,7 @@ class AdmittedProxy:
             return await self._spilled(exchange, spill, raw, refused)
         try:
             waited = exchange.access.kept + ticket.queue_wait
-            sniffer = await _relay(send, response, rid, started, rt, waited)
+            sniffer = await relay(send, response, rid, started, rt, waited, omit=usage)
         finally:
             await response.aclose()
         rt.gate.release(
@@ -351,42 +354,6 @@ class AdmittedProxy:
             completion_tokens=sniffer.completion_tokens,
         )
         return response.status_code, None
-
-
-async def _relay(
-    send: Send, response: httpx.Response, rid: str, started: float, rt: Runtime, queued: float
-) -> UsageSniffer:
-    """Pass the upstream response through, byte for byte; returns what it saw of usage.
-
-    ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
-    out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
-    out.append((b"x-request-id", rid.encode()))
-    out.append(capacity_header(rt.gate.key_capacity))
-    out.append(_UPSTREAM)
-    if queued > 0:
-        out.append((b"x-herdless-queue-ms", b"%d" % round(queued * 1000)))
-    if response.status_code in (429, 503):  # vLLM's own refusal: hints every client obeys
-        settings = rt.settings
-        said = upstream_hint(response.headers, settings.upstream_retry_after)
-        retry_after = min(said, settings.max_retry_after)
-        out += refusal_headers(
-            Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
-        )
-    await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-    sniffer = UsageSniffer()
-    first = True
-    try:
-        async for chunk in response.aiter_raw():
-            if first:
-                rt.metrics.ttfb.observe(time.perf_counter() - started)
-                first = False
-            sniffer.feed(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except httpx.TransportError:
-        # The upstream cut the stream: end ours where it ended (no [DONE] follows).
-        pass
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return sniffer
 
 
 def _sender(exchange: _Exchange) -> Sender:

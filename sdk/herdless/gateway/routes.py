@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from herdless.gateway.usage import adds_usage
 from herdless.gateway.wire import BadRequest, json_object, parse_chat_request
 
 __all__ = [
@@ -60,6 +61,11 @@ class Priced(Protocol):
     @property
     def user(self) -> str | None:
         """The OpenAI ``user`` field, or ``None``."""
+
+    @property
+    def adds_usage(self) -> bool:
+        """Whether the gateway asks vLLM for its usage (see
+        :func:`~herdless.gateway.usage.adds_usage`)."""
 
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run."""
@@ -91,6 +97,9 @@ class TextRequest:
         generates: whether completion tokens follow (``False`` for embeddings).
         stream: whether the client asked for SSE.
         user: the OpenAI ``user`` field, or ``None``.
+        adds_usage: a completions stream whose client did not ask for its usage (see
+            :func:`~herdless.gateway.usage.adds_usage`; a response's stream always ends
+            with its usage).
     """
 
     prompt_tokens: int
@@ -99,6 +108,7 @@ class TextRequest:
     generates: bool
     stream: bool = False
     user: str | None = None
+    adds_usage: bool = False
 
     def price(self, default_max_tokens: int) -> int:
         """``prompt_tokens``, plus ``(max_tokens or default)`` per prompt when it generates."""
@@ -117,7 +127,7 @@ def parse_completion_request(
     """
     data = json_object(body)
     tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
-    return _generation(data, tokens, sequences, "max_tokens", max_tokens_cap)
+    return _generation(data, tokens, sequences, "max_tokens", max_tokens_cap, options=True)
 
 
 def parse_response_request(
@@ -178,17 +188,27 @@ def parse_embedding_request(
 
 
 def _generation(
-    data: dict[str, Any], tokens: int, sequences: int, max_tokens: str, cap: int
+    data: dict[str, Any],
+    tokens: int,
+    sequences: int,
+    max_tokens: str,
+    cap: int,
+    *,
+    options: bool = False,
 ) -> TextRequest:
     """A request that generates, its cap on completion tokens in the field ``max_tokens``
-    (at most ``cap``), then its ``stream`` and ``user`` fields checked."""
+    (at most ``cap``), then its ``stream`` and ``user`` fields checked. ``options``: its
+    stream takes ``stream_options`` (a response's stream ends with its usage anyway)."""
+    most = _max_tokens(data, max_tokens, cap)
+    stream = _stream(data)
     return TextRequest(
         prompt_tokens=tokens,
         sequences=sequences,
-        max_tokens=_max_tokens(data, max_tokens, cap),
+        max_tokens=most,
         generates=True,
-        stream=_stream(data),
+        stream=stream,
         user=_user(data),
+        adds_usage=options and adds_usage(data, stream),
     )
 
 

@@ -3,12 +3,12 @@
 Transport failures are mapped here, at the boundary, to :class:`UpstreamUnavailable`
 (``raise ... from``); HTTP errors from vLLM are not failures: their status and
 JSON are passed through unchanged. The response body is read raw
-(``aiter_raw``), so the client gets the SSE bytes exactly as vLLM wrote them.
+(``aiter_raw``), so the client gets the SSE bytes exactly as vLLM wrote them, but for
+the usage event the gateway asked for itself (:class:`~.usage.UsageSniffer`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -20,7 +20,6 @@ __all__ = [
     "SLOW",
     "Upstream",
     "UpstreamUnavailable",
-    "UsageSniffer",
 ]
 
 KEEPALIVE_EXPIRY = 4.0
@@ -38,10 +37,6 @@ SLOW = "slow"
 
 # Request headers worth passing on; everything else (Authorization above all) stays here.
 _FORWARD = ("content-type", "accept", "accept-encoding", "x-request-id", "x-herdless-attempt")
-_TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-# The Responses API names them input_tokens and output_tokens.
-_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 
 
 class UpstreamUnavailable(Exception):
@@ -207,44 +202,6 @@ class Upstream:
         """Close the connection pool (and any a resize retired)."""
         for client in (*self._retired, self._client):
             await client.aclose()
-
-
-class UsageSniffer:
-    """Finds the usage's ``total_tokens`` in a response body without parsing it all.
-
-    vLLM puts usage at the end (the last JSON object, or the last SSE event
-    with ``stream_options.include_usage``), so only a bounded tail is kept.
-    """
-
-    __slots__ = ("_tail",)
-    _KEEP = 4096
-
-    def __init__(self) -> None:
-        self._tail = b""
-
-    def feed(self, chunk: bytes) -> None:
-        """Look at the next bytes of the body."""
-        self._tail = (self._tail + chunk)[-self._KEEP :]
-
-    @property
-    def total_tokens(self) -> int | None:
-        """The last ``total_tokens`` seen, or ``None`` (no usage sent)."""
-        return _last(_TOTAL_TOKENS, self._tail)
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        """The last ``prompt_tokens`` seen, or ``None``."""
-        return _last(_PROMPT_TOKENS, self._tail)
-
-    @property
-    def completion_tokens(self) -> int | None:
-        """The last ``completion_tokens`` seen, or ``None``."""
-        return _last(_COMPLETION_TOKENS, self._tail)
-
-
-def _last(pattern: re.Pattern[bytes], tail: bytes) -> int | None:
-    found = pattern.findall(tail)
-    return int(found[-1]) if found else None
 
 
 async def aiter_body(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from herdless.gateway.core.decisions import Refuse
 from herdless.gateway.core.limits import Priority
+from herdless.gateway.usage import adds_usage
 
 __all__ = [
     "DROPPED_REASONS",
@@ -63,12 +64,15 @@ class ChatRequest:
         max_tokens: the client's ``max_tokens`` (or ``max_completion_tokens``), or ``None``.
         prompt_tokens: estimated prompt tokens (characters / 4 + 4 per message).
         user: the OpenAI ``user`` field (the end user an app serves), or ``None``.
+        adds_usage: a stream whose client did not ask for its usage: the gateway asks
+            vLLM for it (:func:`~.usage.asking_usage`) and keeps the usage event to itself.
     """
 
     stream: bool
     max_tokens: int | None
     prompt_tokens: int
     user: str | None = None
+    adds_usage: bool = False
 
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run: ``prompt_tokens + (max_tokens or default)``."""
@@ -148,7 +152,11 @@ def parse_chat_request(
         raise BadRequest("'user' must be a string", param="user")
     prompt = math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
     return ChatRequest(
-        stream=stream, max_tokens=max_tokens, prompt_tokens=prompt, user=user or None
+        stream=stream,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt,
+        user=user or None,
+        adds_usage=adds_usage(data, stream),
     )
 
 

@@ -1,0 +1,68 @@
+"""vLLM's answer to an admitted request, relayed to its client (pure ASGI sends).
+
+The body passes on byte for byte, as vLLM wrote it, but for the usage event the gateway
+asked for on behalf of a client that did not (:class:`~.usage.UsageSniffer`); the
+head gets the gateway's own headers, and a refusal of vLLM's own the hints every client
+obeys."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from starlette.types import Send
+
+from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.runtime import Runtime
+from herdless.gateway.usage import UsageSniffer
+from herdless.gateway.wire import capacity_header, refusal_headers, upstream_hint
+
+__all__ = ["relay"]
+
+_PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
+_UPSTREAM = (b"x-herdless-backend", b"upstream")
+
+
+async def relay(
+    send: Send,
+    response: httpx.Response,
+    rid: str,
+    started: float,
+    rt: Runtime,
+    queued: float,
+    *,
+    omit: bool,
+) -> UsageSniffer:
+    """Pass the upstream response through, byte for byte (``omit``: but for the usage
+    event the gateway asked for); returns what it saw of usage.
+
+    ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
+    out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
+    out.append((b"x-request-id", rid.encode()))
+    out.append(capacity_header(rt.gate.key_capacity))
+    out.append(_UPSTREAM)
+    if queued > 0:
+        out.append((b"x-herdless-queue-ms", b"%d" % round(queued * 1000)))
+    if response.status_code in (429, 503):  # vLLM's own refusal: hints every client obeys
+        settings = rt.settings
+        said = upstream_hint(response.headers, settings.upstream_retry_after)
+        retry_after = min(said, settings.max_retry_after)
+        out += refusal_headers(
+            Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
+        )
+    await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+    plain = response.headers.get("content-encoding", "identity") == "identity"
+    sniffer = UsageSniffer(omit=omit and response.status_code == 200 and plain)
+    first = True
+    try:
+        async for chunk in response.aiter_raw():
+            if first:
+                rt.metrics.ttfb.observe(time.perf_counter() - started)
+                first = False
+            if passed := sniffer.feed(chunk):
+                await send({"type": "http.response.body", "body": passed, "more_body": True})
+    except httpx.TransportError:
+        # The upstream cut the stream: end ours where it ended (no [DONE] follows).
+        pass
+    await send({"type": "http.response.body", "body": sniffer.end(), "more_body": False})
+    return sniffer

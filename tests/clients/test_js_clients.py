@@ -27,6 +27,7 @@ from herdless.bench.js_clients import (
     run_clients_async,
 )
 from herdless.launch.servers import ServerProcess, emulator_process, free_port, gateway_process
+from herdless.launch.vllm import read_metric
 
 pytestmark = [pytest.mark.clients, pytest.mark.server]
 
@@ -65,6 +66,30 @@ def test_each_client_gets_its_answers_through_the_gateway(
             assert r.first_byte_s < r.total_s
         else:
             assert r.chunks == 0
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_stream_that_asks_for_no_usage_is_settled_on_the_engines(
+    js_clients: Path, client: Client
+) -> None:
+    # openai-node asks for a stream's usage only when told, the Vercel AI SDK without
+    # includeUsage never: the gateway asks vLLM for it, settles each call's price
+    # (prompt + max_tokens 2000) on it, and gives the client the stream it asked for.
+    with (
+        emulator_process(max_num_seqs=8, model=MODEL) as vllm,
+        gateway_process(upstream=vllm.url) as gateway,
+    ):
+        sent = scenario(client, gateway.url, calls=4, concurrency=2, max_tokens=2000,
+                        stream=True, usage=False)  # fmt: skip
+        results = run_clients(sent, directory=js_clients)
+        served = read_metric(gateway.url, "herdless_gateway_tokens_served_total")
+        used = sum(read_metric(vllm.url, f"vllm:{kind}_tokens_total")
+                   for kind in ("prompt", "generation"))  # fmt: skip
+    assert failures(results) == []
+    for r in results:
+        assert (r.status, r.attempts, r.chunks > 1) == (200, 1, True)
+        assert r.usage is None or r.usage.completion_tokens is None  # none in its stream
+    assert served == used > 0  # not 4 x (prompt + 2000)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

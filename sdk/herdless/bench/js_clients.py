@@ -82,7 +82,9 @@ class Scenario:
         concurrency: the most in flight at once.
         max_tokens: each call's ``max_tokens``, or ``(low, high)``: spread over that
             range in a fixed order, the same in every run.
-        stream: stream the answers (with usage asked for).
+        stream: stream the answers.
+        usage: a stream asks for its usage (``stream_options.include_usage``; the Vercel
+            AI SDK's ``includeUsage``, LangChain.js's ``streamUsage``).
         start_spacing_ms: call ``i`` starts no earlier than ``i * start_spacing_ms`` after
             the first.
         start_at: the wall-clock time (``time.time()``) of the first call's start, so
@@ -100,6 +102,7 @@ class Scenario:
     concurrency: int = 1
     max_tokens: int | tuple[int, int] = 32
     stream: bool = False
+    usage: bool = True
     start_spacing_ms: float = 0.0
     start_at: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -136,6 +139,7 @@ class Scenario:
             "concurrency": self.concurrency,
             "max_tokens": low if low == high else [low, high],
             "stream": self.stream,
+            "usage": self.usage,
             "start_spacing_ms": self.start_spacing_ms,
             "start_at": self.start_at,
             "headers": dict(self.headers),

@@ -23,6 +23,11 @@ every arm against the same emulator in the same run:
    settle, and its swing afterwards.
 5. ``sizing-stale``: the emulator's ``/metrics`` stalls for 10 s mid-run (its fault):
    throughput in those 10 s against the 10 s before, preemptions after.
+6. ``sizing-streams``: a chat front-end's streams (64 closed-loop callers, 500-token
+   prompts, ``max_tokens`` 4000, natural answers of 450-600 tokens), asking for their
+   usage (as herdless's SDK and LangChain.js do) or not (openai-node's and
+   openai-python's default), through the self-sized gateway, beside vLLM alone. Figure:
+   answers per second.
 """
 
 from __future__ import annotations
@@ -189,12 +194,78 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
     )
 
 
+# -- 6. a front-end's streams ----------------------------------------------------------
+
+_ASKED, _NOT_ASKED = "self-sized, streams ask for usage", "self-sized, streams without usage"
+
+
+def _streams_arm(engine: ServerProcess, p: SizingParams, name: str, opts: Any) -> Arm:
+    def run(seed: int) -> dict[str, float]:
+        with arm_url(engine, opts) as gw:
+            url = (gw or engine).url + "/v1"
+            asyncio.run(idle(engine.url))
+            before = asyncio.run(preemptions(engine.url))
+            chats = Load(kind="stream", callers=64, prompt=500, answer=4000, ignore_eos=False,
+                         stream=True, usage=name == _ASKED)  # fmt: skip
+            asyncio.run(closed_loop(url, [chats], p.flood, seed))
+            after = asyncio.run(preemptions(engine.url))
+        return {
+            "answers_s": len(chats.calls) / p.flood,
+            "tokens_s": sum(c.tokens for c in chats.calls) / p.flood,
+            "preemptions": after - before,
+        }
+
+    return Arm(name=name, run=run)
+
+
+def _streams(p: SizingParams, progress: Progress) -> ScenarioResult:
+    with emulator(p, answer_min_tokens=450, answer_max_tokens=600) as engine:
+        specs: dict[str, Any] = {"vLLM alone, no gateway": None}
+        specs |= {_ASKED: dict(p.gateway), _NOT_ASKED: dict(p.gateway)}
+        arms = [_streams_arm(engine, p, name, opts) for name, opts in specs.items()]
+        runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
+    table = Medians(runs)
+    table.relative("answers_x", "answers_s", base="vLLM alone, no gateway")
+    asked, not_asked = table[_ASKED], table[_NOT_ASKED]
+    return table.result(
+        name="sizing-streams",
+        title="A chat front-end's 64 streams, max_tokens 4000, answers of 450-600 tokens",
+        params={**gpu_knobs(p), "seconds": p.flood},
+        columns=[
+            Column(key="answers_s", label="answers/s", fmt="{:.2f}"),
+            Column(key="answers_x", label="x vLLM alone"),
+            Column(key="tokens_s", label="tokens/s", fmt="{:.0f}"),
+            Column(key="preemptions", label="preemptions", fmt="{:.0f}"),
+        ],
+        targets=[
+            Target(
+                label="streams without usage: answers/s / streams asking for it",
+                value=ratio(not_asked["answers_s"], asked["answers_s"]),
+                limit=0.95,
+                at_least=True,
+            ),
+            Target(
+                label="streams without usage: answers/s / vLLM alone",
+                value=not_asked["answers_x"],
+                limit=0.95,
+                at_least=True,
+            ),
+        ],
+        notes=[
+            "Streamed closed loops (a new call as soon as one ends); a stream's tokens are "
+            "counted from its events. The gateway asks vLLM for the usage of a stream whose "
+            "client did not, and settles the price (prompt + max_tokens) on it."
+        ],
+    )
+
+
 def runs(repeats: int) -> int:
     """Arm runs of one ``sizing`` run (for the progress bar)."""
     flood = 2 + len(STATIC_ARMS) + 1
     crowd = 1 + 2 + 1
     mixes = len(MIXES) * (len(SizingParams().statics) + 1)
-    return repeats * (flood + crowd + mixes) + 2
+    streams = 3
+    return repeats * (flood + crowd + mixes + streams) + 2
 
 
 def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
@@ -206,4 +277,5 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
     results.append(mixes(p, progress))
     results.append(switch(p, out, progress))
     results.append(stale(p, progress))
+    results.append(_streams(p, progress))
     return results

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 from collections.abc import Coroutine, Iterator, Mapping
@@ -47,6 +48,7 @@ __all__ = [
 
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 _MODEL = "emulated-llama-3-8b"
+_TEXT, _NO_TEXT = '"content":"', '"content":""'  # a streamed event's text, or none
 
 
 def prompt(tokens: int, seed: int = 0) -> list[dict[str, str]]:
@@ -78,6 +80,8 @@ class Load:
     think: float = 0.0
     start: float = 0.0
     ignore_eos: bool = True
+    stream: bool = False
+    usage: bool = True  # a stream asks for its usage (stream_options.include_usage)
     calls: list[Call] = field(default_factory=list)
 
 
@@ -179,21 +183,21 @@ async def closed_loop(
                 }
                 if load.ignore_eos:
                     body["ignore_eos"] = True
+                if load.stream:
+                    body["stream"] = True
+                    if load.usage:
+                        body["stream_options"] = {"include_usage": True}
                 headers = {} if load.priority is None else {"x-herdless-priority": load.priority}
                 sent = time.monotonic() - t0
                 attempts = 0
                 while True:
                     attempts += 1
-                    response = await client.post(
-                        f"{url}/chat/completions", json=body, headers=headers
-                    )
-                    if response.status_code in (429, 503):
-                        wait = float(response.headers.get("retry-after-ms", 1000)) / 1000
+                    status, wait, tokens = await _call(client, url, body, headers)
+                    if wait is not None:
                         await asyncio.sleep(wait)
                         continue
                     break
-                if response.status_code == 200:
-                    tokens = response.json()["usage"]["completion_tokens"]
+                if status == 200:
                     ended = time.monotonic() - t0
                     load.calls.append(Call(load.kind, sent, ended, tokens, attempts))
                 if once:
@@ -205,6 +209,24 @@ async def closed_loop(
             asyncio.create_task(caller(load, i)) for load in loads for i in range(load.callers)
         ]
         await _bounded(tasks, seconds + 1.0)
+
+
+async def _call(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, float | None, int]:
+    """One chat request: (status, seconds until it is sent again or ``None``, tokens
+    answered). A stream's tokens are its events with text (the emulator's one a token)."""
+    async with client.stream("POST", f"{url}/chat/completions", json=body, headers=headers) as r:
+        if r.status_code in (429, 503):
+            return r.status_code, float(r.headers.get("retry-after-ms", 1000)) / 1000, 0
+        if r.status_code != 200:
+            return r.status_code, None, 0
+        if not body.get("stream"):
+            return 200, None, json.loads(await r.aread())["usage"]["completion_tokens"]
+        tokens = 0
+        async for line in r.aiter_lines():
+            tokens += line.startswith("data: {") and _TEXT in line and _NO_TEXT not in line
+        return 200, None, tokens
 
 
 async def _bounded(tasks: list[asyncio.Task[None]], seconds: float) -> None:

@@ -3,7 +3,8 @@
 // Reads one JSON scenario on stdin:
 //   {client: "openai" | "vercel" | "langchain" | "single", base_url, api_key, model,
 //    calls, concurrency, max_tokens (a number, or [low, high] spread over the calls),
-//    stream, start_spacing_ms, start_at, headers, timeout_s, prompt}
+//    stream, usage (a stream asks for its usage; default true), start_spacing_ms,
+//    start_at, headers, timeout_s, prompt}
 // and prints one JSON line per call as it ends, then one summary line ({summary: true}).
 //
 // Every client keeps its own retry rules; only its fetch is wrapped, to count the HTTP
@@ -32,6 +33,7 @@ const scenario = {
   concurrency: 1,
   max_tokens: 32,
   stream: false,
+  usage: true,
   start_spacing_ms: 0,
   headers: {},
   timeout_s: 180,
@@ -94,10 +96,9 @@ async function runOpenAI(record, maxTokens, signal) {
     const answer = await client.chat.completions.create(request, { signal });
     return { model: answer.model, usage: answer.usage ?? null };
   }
-  const stream = await client.chat.completions.create(
-    { ...request, stream: true, stream_options: { include_usage: true } },
-    { signal },
-  );
+  const streamed = { ...request, stream: true };
+  if (scenario.usage) streamed.stream_options = { include_usage: true };
+  const stream = await client.chat.completions.create(streamed, { signal });
   let model = null;
   let usage = null;
   for await (const chunk of stream) {
@@ -114,7 +115,7 @@ async function runVercel(record, maxTokens, signal) {
     baseURL,
     apiKey: scenario.api_key,
     headers: scenario.headers,
-    includeUsage: true,
+    includeUsage: scenario.usage,
     fetch: recordingFetch(record),
   });
   const options = {
@@ -148,6 +149,7 @@ async function runLangChain(record, maxTokens, signal) {
     apiKey: scenario.api_key,
     maxTokens,
     streaming: scenario.stream,
+    streamUsage: scenario.usage,
     configuration: { baseURL, fetch: recordingFetch(record), defaultHeaders: scenario.headers },
   });
   const usageOf = (u) =>
@@ -169,7 +171,8 @@ async function runLangChain(record, maxTokens, signal) {
 // One plain POST, no retry: what a chat front-end's backend does.
 async function runSingle(record, maxTokens, signal) {
   const body = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
-  if (scenario.stream) Object.assign(body, { stream: true, stream_options: { include_usage: true } });
+  if (scenario.stream) Object.assign(body, { stream: true });
+  if (scenario.stream && scenario.usage) body.stream_options = { include_usage: true };
   const response = await recordingFetch(record)(`${baseURL}/chat/completions`, {
     method: "POST",
     headers: {

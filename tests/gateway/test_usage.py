@@ -61,7 +61,9 @@ def test_asking_for_usage_keeps_the_rest_of_the_body() -> None:
     sent = asking_usage(json.dumps(body).encode())
     # Usage on the last event only: continuous usage was moot without it.
     assert json.loads(sent) == body | {"stream_options": {"x": 1, "include_usage": True}}
-    assert "안녕하세요".encode() in sent  # the text as it came, not \\u escapes
+    # A lone surrogate (a string cut in an emoji, as JavaScript escapes it) stays JSON.
+    cut = asking_usage(b'{"messages":[{"role":"user","content":"\\ud83d"}],"stream":true}')
+    assert json.loads(cut)["messages"][0]["content"] == "\ud83d"
 
 
 def _split(data: bytes, at: int) -> list[bytes]:

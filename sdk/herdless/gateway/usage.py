@@ -40,12 +40,13 @@ def adds_usage(data: Mapping[str, Any], stream: bool) -> bool:
 def asking_usage(body: bytes) -> bytes:
     """``body`` (a request :func:`adds_usage` marks) asking for the usage event:
     ``stream_options.include_usage`` set, ``continuous_usage_stats`` left out (it was
-    moot without usage, and would put usage on every event)."""
+    moot without usage, and would put usage on every event). Written in ASCII: a lone
+    surrogate a client escaped (a string cut in an emoji) stays valid JSON."""
     data = json.loads(body)
     options = dict(data.get("stream_options") or {})
     options.pop("continuous_usage_stats", None)
     data["stream_options"] = options | {"include_usage": True}
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 class UsageSniffer:

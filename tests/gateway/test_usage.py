@@ -178,3 +178,13 @@ async def test_a_stream_without_usage_is_settled_on_the_usage_the_gateway_asked_
     assert {k: v for k, v in sent.items() if k != "stream_options"} == {
         k: v for k, v in body.items() if k != "stream_options"
     }
+
+
+async def test_an_error_answer_to_a_stream_passes_unchanged(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    payload = {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+    fake_vllm.error = (400, payload)
+    async with gateway() as (client, _):
+        response = await client.post("/v1/chat/completions", json=chat_body(stream=True))
+    assert (response.status_code, response.json()) == (400, payload)

@@ -51,8 +51,10 @@ async def relay(
             Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
         )
     await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-    plain = response.headers.get("content-encoding", "identity") == "identity"
-    sniffer = UsageSniffer(omit=omit and response.status_code == 200 and plain)
+    head = response.headers
+    events = head.get("content-type", "").startswith("text/event-stream")
+    plain = head.get("content-encoding", "identity") == "identity"  # else bytes unread
+    sniffer = UsageSniffer(omit=omit and response.status_code == 200 and events and plain)
     first = True
     try:
         async for chunk in response.aiter_raw():

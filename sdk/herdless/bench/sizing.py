@@ -244,12 +244,6 @@ def _streams(p: SizingParams, progress: Progress) -> ScenarioResult:
                 limit=0.95,
                 at_least=True,
             ),
-            Target(
-                label="streams without usage: answers/s / vLLM alone",
-                value=not_asked["answers_x"],
-                limit=0.95,
-                at_least=True,
-            ),
         ],
         notes=[
             "Streamed closed loops (a new call as soon as one ends); a stream's tokens are "

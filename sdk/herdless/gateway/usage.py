@@ -79,6 +79,8 @@ class UsageSniffer:
         self._tail = (self._tail + chunk)[-self._KEEP :]
         if not self._omit:
             return chunk
+        if not (self._rest or self._held) and chunk.endswith(b"\n\n") and _plain(chunk):
+            return chunk  # whole events (as vLLM writes them), none to look at
         data = self._rest + chunk
         passed: list[bytes] = []
         start = 0
@@ -121,6 +123,11 @@ class UsageSniffer:
     def completion_tokens(self) -> int | None:
         """The last ``completion_tokens`` seen, or ``None``."""
         return _last(_COMPLETION_TOKENS, self._tail)
+
+
+def _plain(events: bytes) -> bool:
+    """Whether no event of ``events`` is the usage event or finishes a choice."""
+    return b'"usage"' not in events and b'"finish_reason":"' not in events
 
 
 def _usage_event(event: bytes) -> dict[str, Any] | None:

@@ -137,10 +137,10 @@ class RefusingTransport(httpx.AsyncBaseTransport):
 GatewayFactory = Callable[..., AbstractAsyncContextManager[tuple[httpx.AsyncClient, Runtime]]]
 
 
-def without_usage(events: bytes) -> bytes:
-    """The SSE events less the usage event (``"choices":[]``): what vLLM streams when its
-    client does not ask for usage."""
-    return b"".join(e + b"\n\n" for e in events.split(b"\n\n") if e and b'"choices":[]' not in e)
+def without_usage(events: bytes, blank: bytes = b"\n\n") -> bytes:
+    """The SSE events (each ending in ``blank``) less the usage event (``"choices":[]``):
+    what vLLM streams when its client does not ask for usage."""
+    return b"".join(e + blank for e in events.split(blank) if e and b'"choices":[]' not in e)
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:

@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from herdless.bench.fairness_report import priority_figures, priority_table, tokens_figures
+from herdless.bench.fairness_report import (
+    priority_figures,
+    priority_table,
+    tokens_figures,
+    tokens_table,
+)
 from herdless.bench.fairness_stats import (
     CallRecord,
     FairnessParams,
@@ -106,3 +111,18 @@ def test_scenario_figures_from_records() -> None:
     alone = next(row for row in table.rows if row["arm"] == "alone")
     assert math.isnan(alone["throughput_x"])
     assert [t.met for t in table.targets] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_the_two_users_table_and_the_one_of_a_user_who_stops(stops: bool) -> None:
+    p = FairnessParams(warmup=0, seconds=10, window=5, slots=1, speed=1)
+    long = call("long", 0.0, 10.0, completion=round(10 / p.step))
+    short = call("short", 0.0, 10.0, completion=round(5 / p.step))
+    unfair = tokens_figures([long, short], p)
+    fair = tokens_figures([long, call("short", 0.0, 10.0, completion=round(10 / p.step))], p)
+    table = tokens_table({"vtc": [fair], "round-robin": [unfair], "fcfs": [unfair]}, p, stops=stops)
+    assert table.name == ("fairness-stops" if stops else "fairness-tokens")
+    short_label = "user stopping at 64" if stops else "64-token user"
+    assert table.columns[1].label == f"{short_label} (tokens/s)"
+    assert [t.met for t in table.targets] == [True, True, False]  # round-robin: 2x, not 4x
+    assert any("stop" in note for note in table.notes) is stops

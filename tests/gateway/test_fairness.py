@@ -205,6 +205,23 @@ def test_an_answer_cut_at_its_max_tokens_never_lowers_the_predicted_length(
     assert last.charged == pytest.approx(10 + 2 * 340)
 
 
+def test_an_answer_its_client_stopped_is_charged_what_it_used_and_teaches_no_length(
+    clock: FakeClock,
+) -> None:
+    """An employee who stops an answer after 20 tokens is charged those 20, not its
+    ``max_tokens``; its length says nothing of the user's next answer."""
+    adm = make(clock, max_concurrency=1, max_queue=10)
+    first = started(adm, "u-a", prompt=10, completion=500)
+    adm.release(first, prompt_tokens=10, completion_tokens=300)  # ended on its own
+    stopped = started(adm, "u-a", prompt=10, completion=500)
+    assert stopped.charged == 10 + 2 * 300
+    adm.release(stopped, used_tokens=10 + 20, completion_tokens=20, whole=False)
+    assert adm.queue.counter("interactive", "key-a/u-a") == (10 + 2 * 300) + (10 + 2 * 20)
+    assert adm.queue.served_tokens["interactive"] == 310 + 30
+    again = started(adm, "u-a", prompt=10, completion=500)
+    assert again.charged == 10 + 2 * 300  # the predicted answer stands
+
+
 # -- lift, FIFO ----------------------------------------------------------------------------
 
 

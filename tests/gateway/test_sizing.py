@@ -505,3 +505,25 @@ def test_once_answers_are_measured_their_rate_names_the_places() -> None:
     # three first requests still running were predicted to end 1.75 s from now.
     assert adm.drain_rate() == pytest.approx(5.0)
     assert refused(adm).retry_after == pytest.approx(0.2)
+
+
+def test_an_answer_cut_short_teaches_the_sizing_no_answer_length() -> None:
+    """A stream its client stopped after 5 tokens says nothing of how long answers are:
+    the engine's room is filled as if it had not run; a whole answer of 5 would teach it."""
+
+    def room(after: list[tuple[int, bool]]) -> int:
+        clock = FakeClock()
+        adm = Admission(AdmissionConfig(max_queue=1000), clock=clock)
+        adm.observe(reading(clock.monotonic(), capacity=10_000))
+        for completion, whole in after:
+            decision = adm.offer("key-a", 1_000, prompt=400)
+            assert isinstance(decision, Admit)
+            adm.release(
+                decision.ticket, prompt_tokens=400, completion_tokens=completion, whole=whole
+            )
+        decisions = [adm.offer("key-a", 1_000, prompt=400) for _ in range(100)]
+        return sum(isinstance(d, Admit) for d in decisions)
+
+    whole = room([(100, True)])
+    assert room([(100, True), (5, False)]) == whole
+    assert room([(100, True), (5, True)]) > whole

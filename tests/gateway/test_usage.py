@@ -8,7 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.gateway.fakes import SSE, TEXT_SSE, FakeVllm, GatewayFactory, chat_body, without_usage
+from tests.gateway.fakes import (
+    COMPLETION,
+    SSE,
+    TEXT_SSE,
+    FakeVllm,
+    GatewayFactory,
+    chat_body,
+    without_usage,
+)
 
 from herdless.gateway.routes import (
     Priced,
@@ -119,6 +127,18 @@ def test_a_cut_event_is_passed_on_at_the_end() -> None:
     )
     assert sniffer.end() == b'data: {"cho'
     assert sniffer.end() == b""
+
+
+@pytest.mark.parametrize("omit", [True, False])
+def test_the_events_of_a_stream_are_counted_as_they_come(omit: bool) -> None:
+    sniffer = UsageSniffer(omit=omit)
+    sniffer.feed(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
+    sniffer.feed(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\ndata: {"cho')
+    assert (sniffer.events, sniffer.total_tokens) == (3, None)  # a stream cut short
+    assert UsageSniffer(omit=omit).events == 0
+    body = UsageSniffer(omit=omit)
+    body.feed(COMPLETION)
+    assert body.events == 0  # not a stream
 
 
 def test_a_body_that_is_not_an_event_stream_passes_on_as_it_comes() -> None:

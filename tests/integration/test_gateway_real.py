@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from herdless.gateway.wire import parse_chat_request
 from herdless.launch.servers import (
     ServerProcess,
     emulator_process,
@@ -127,20 +128,28 @@ def test_overload_gets_staggered_429s_and_the_rest_is_served(vllm: ServerProcess
     assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
 
 
-def test_client_disconnect_frees_the_upstream_sequence() -> None:
+def test_client_disconnect_frees_the_upstream_sequence_and_is_charged_what_it_used() -> None:
     with (
         emulator_process(speed=1, answer_min_tokens=2000, answer_max_tokens=2000) as vllm,
         gateway_process(upstream=vllm.url) as gateway,
     ):
+        asked = body(stream=True, max_tokens=2000)
         with httpx.stream(
-            "POST", gateway.url + "/v1/chat/completions", json=body(stream=True), timeout=30
+            "POST", gateway.url + "/v1/chat/completions", json=asked, timeout=30
         ) as response:
-            chunks = response.iter_raw()  # kept: a dropped generator closes the response
-            next(chunks)
+            lines = response.iter_lines()  # kept: a dropped generator closes the response
+            got = 0
+            while got < 5:
+                got += next(lines).startswith("data: {")
             wait_for(lambda: metric(vllm.url, "vllm:num_requests_running") == 1)
         # Closing our side mid-stream must abort the emulated sequence, not let it run on.
         wait_for(lambda: metric(vllm.url, "vllm:num_requests_running") == 0)
         wait_for(lambda: metric(gateway.url, "herdless_gateway_inflight") == 0)
+        # It is charged the events vLLM sent (about a token each), not its 2,000 tokens.
+        made = metric(vllm.url, "vllm:generation_tokens_total")
+        served = metric(gateway.url, 'herdless_gateway_tokens_served_total{class="interactive"}')
+        prompt = parse_chat_request(json.dumps(asked).encode()).prompt_tokens  # its estimate
+        assert 5 <= served - prompt <= made + 1  # the first event carries no token
 
 
 def test_upstream_down_then_loading_then_ready() -> None:

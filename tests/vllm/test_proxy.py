@@ -9,12 +9,16 @@ unchanged, with the finish reason and the token counts that answer implies.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
 import herdless
+from herdless.gateway.wire import parse_chat_request
 from herdless.launch.servers import ServerProcess
 from herdless.launch.vllm import FORCED_TEXT, MODEL_NAME, forced_answer, read_metric
 
@@ -130,3 +134,28 @@ def test_a_stream_without_usage_is_settled_on_it_and_streamed_as_vllm_streams_it
     assert chunks[-1].system_fingerprint
     assert whole.usage is not None
     assert after - before == whole.usage.total_tokens  # the usage, not the price
+
+
+def test_a_stream_its_client_stops_is_charged_the_tokens_vllm_sent_not_its_max_tokens(
+    gateway: ServerProcess, vllm_url: str
+) -> None:
+    # An employee presses stop after 5 tokens of an answer that may run to 400: vLLM
+    # aborts it, and the gateway settles it on the events vLLM sent (about a token each).
+    served = "herdless_gateway_tokens_served_total"
+    body = {"model": MODEL_NAME, "messages": HI, "stream": True}
+    body |= forced_answer(400, ending="length")
+    before = read_metric(gateway.url, served, **{"class": "interactive"})
+    made = read_metric(vllm_url, "vllm:generation_tokens_total")
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # kept: a dropped generator closes the response
+        got = -1  # the first event names the role
+        while got < 5:
+            got += next(lines).startswith("data: {")
+    deadline = time.monotonic() + 60
+    while read_metric(gateway.url, "herdless_gateway_inflight") > 0:
+        assert time.monotonic() < deadline, "the stopped stream is still running"
+        time.sleep(0.1)
+    made = read_metric(vllm_url, "vllm:generation_tokens_total") - made
+    charged = read_metric(gateway.url, served, **{"class": "interactive"}) - before
+    prompt = parse_chat_request(json.dumps(body).encode()).prompt_tokens  # its estimate
+    assert 5 <= charged - prompt <= made + 1 < 400

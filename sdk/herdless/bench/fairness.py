@@ -6,7 +6,7 @@ gateway in front of it (``slots`` running + ``queue`` waiting, no API keys: user
 told apart by the OpenAI ``user`` field). Arms, each in the same run against the same
 emulator: the gateway's ``--scheduler vtc`` (token-fair, with priority classes), and
 the reference orders ``round-robin`` (by requests, the gateway's order before) and
-``fcfs``. Three scenarios:
+``fcfs``. Four scenarios:
 
 1. ``fairness-tokens``: two users of one key, both backlogged (``backlog`` calls each
    outstanding at all times), one asking 512-token answers, one 64-token answers.
@@ -22,6 +22,9 @@ the reference orders ``round-robin`` (by requests, the gateway's order before) a
 3. ``fairness-no-priority``: the same, the batch user's calls sent without a class
    (all interactive). Target (vtc): Jain >= 0.95 over the backlogged users' tokens
    in every ``window``-second window.
+4. ``fairness-stops``: scenario 1's two users both asking ``long_tokens``, the short
+   user streaming each answer and closing it after ``short_tokens`` (an employee who
+   presses stop). Target (vtc): the tokens each used within 10 % of the other's.
 
 How service, throughput and the per-window index are computed from the clients'
 records: :mod:`herdless.bench.fairness_stats`.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -80,17 +84,25 @@ async def _until_end(p: FairnessParams, t0: float, work: list[Coroutine[Any, Any
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _two_users(url: str, p: FairnessParams, seed: int, records: list[CallRecord]) -> None:
-    """Scenario 1: two users, each keeping ``backlog`` calls outstanding (raw HTTP)."""
+async def _two_users(
+    url: str, p: FairnessParams, seed: int, records: list[CallRecord], *, stops: bool = False
+) -> None:
+    """Scenario 1: two users, each keeping ``backlog`` calls outstanding (raw HTTP).
+    ``stops`` (scenario 4): both ask ``long_tokens``, and the short user streams each
+    answer and stops it after ``short_tokens``."""
     t0 = time.monotonic()
     async with httpx.AsyncClient(timeout=600, limits=_UNLIMITED) as client:
+        prompt = await _prompt_tokens(client, url) if stops else 0
 
-        async def loop(user: str, tokens: int) -> None:
+        async def loop(user: str, tokens: int, stop_after: int | None = None) -> None:
             body = {"model": _MODEL, "messages": _MESSAGES, "max_tokens": tokens}
             body |= {"ignore_eos": True, "user": user}
             while (sent := time.monotonic() - t0) < p.stop:
                 try:
-                    response = await client.post(f"{url}/chat/completions", json=body)
+                    if stop_after is None:
+                        response = await client.post(f"{url}/chat/completions", json=body)
+                    else:
+                        response, got = await _stopped(client, url, body, stop_after)
                 except asyncio.CancelledError:
                     records.append(CallRecord(user=user, sent=sent, ended=None, ok=False))
                     raise
@@ -99,7 +111,10 @@ async def _two_users(url: str, p: FairnessParams, seed: int, records: list[CallR
                     records.append(CallRecord(user=user, sent=sent, ended=ended, ok=False))
                     await asyncio.sleep(float(response.headers.get("retry-after", 1)))
                     continue
-                usage = response.json()["usage"]
+                if stop_after is None:
+                    usage = response.json()["usage"]
+                else:
+                    usage = {"prompt_tokens": prompt, "completion_tokens": got}
                 records.append(
                     CallRecord(
                         user=user,
@@ -112,8 +127,35 @@ async def _two_users(url: str, p: FairnessParams, seed: int, records: list[CallR
                 )
 
         work = [loop("long", p.long_tokens) for _ in range(p.backlog)]
-        work += [loop("short", p.short_tokens) for _ in range(p.backlog)]
+        if stops:
+            work += [loop("short", p.long_tokens, p.short_tokens) for _ in range(p.backlog)]
+        else:
+            work += [loop("short", p.short_tokens) for _ in range(p.backlog)]
         await _until_end(p, t0, work)
+
+
+async def _prompt_tokens(client: httpx.AsyncClient, url: str) -> int:
+    """The prompt tokens of the scenarios' messages, as vLLM counts them (one token asked)."""
+    body = {"model": _MODEL, "messages": _MESSAGES, "max_tokens": 1}
+    response = await client.post(f"{url}/chat/completions", json=body)
+    response.raise_for_status()
+    return int(response.json()["usage"]["prompt_tokens"])
+
+
+async def _stopped(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], stop_after: int
+) -> tuple[httpx.Response, int]:
+    """One answer streamed and closed after ``stop_after`` tokens (an employee pressing
+    stop): the response, and the tokens it got (an event a token; the first names the
+    role)."""
+    got = -1
+    async with client.stream("POST", f"{url}/chat/completions", json=body | {"stream": True}) as r:
+        if r.status_code == 200:
+            async for line in r.aiter_lines():
+                got += line.startswith("data: {")
+                if got >= stop_after:
+                    break
+    return r, max(got, 0)
 
 
 def _crowd(*, batch: bool, priorities: bool, hosted: str) -> Load:
@@ -237,6 +279,14 @@ def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[
         runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
         result = tokens_table(runs, p)
         result.plots.append(_plot(out / "fairness-tokens.png", kept, p, result.title))
+        results.append(result)
+
+        kept = {}
+        stops = functools.partial(_two_users, stops=True)
+        specs = {arm: ({"scheduler": arm}, stops) for arm in ARMS}
+        runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
+        result = tokens_table(runs, p, stops=True)
+        result.plots.append(_plot(out / "fairness-stops.png", kept, p, result.title))
         results.append(result)
 
         kept = {}

@@ -115,6 +115,7 @@ class Gate:
         used_tokens: int | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        whole: bool = True,
     ) -> None:
         """End a ticket (settled against the usage given) and start whoever now fits."""
         self._early.pop(ticket.id, None)
@@ -123,6 +124,7 @@ class Gate:
             used_tokens=used_tokens,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            whole=whole,
         )
         self._dispatch()
 

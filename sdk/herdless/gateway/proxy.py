@@ -52,15 +52,16 @@ from herdless.gateway.edge import (
     unless_gone,
     waited_out,
 )
+from herdless.gateway.gate import Gate
 from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
-from herdless.gateway.relay import relay
+from herdless.gateway.relay import relay, sniffer_for
 from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
 from herdless.gateway.runtime import AUDIT_LOG, Runtime, header_map, request_id
 from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import UpstreamUnavailable
-from herdless.gateway.usage import asking_usage
+from herdless.gateway.usage import UsageSniffer, asking_usage
 from herdless.gateway.wire import (
     BadRequest,
     capacity_header,
@@ -342,18 +343,32 @@ class AdmittedProxy:
             refused = Refuse(status=response.status_code, code=code, message=said,
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
             return await self._spilled(exchange, spill, raw, refused)
+        sniffer, whole = sniffer_for(response, omit=usage), False
         try:
             waited = exchange.access.kept + ticket.queue_wait
-            sniffer = await relay(send, response, rid, started, rt, waited, omit=usage)
-        finally:
+            whole = await relay(send, response, sniffer, rid, started, rt, waited)
+        finally:  # its client gone too (cancelled): it is settled on what vLLM sent
             await response.aclose()
-        rt.gate.release(
-            ticket,
-            used_tokens=sniffer.total_tokens,
-            prompt_tokens=sniffer.prompt_tokens,
-            completion_tokens=sniffer.completion_tokens,
-        )
+            _settle(rt.gate, ticket, sniffer, whole=whole)
         return response.status_code, None
+
+
+def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
+    """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
+    stream broke) has none: a stream is settled on its events, about a token each (an
+    employee who stops an answer is charged what it used, not its ``max_tokens``); a
+    body not streamed keeps its price. A cut answer teaches no answer length."""
+    used, completion = sniffer.total_tokens, sniffer.completion_tokens
+    if not whole and used is None and sniffer.events:
+        completion = sniffer.events
+        used = ticket.prompt + completion
+    gate.release(
+        ticket,
+        used_tokens=used,
+        prompt_tokens=sniffer.prompt_tokens,
+        completion_tokens=completion,
+        whole=whole,
+    )
 
 
 def _sender(exchange: _Exchange) -> Sender:

@@ -17,24 +17,32 @@ from herdless.gateway.runtime import Runtime
 from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import capacity_header, refusal_headers, upstream_hint
 
-__all__ = ["relay"]
+__all__ = ["relay", "sniffer_for"]
 
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 
 
+def sniffer_for(response: httpx.Response, *, omit: bool) -> UsageSniffer:
+    """What reads ``response``'s usage as it passes (``omit``: the usage event the gateway
+    asked for is left out, of a 200 event stream whose bytes are not compressed)."""
+    head = response.headers
+    events = head.get("content-type", "").startswith("text/event-stream")
+    plain = head.get("content-encoding", "identity") == "identity"  # else bytes unread
+    return UsageSniffer(omit=omit and response.status_code == 200 and events and plain)
+
+
 async def relay(
     send: Send,
     response: httpx.Response,
+    sniffer: UsageSniffer,
     rid: str,
     started: float,
     rt: Runtime,
     queued: float,
-    *,
-    omit: bool,
-) -> UsageSniffer:
-    """Pass the upstream response through, byte for byte (``omit``: but for the usage
-    event the gateway asked for); returns what it saw of usage.
+) -> bool:
+    """Pass the upstream response through, byte for byte, as ``sniffer`` lets it (it reads
+    the usage); returns whether it ended whole (``False``: vLLM cut it).
 
     ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
@@ -51,11 +59,7 @@ async def relay(
             Refuse(status=response.status_code, code="", message="", retry_after=retry_after)
         )
     await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-    head = response.headers
-    events = head.get("content-type", "").startswith("text/event-stream")
-    plain = head.get("content-encoding", "identity") == "identity"  # else bytes unread
-    sniffer = UsageSniffer(omit=omit and response.status_code == 200 and events and plain)
-    first = True
+    first, whole = True, True
     try:
         async for chunk in response.aiter_raw():
             if first:
@@ -65,6 +69,6 @@ async def relay(
                 await send({"type": "http.response.body", "body": passed, "more_body": True})
     except httpx.TransportError:
         # The upstream cut the stream: end ours where it ended (no [DONE] follows).
-        pass
+        whole = False
     await send({"type": "http.response.body", "body": sniffer.end(), "more_body": False})
-    return sniffer
+    return whole

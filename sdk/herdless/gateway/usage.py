@@ -62,9 +62,12 @@ class UsageSniffer:
     event passes on once its blank line has come, one that finishes a choice once the
     next has (vLLM writes them together: nothing waits in practice). Past ``_MOST`` bytes
     with no event's end the body is not a stream this knows, and passes on as it comes.
+
+    It also counts the stream's events (:attr:`events`): what a stream cut short (its
+    client left) used, where vLLM sent no usage.
     """
 
-    __slots__ = ("_held", "_omit", "_rest", "_tail")
+    __slots__ = ("_held", "_omit", "_rest", "_tail", "events")
     _KEEP = 4096
     _MOST = 65_536
 
@@ -73,10 +76,13 @@ class UsageSniffer:
         self._omit = omit
         self._rest = b""  # the start of an event whose end has not come (with ``omit``)
         self._held = b""  # an event that finished a choice, until the next comes
+        self.events = 0
+        """The events of a stream (``data: {``) fed so far: about one token each."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Look at the next bytes of the body; returns what to pass on to the client."""
         self._tail = (self._tail + chunk)[-self._KEEP :]
+        self.events += chunk.count(b"data: {")
         if not self._omit:
             return chunk
         if not (self._rest or self._held) and chunk.endswith(b"\n\n") and _plain(chunk):

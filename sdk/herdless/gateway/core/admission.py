@@ -512,6 +512,7 @@ class Admission:
         used_tokens: int | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        whole: bool = True,
     ) -> None:
         """End a ticket: finished or abandoned, queued or running (idempotent).
 
@@ -523,6 +524,9 @@ class Admission:
             completion_tokens: the real completion tokens, when reported (else
                 ``used_tokens`` less the prompt); the user's service counter is
                 settled against them.
+            whole: ``False`` for an answer cut short (its client left): its tokens
+                settle the charges, but its length is not an answer's, and teaches
+                neither the user's average answer nor the engine's.
         """
         if ticket.state == "done":
             return
@@ -539,9 +543,14 @@ class Admission:
             if completion_tokens is None and used_tokens is not None:
                 prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
                 completion_tokens = max(0, used_tokens - prompt)
-            self._queue.finish(ticket, now, prompt=prompt_tokens, completion=completion_tokens)
+            self._queue.finish(
+                ticket, now, prompt=prompt_tokens, completion=completion_tokens, learn=whole
+            )
             self._sizing.finish(
-                ticket, now, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+                ticket,
+                now,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens if whole else None,
             )
             self._drained.add(now)
         ticket.state = "done"

@@ -345,9 +345,16 @@ class FairQueue:
         flow.window.add(now, charge)
 
     def finish(
-        self, ticket: Ticket, now: float, *, prompt: int | None, completion: int | None
+        self,
+        ticket: Ticket,
+        now: float,
+        *,
+        prompt: int | None,
+        completion: int | None,
+        learn: bool = True,
     ) -> None:
-        """A started ``ticket`` ended; settle its charge when the usage is known."""
+        """A started ``ticket`` ended; settle its charge when the usage is known (``learn``:
+        its answer is whole, and counts in the flow's predicted answer)."""
         flow = self.flow_of(ticket)
         flow.running -= 1
         if completion is None:
@@ -361,7 +368,9 @@ class FairQueue:
         flow.counter += delta
         flow.owner.counter += delta
         flow.window.add(now, delta)
-        flow.predicted = average_answer(flow.predicted, completion, ticket.price - ticket.prompt)
+        if learn:
+            budget = ticket.price - ticket.prompt
+            flow.predicted = average_answer(flow.predicted, completion, budget)
 
     # -- places -----------------------------------------------------------------------------
 

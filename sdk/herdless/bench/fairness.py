@@ -127,10 +127,8 @@ async def _two_users(
                 )
 
         work = [loop("long", p.long_tokens) for _ in range(p.backlog)]
-        if stops:
-            work += [loop("short", p.long_tokens, p.short_tokens) for _ in range(p.backlog)]
-        else:
-            work += [loop("short", p.short_tokens) for _ in range(p.backlog)]
+        short = (p.long_tokens, p.short_tokens) if stops else (p.short_tokens, None)
+        work += [loop("short", *short) for _ in range(p.backlog)]
         await _until_end(p, t0, work)
 
 

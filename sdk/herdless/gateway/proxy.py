@@ -358,13 +358,12 @@ def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -
     stream broke) has none: a stream is settled on its events, about a token each (an
     employee who stops an answer is charged what it used, not its ``max_tokens``); a
     body not streamed keeps its price. A cut answer teaches no answer length."""
-    used, completion = sniffer.total_tokens, sniffer.completion_tokens
-    if not whole and used is None and sniffer.events:
+    completion = sniffer.completion_tokens
+    if completion is None and not whole and sniffer.events:
         completion = sniffer.events
-        used = ticket.prompt + completion
     gate.release(
         ticket,
-        used_tokens=used,
+        used_tokens=sniffer.total_tokens,
         prompt_tokens=sniffer.prompt_tokens,
         completion_tokens=completion,
         whole=whole,

@@ -519,7 +519,8 @@ class Admission:
         Args:
             ticket: the ticket from :meth:`offer`.
             used_tokens: the real prompt + completion tokens, when the upstream
-                reported them; the token bucket is settled by ``price - used``.
+                reported them (else the prompt and ``completion_tokens``, when
+                given); the token bucket is settled by ``price - used``.
             prompt_tokens: the real prompt tokens, when reported.
             completion_tokens: the real completion tokens, when reported (else
                 ``used_tokens`` less the prompt); the user's service counter is
@@ -538,10 +539,12 @@ class Admission:
             run = max(0.0, now - started)
             alpha = self.config.ewma_alpha
             self._mean_service = (1 - alpha) * self._mean_service + alpha * run
+            prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
+            if used_tokens is None and completion_tokens is not None:
+                used_tokens = prompt + completion_tokens
             if used_tokens is not None:
                 self._keys[ticket.key_id].settle(ticket.price - used_tokens)
             if completion_tokens is None and used_tokens is not None:
-                prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
                 completion_tokens = max(0, used_tokens - prompt)
             self._queue.finish(
                 ticket, now, prompt=prompt_tokens, completion=completion_tokens, learn=whole

@@ -62,6 +62,9 @@ ONE_CONCEPT = {
     "ticket between offered, queued, running and done reads and writes the same counters",
     "herdless.gateway.core.fairqueue": "the fair queue: the waiters' order and whom a full "
     "queue displaces both walk the same flows by the same service counters",
+    "herdless.gateway.core.sizing": "the dispatch rule: its seven rules read and write the "
+    "one account of the running requests and the engine's readings (what each start holds, "
+    "what each end frees and teaches)",
     "herdless._window": "flow control at one backend: the window's size, its slots and the "
     "line of calls waiting for one move together under one lock (every grant, release, "
     "refusal, requeue and review reads and writes the same counters and tickets)",

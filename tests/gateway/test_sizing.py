@@ -164,6 +164,24 @@ def test_a_runs_time_beyond_its_decode_is_measured_and_predicted() -> None:
     assert sizing.predicted_ends(3.0) == pytest.approx((4.5, 1.5))
 
 
+def test_what_a_run_made_is_its_time_past_the_prompts_pass_at_the_decode_rate() -> None:
+    """Runs measured to take 0.5 s beyond their decode at 100 tokens a second: one running
+    for 2 s has made 150 tokens, one running past its max_tokens' time 300 at most."""
+    sizing = Sizing(AdmissionConfig())
+    cut = ticket(10, 300)
+    sizing.start(cut, 0.0, predicted=None)
+    assert sizing.made(cut, 2.0) is None  # no decode rate measured yet
+    sizing.observe(reading(0.0, capacity=10_000, running=1, generation_tokens=0))
+    sizing.observe(reading(1.0, capacity=10_000, running=1, generation_tokens=100))
+    done = ticket(10, 100)
+    sizing.start(done, 1.0, predicted=None)
+    sizing.finish(done, 2.5, prompt_tokens=10, completion_tokens=100)  # 1 s + 0.5 s
+    assert sizing.made(cut, 0.4) == 0.0  # still in its prompt's pass
+    assert sizing.made(cut, 2.0) == pytest.approx(150.0)
+    assert sizing.made(cut, 9.0) == 300.0
+    assert sizing.made(done, 3.0) is None  # it does not run
+
+
 def test_short_answers_cut_at_their_max_tokens_leave_long_ones_predicted_long() -> None:
     """300-token answers, then four cut at a max_tokens of 32: the next request of
     max_tokens 300 is still predicted at 300 (3 s at 100 tokens a second), not 142."""
@@ -527,3 +545,28 @@ def test_an_answer_cut_short_teaches_the_sizing_no_answer_length() -> None:
     whole = room([(100, True)])
     assert room([(100, True), (5, False)]) == whole
     assert room([(100, True), (5, True)]) > whole
+
+
+def test_an_answer_cut_with_nothing_seen_is_charged_what_the_decode_rate_made() -> None:
+    """A body not streamed whose client left (a timeout, an SDK's deadline or hedge) shows
+    the gateway no token: it is charged what the engine's measured decode rate made in its
+    run (100 tokens a second here), at most its max_tokens; with no rate, its price."""
+
+    def charged(run: float, *, rate: bool) -> tuple[float | None, int, Ticket]:
+        clock = FakeClock()
+        adm = Admission(AdmissionConfig(max_queue=10), clock=clock)
+        adm.observe(reading(clock.monotonic(), running=1))
+        if rate:
+            clock.advance(1.0)
+            adm.observe(reading(clock.monotonic(), running=1, generation_tokens=100))
+        decision = adm.offer("key-a", 1_010, prompt=10, user="u")
+        assert isinstance(decision, Admit)
+        clock.advance(run)
+        adm.release(decision.ticket, whole=False)
+        counter = adm.queue.counter("interactive", "key-a/u")
+        return counter, adm.queue.served_tokens["interactive"], decision.ticket
+
+    assert charged(2.0, rate=True)[:2] == (10 + 2 * 200, 10 + 200)
+    assert charged(20.0, rate=True)[:2] == (10 + 2 * 1_000, 1_010)
+    counter, served, cut = charged(2.0, rate=False)
+    assert (counter, served) == (cut.charged, 1_010)  # its price stands

@@ -152,6 +152,26 @@ def test_client_disconnect_frees_the_upstream_sequence_and_is_charged_what_it_us
         assert 5 <= served - prompt <= made + 1  # the first event carries no token
 
 
+def test_a_body_not_streamed_whose_client_left_is_charged_what_the_engine_made() -> None:
+    """A client that gives up on an answer not streamed (a timeout, an SDK's deadline or
+    hedge) sees no token of it, nor does the gateway: it is charged the tokens the
+    engine's measured decode rate made while it ran, not its 2,000."""
+    with (
+        emulator_process(speed=1, answer_min_tokens=2000, answer_max_tokens=2000) as vllm,
+        gateway_process(upstream=vllm.url) as gateway,
+    ):
+        asked = body(max_tokens=2000)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(gateway.url + "/v1/chat/completions", json=asked, timeout=1.5)
+        wait_for(lambda: metric(vllm.url, "vllm:num_requests_running") == 0)
+        wait_for(lambda: metric(gateway.url, "herdless_gateway_inflight") == 0)
+        made = metric(vllm.url, "vllm:generation_tokens_total")
+        served = metric(gateway.url, 'herdless_gateway_tokens_served_total{class="interactive"}')
+        prompt = parse_chat_request(json.dumps(asked).encode()).prompt_tokens
+        assert 0 < made < 1000  # aborted when its client left, long before its end
+        assert made / 2 <= served - prompt <= made * 1.5 + 10
+
+
 def test_upstream_down_then_loading_then_ready() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

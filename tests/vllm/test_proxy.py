@@ -159,3 +159,27 @@ def test_a_stream_its_client_stops_is_charged_the_tokens_vllm_sent_not_its_max_t
     charged = read_metric(gateway.url, served, **{"class": "interactive"}) - before
     prompt = parse_chat_request(json.dumps(body).encode()).prompt_tokens  # its estimate
     assert 5 <= charged - prompt <= made + 1 < 400
+
+
+def test_an_answer_not_streamed_whose_client_left_is_charged_what_vllm_made(
+    gateway: ServerProcess, vllm_url: str
+) -> None:
+    # A client gives up after 2 s on an answer not streamed that may run to 400 tokens:
+    # vLLM aborts it, and the gateway, which saw no token of it, settles it on what its
+    # reading of vLLM's decode rate says vLLM made in its run.
+    served = "herdless_gateway_tokens_served_total"
+    body = {"model": MODEL_NAME, "messages": HI} | forced_answer(400, ending="length")
+    before = read_metric(gateway.url, served, **{"class": "interactive"})
+    made = read_metric(vllm_url, "vllm:generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=2.0)
+    deadline = time.monotonic() + 60
+    while read_metric(gateway.url, "herdless_gateway_inflight") > 0:
+        assert time.monotonic() < deadline, "the abandoned answer is still running"
+        time.sleep(0.1)
+    time.sleep(0.5)  # vLLM's counter takes the aborted request's last tokens
+    made = read_metric(vllm_url, "vllm:generation_tokens_total") - made
+    charged = read_metric(gateway.url, served, **{"class": "interactive"}) - before
+    prompt = parse_chat_request(json.dumps(body).encode()).prompt_tokens  # its estimate
+    assert 0 < made < 400
+    assert made / 2 <= charged - prompt <= made * 1.5 + 10

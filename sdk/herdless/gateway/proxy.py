@@ -196,7 +196,7 @@ class AdmittedProxy:
             )
             outcome = await self._until_gone(exchange.receive, work)
         finally:
-            rt.gate.release(ticket, used_tokens=None)  # no-op when _admitted released it
+            rt.gate.release(ticket, whole=False)  # its client left first (else a no-op)
         status, reason = outcome
         return status, reason, ticket
 
@@ -356,8 +356,10 @@ class AdmittedProxy:
 def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
     """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
     stream broke) has none: a stream is settled on its events, about a token each (an
-    employee who stops an answer is charged what it used, not its ``max_tokens``); a
-    body not streamed keeps its price. A cut answer teaches no answer length."""
+    employee who stops an answer is charged what it used, not its ``max_tokens``); one
+    with no event on the engine's measured decode rate
+    (:meth:`~herdless.gateway.core.admission.Admission.release`). A cut answer teaches no
+    answer length."""
     completion = sniffer.completion_tokens
     if completion is None and not whole and sniffer.events:
         completion = sniffer.events

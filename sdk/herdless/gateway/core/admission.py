@@ -527,7 +527,10 @@ class Admission:
                 settled against them.
             whole: ``False`` for an answer cut short (its client left): its tokens
                 settle the charges, but its length is not an answer's, and teaches
-                neither the user's average answer nor the engine's.
+                neither the user's average answer nor the engine's. With no usage and
+                no tokens given (a body not streamed, or a stream cut before its first
+                event), it is settled on the tokens the engine's measured decode rate
+                made in its run time; its price stands where no rate is measured.
         """
         if ticket.state == "done":
             return
@@ -540,6 +543,9 @@ class Admission:
             alpha = self.config.ewma_alpha
             self._mean_service = (1 - alpha) * self._mean_service + alpha * run
             prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
+            if not whole and used_tokens is None and completion_tokens is None:
+                made = self._sizing.made(ticket, now)  # nothing seen of it: estimate
+                completion_tokens = None if made is None else round(made)
             if used_tokens is None and completion_tokens is not None:
                 used_tokens = prompt + completion_tokens
             if used_tokens is not None:

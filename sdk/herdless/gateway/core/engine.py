@@ -78,6 +78,12 @@ class Run:
         """What it holds when it ends: prompt, answer and a partly filled block."""
         return self.prompt + self.predicted + block
 
+    def made(self, now: float, rate: float, rest: float) -> float:
+        """Answer tokens it has made by ``now``, decoding ``rate`` tokens a second after
+        ``rest`` seconds of its run that are not decoding (its prompt's pass); at most its
+        ``max_tokens``."""
+        return min(self.budget, max(0.0, now - self.started - rest) * rate)
+
 
 class Running:
     """The requests the gateway runs, with each class's count and final sizes kept as
@@ -99,6 +105,9 @@ class Running:
         self._runs[key] = run
         self.seqs[run.interactive] += 1
         self.tokens[run.interactive] += run.prompt + run.predicted
+
+    def get(self, key: int) -> Run | None:
+        return self._runs.get(key)
 
     def pop(self, key: int) -> Run | None:
         run = self._runs.pop(key, None)

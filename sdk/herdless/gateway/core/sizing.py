@@ -341,6 +341,11 @@ class Sizing:
             before = self._answers.get(run.interactive)
             self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)
 
+    def made(self, ticket: Ticket, now: float) -> float | None:
+        """Answer tokens running ``ticket`` has likely made by ``now`` (``None``: no rate)."""
+        run, rate = self._runs.get(ticket.id), self._decode_rate
+        return None if run is None or rate is None else run.made(now, rate, self._rest or 0.0)
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _run_of(self, ticket: Ticket, predicted: float | None, now: float) -> Run:

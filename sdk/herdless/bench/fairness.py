@@ -6,7 +6,8 @@ gateway in front of it (``slots`` running + ``queue`` waiting, no API keys: user
 told apart by the OpenAI ``user`` field). Arms, each in the same run against the same
 emulator: the gateway's ``--scheduler vtc`` (token-fair, with priority classes), and
 the reference orders ``round-robin`` (by requests, the gateway's order before) and
-``fcfs``. Four scenarios:
+``fcfs``; and ``vLLM alone``, the same load straight at the emulator (its own FCFS
+queue, no gateway). Four scenarios:
 
 1. ``fairness-tokens``: two users of one key, both backlogged (``backlog`` calls each
    outstanding at all times), one asking 512-token answers, one 64-token answers.
@@ -57,13 +58,16 @@ from herdless.bench.report import ScenarioResult
 from herdless.bench.runner import Arm, Progress, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 
-__all__ = ["ARMS", "RESERVES", "run"]
+__all__ = ["ALONE", "ARMS", "RESERVES", "run"]
 
 ARMS = ("vtc", "round-robin", "fcfs")
 """The gateway's schedulers compared; ``vtc`` is the one under test."""
+ALONE = "vLLM alone"
+"""The arm with no gateway: the load straight at the emulated vLLM."""
 BASELINE = "no batch user"
-RESERVES = (2, 3)
-"""Interactive reserves of the extra ``vtc`` arms of scenario 2 (the default is 1 at 8 slots)."""
+RESERVES = (1, 2, 3)
+"""Interactive reserves of scenario 2's static arms: ``vtc`` with ``--sizing static`` (the
+reserve an operator sets; the default is 1 at 8 slots). Self-sized, it is measured."""
 _MODEL = "emulated-llama-3-8b"
 _MESSAGES = [{"role": "user", "content": "Summarise the meeting notes, please."}]
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -233,8 +237,9 @@ def _emulators(p: FairnessParams) -> Iterator[tuple[str, str]]:
         yield gpu.url, f"{hosted.url}/v1"
 
 
-Spec = tuple[dict[str, Any], Load]
-"""An arm: the gateway's flags (``scheduler``, ...) and the load played against it."""
+Spec = tuple[dict[str, Any] | None, Load]
+"""An arm: the gateway's flags (``scheduler``, ...; ``None``: no gateway, the load at the
+emulator itself) and the load played against it."""
 
 
 def _measure(
@@ -248,17 +253,21 @@ def _measure(
     """Every arm (``name -> spec``) interleaved; ``kept`` gets each arm's records of its
     first run (for the plots)."""
 
-    def arm(name: str, flags: dict[str, Any], load: Load) -> Arm:
+    def arm(name: str, flags: dict[str, Any] | None, load: Load) -> Arm:
         def once(seed: int) -> dict[str, float]:
             records: list[CallRecord] = []
-            with quiet_gateway(
-                upstream=gpu,
-                max_concurrency=p.slots,
-                max_queue=p.queue,
-                queue_timeout=120,
-                **flags,
-            ) as gateway:
-                asyncio.run(load(f"{gateway.url}/v1", p, seed, records))
+            with contextlib.ExitStack() as stack:
+                url = gpu
+                if flags is not None:
+                    gateway = quiet_gateway(
+                        upstream=gpu,
+                        max_concurrency=p.slots,
+                        max_queue=p.queue,
+                        queue_timeout=120,
+                        **flags,
+                    )
+                    url = stack.enter_context(gateway).url
+                asyncio.run(load(f"{url}/v1", p, seed, records))
             kept.setdefault(name, records)
             return figures(records)
 
@@ -274,6 +283,7 @@ def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[
     with _emulators(p) as (gpu, hosted):
         kept: dict[str, list[CallRecord]] = {}
         specs: dict[str, Spec] = {arm: ({"scheduler": arm}, _two_users) for arm in ARMS}
+        specs[ALONE] = (None, _two_users)
         runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
         result = tokens_table(runs, p)
         result.plots.append(_plot(out / "fairness-tokens.png", kept, p, result.title))
@@ -282,6 +292,7 @@ def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[
         kept = {}
         stops = functools.partial(_two_users, stops=True)
         specs = {arm: ({"scheduler": arm}, stops) for arm in ARMS}
+        specs[ALONE] = (None, stops)
         runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
         result = tokens_table(runs, p, stops=True)
         result.plots.append(_plot(out / "fairness-stops.png", kept, p, result.title))
@@ -290,8 +301,10 @@ def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[
         kept = {}
         crowd = _crowd(batch=True, priorities=True, hosted=hosted)
         specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
-        for reserve in RESERVES:  # the latency / throughput trade-off of the reserve
-            specs[f"vtc, reserve {reserve}"] = ({"interactive_reserve": reserve}, crowd)
+        for reserve in RESERVES:  # the latency / throughput trade-off of a static reserve
+            static = {"sizing": "static", "interactive_reserve": reserve}
+            specs[f"vtc, static, reserve {reserve}"] = (static, crowd)
+        specs[ALONE] = (None, crowd)
         specs[BASELINE] = ({}, _crowd(batch=False, priorities=True, hosted=hosted))
         runs = _measure(gpu, p, specs, progress, kept, lambda r: priority_figures(r, p))
         result = priority_table(runs, p, baseline=BASELINE)
@@ -301,6 +314,7 @@ def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[
         kept = {}
         crowd = _crowd(batch=True, priorities=False, hosted=hosted)
         specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
+        specs[ALONE] = (None, crowd)
         runs = _measure(gpu, p, specs, progress, kept, lambda r: window_figures(r, p))
         result = window_table(runs, p)
         result.plots.append(_plot(out / "fairness-no-priority.png", kept, p, result.title))

@@ -35,7 +35,8 @@ __all__ = [
 
 _MEASURED = (
     "Real processes on 127.0.0.1; every arm in the same run, against the same emulator; "
-    "a gateway per arm, differing only in --scheduler."
+    "a gateway per arm, differing only in --scheduler; 'vLLM alone': the same clients "
+    "straight at the emulator (its own FCFS queue), no gateway."
 )
 _SERVICE = (
     "Tokens served = 1 x prompt + 2 x completion tokens (the gateway's weights), spread over "
@@ -213,8 +214,11 @@ def priority_table(runs: Runs, p: FairnessParams, *, baseline: str) -> ScenarioR
             "emulator; its errors are exceptions its code saw; 'spilled': answered by the "
             "fallback.",
             f"'{baseline}': the chats alone, on the vtc gateway, in the same run. "
-            "'vtc, reserve N': the vtc gateway with --interactive-reserve N (the default, "
-            f"ceil({p.slots} / 8), is {math.ceil(p.slots / 8)}).",
+            "'vtc, static, reserve N': the vtc gateway with --sizing static (its limit the "
+            f"operator's {p.slots}) and --interactive-reserve N (its default at {p.slots} "
+            f"slots: {math.ceil(p.slots / 8)}); 'vtc' sizes itself from the engine's "
+            "metrics, and measures the room it leaves the chats (the flag is for static "
+            "limits).",
             "GPU throughput: completion tokens per second, from the usage of the answers.",
         ],
     )

@@ -570,3 +570,27 @@ def test_an_answer_cut_with_nothing_seen_is_charged_what_the_decode_rate_made() 
     assert charged(20.0, rate=True)[:2] == (10 + 2 * 1_000, 1_010)
     counter, served, cut = charged(2.0, rate=False)
     assert (counter, served) == (cut.charged, 1_010)  # its price stands
+
+
+def test_a_request_vllm_did_not_run_is_charged_nothing_and_teaches_nothing() -> None:
+    """vLLM refused it (a 400, a 404): its 0 tokens settle its user's share, and its
+    prompt count of 0 is not the engine's count of a prompt (the room for the next is
+    the same; taken for one, it would grow)."""
+
+    def after(refused: int, *, whole: bool) -> tuple[float | None, int, int]:
+        clock = FakeClock()
+        adm = Admission(AdmissionConfig(max_queue=1000), clock=clock)
+        adm.observe(reading(clock.monotonic(), capacity=10_000))
+        for _ in range(refused):
+            decision = adm.offer("key-a", 1_000, prompt=400, user="u")
+            assert isinstance(decision, Admit)
+            nothing = {"used_tokens": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            adm.release(decision.ticket, **nothing, whole=whole)
+        counter = adm.queue.counter("interactive", "key-a/u")
+        served = adm.queue.served_tokens["interactive"]
+        decisions = [adm.offer("key-a", 1_000, prompt=400) for _ in range(100)]
+        return counter, served, sum(isinstance(d, Admit) for d in decisions)
+
+    room = after(0, whole=False)[2]
+    assert after(20, whole=False) == (0.0, 0, room)
+    assert after(20, whole=True)[2] > room

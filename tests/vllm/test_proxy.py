@@ -183,3 +183,15 @@ def test_an_answer_not_streamed_whose_client_left_is_charged_what_vllm_made(
     prompt = parse_chat_request(json.dumps(body).encode()).prompt_tokens  # its estimate
     assert 0 < made < 400
     assert made / 2 <= charged - prompt <= made * 1.5 + 10
+
+
+def test_a_request_vllm_refuses_is_charged_nothing(gateway: ServerProcess) -> None:
+    # vLLM answers 400 to an answer longer than its context (2,048 tokens here): nothing
+    # ran, so neither the key's tokens per minute nor the user's share pay its price.
+    served = "herdless_gateway_tokens_served_total"
+    before = read_metric(gateway.url, served, **{"class": "interactive"})
+    body = {"model": MODEL_NAME, "messages": HI, "max_tokens": 4000}
+    refused = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400
+    assert refused.headers["x-herdless-backend"] == "upstream"  # vLLM's own answer
+    assert read_metric(gateway.url, served, **{"class": "interactive"}) == before

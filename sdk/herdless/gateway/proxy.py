@@ -327,7 +327,7 @@ class AdmittedProxy:
             body = asking_usage(raw) if usage else raw
             response = await rt.upstream.open("POST", self._route.path, body=body, headers=headers)
         except UpstreamUnavailable as exc:
-            rt.gate.release(ticket)
+            _unrun(rt.gate, ticket)
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
             refused = rt.gate.unavailable(exc.code, str(exc))
@@ -337,7 +337,7 @@ class AdmittedProxy:
             return 503, exc.code
         if spill is not None and response.status_code in (429, 503):  # vLLM's own refusal
             await response.aclose()
-            rt.gate.release(ticket)
+            _unrun(rt.gate, ticket)
             code = "upstream_busy" if response.status_code == 429 else "upstream_unavailable"
             said = f"the model server answered {response.status_code}"
             refused = Refuse(status=response.status_code, code=code, message=said,
@@ -349,15 +349,23 @@ class AdmittedProxy:
             whole = await relay(send, response, sniffer, rid, started, rt, waited)
         finally:  # its client gone too (cancelled): it is settled on what vLLM sent
             await response.aclose()
-            _settle(rt.gate, ticket, sniffer, whole=whole)
+            if response.status_code >= 400 and response.status_code != 500:
+                _unrun(rt.gate, ticket)  # vLLM refused it: a 400, a 404, its own 429 or 503
+            else:
+                _settle(rt.gate, ticket, sniffer, whole=whole and response.status_code < 500)
         return response.status_code, None
+
+
+def _unrun(gate: Gate, ticket: Ticket) -> None:
+    """End a ticket vLLM did not run (not reached, or it refused it): no token is charged."""
+    gate.release(ticket, used_tokens=0, prompt_tokens=0, completion_tokens=0, whole=False)
 
 
 def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
     """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
-    stream broke) has none: a stream is settled on its events, about a token each (an
-    employee who stops an answer is charged what it used, not its ``max_tokens``); one
-    with no event on the engine's measured decode rate
+    stream broke, vLLM failed with a 500) has none: a stream is settled on its events,
+    about a token each (an employee who stops an answer is charged what it used, not its
+    ``max_tokens``); one with no event on the engine's measured decode rate
     (:meth:`~herdless.gateway.core.admission.Admission.release`). A cut answer teaches no
     answer length."""
     completion = sniffer.completion_tokens

@@ -525,12 +525,13 @@ class Admission:
             completion_tokens: the real completion tokens, when reported (else
                 ``used_tokens`` less the prompt); the user's service counter is
                 settled against them.
-            whole: ``False`` for an answer cut short (its client left): its tokens
-                settle the charges, but its length is not an answer's, and teaches
-                neither the user's average answer nor the engine's. With no usage and
-                no tokens given (a body not streamed, or a stream cut before its first
-                event), it is settled on the tokens the engine's measured decode rate
-                made in its run time; its price stands where no rate is measured.
+            whole: ``False`` for an answer cut short (its client left) or not run:
+                its tokens settle the charges and teach nothing (neither the user's
+                average answer, nor the engine's, nor the prompts' calibration). With
+                no usage and no tokens given (a body not streamed, or a stream cut
+                before its first event), it is settled on the tokens the engine's
+                measured decode rate made in its run time; its price stands where no
+                rate is measured.
         """
         if ticket.state == "done":
             return
@@ -558,7 +559,7 @@ class Admission:
             self._sizing.finish(
                 ticket,
                 now,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=prompt_tokens if whole else None,
                 completion_tokens=completion_tokens if whole else None,
             )
             self._drained.add(now)

@@ -594,3 +594,28 @@ def test_a_request_vllm_did_not_run_is_charged_nothing_and_teaches_nothing() -> 
     room = after(0, whole=False)[2]
     assert after(20, whole=False) == (0.0, 0, room)
     assert after(20, whole=True)[2] > room
+
+
+def test_a_run_cut_short_or_not_run_teaches_no_run_time() -> None:
+    """A 400 answered in 2 ms says nothing of how long answers run: neither the mean run
+    time (rule 7's drain hope, a refused caller's time before answers are measured) nor
+    the batch pacing's run time moves; a whole answer teaches both."""
+    clock = FakeClock()
+    adm = Admission(AdmissionConfig(max_queue=10), clock=clock)
+    adm.observe(reading(clock.monotonic(), capacity=10_000))
+    before = adm.mean_service_time
+
+    def run(seconds: float, *, whole: bool) -> None:
+        decision = adm.offer("key-a", 1_000, prompt=400, priority="batch")
+        assert isinstance(decision, Admit)
+        clock.advance(seconds)
+        tokens = {"used_tokens": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        adm.release(decision.ticket, **tokens, whole=whole)
+
+    for _ in range(5):
+        run(0.002, whole=False)
+    assert adm.mean_service_time == before
+    assert adm.sizing._pacing.batch_run is None
+    run(2.0, whole=True)
+    assert adm.mean_service_time != before
+    assert adm.sizing._pacing.batch_run == pytest.approx(2.0)

@@ -527,7 +527,8 @@ class Admission:
                 settled against them.
             whole: ``False`` for an answer cut short (its client left) or not run:
                 its tokens settle the charges and teach nothing (neither the user's
-                average answer, nor the engine's, nor the prompts' calibration). With
+                average answer, nor the engine's, nor the prompts' calibration, nor a
+                run time). With
                 no usage and no tokens given (a body not streamed, or a stream cut
                 before its first event), it is settled on the tokens the engine's
                 measured decode rate made in its run time; its price stands where no
@@ -540,9 +541,10 @@ class Admission:
         else:
             now = self._clock.monotonic()
             started = now if ticket.started_at is None else ticket.started_at
-            run = max(0.0, now - started)
-            alpha = self.config.ewma_alpha
-            self._mean_service = (1 - alpha) * self._mean_service + alpha * run
+            if whole:  # a cut run's time is not an answer's
+                run = max(0.0, now - started)
+                alpha = self.config.ewma_alpha
+                self._mean_service = (1 - alpha) * self._mean_service + alpha * run
             prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
             if not whole and used_tokens is None and completion_tokens is None:
                 made = self._sizing.made(ticket, now)  # nothing seen of it: estimate
@@ -559,8 +561,9 @@ class Admission:
             self._sizing.finish(
                 ticket,
                 now,
-                prompt_tokens=prompt_tokens if whole else None,
-                completion_tokens=completion_tokens if whole else None,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                whole=whole,
             )
             self._drained.add(now)
         ticket.state = "done"

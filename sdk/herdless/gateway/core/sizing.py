@@ -321,16 +321,20 @@ class Sizing:
         *,
         prompt_tokens: int | None,
         completion_tokens: int | None,
+        whole: bool = True,
     ) -> None:
-        """``ticket`` ended; the engine's usage, when reported, calibrates the predictions."""
+        """``ticket`` ended; the engine's usage, when reported, calibrates the predictions
+        (``whole``: the answer ended on its own; one cut short, or not run, teaches none)."""
         run = self._runs.pop(ticket.id)
         if run is None:
             return
         self.inflight_tokens -= ticket.price
         self._ended_since += 1
-        self._pacing.ended(run, now)
         if run.interactive:
             self._note_interactive(now)
+        if not whole:
+            return
+        self._pacing.ended(run, now)
         if prompt_tokens is not None and ticket.prompt > 0:
             self._prompt_ratio += _EWMA * (prompt_tokens / ticket.prompt - self._prompt_ratio)
         if completion_tokens is not None:

@@ -352,7 +352,7 @@ class AdmittedProxy:
             if response.status_code >= 400 and response.status_code != 500:
                 _unrun(rt.gate, ticket)  # vLLM refused it: a 400, a 404, its own 429 or 503
             else:
-                _settle(rt.gate, ticket, sniffer, whole=whole and response.status_code < 500)
+                _settle(rt.gate, ticket, sniffer, whole=whole and response.status_code != 500)
         return response.status_code, None
 
 

@@ -528,11 +528,10 @@ class Admission:
             whole: ``False`` for an answer cut short (its client left) or not run:
                 its tokens settle the charges and teach nothing (neither the user's
                 average answer, nor the engine's, nor the prompts' calibration, nor a
-                run time). With
-                no usage and no tokens given (a body not streamed, or a stream cut
-                before its first event), it is settled on the tokens the engine's
-                measured decode rate made in its run time; its price stands where no
-                rate is measured.
+                run time). With no usage and no tokens given (a body not streamed, or
+                a stream cut before its first event), it is settled on the tokens the
+                engine's measured decode rate made in its run time; its price stands
+                where no rate is measured.
         """
         if ticket.state == "done":
             return

@@ -619,3 +619,21 @@ def test_jain_index_over_users_waiting_throughout_the_window(clock: FakeClock) -
     service = adm.user_service()
     assert set(service) == {"key-a/u-a", "key-a/u-b"}
     assert adm.queue.served_tokens["interactive"] == 20 * 60
+
+
+def test_a_settled_charge_corrects_its_own_second_in_the_service_window(
+    clock: FakeClock,
+) -> None:
+    """A first answer is charged its whole max_tokens (no average yet) and settled on what it
+    used. Ended within the window, the window reads the settled charge; ended after its
+    start left the window, the correction is not read alone as service given back."""
+    adm = make(clock, max_concurrency=2, fair_window=10)
+    short = started(adm, "u-a", prompt=10, completion=1000)  # charged 10 + 2 x 1000
+    long = started(adm, "u-b", prompt=10, completion=1000)
+    clock.advance(4)
+    adm.release(short, prompt_tokens=10, completion_tokens=100)
+    assert adm.user_service()["key-a/u-a"] == pytest.approx(10 + 2 * 100)
+    clock.advance(11)  # the long one started 15 s ago: its charge is out of the window
+    adm.release(long, prompt_tokens=10, completion_tokens=100)
+    assert "key-a/u-b" not in adm.user_service()  # was -1800: a negative share
+    assert adm.queue.counter("interactive", "key-a/u-b") == pytest.approx(10 + 2 * 100)

@@ -367,7 +367,7 @@ class FairQueue:
         ticket.charged += delta
         flow.counter += delta
         flow.owner.counter += delta
-        flow.window.add(now, delta)
+        flow.window.settle(now if ticket.started_at is None else ticket.started_at, now, delta)
         if learn:
             budget = ticket.price - ticket.prompt
             flow.predicted = average_answer(flow.predicted, completion, budget)

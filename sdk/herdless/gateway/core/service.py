@@ -94,6 +94,18 @@ class ServiceWindow:
         self._tokens[index] += tokens
         self.last = second
 
+    def settle(self, charged_at: float, now: float, tokens: float) -> None:
+        """Correct a charge made at ``charged_at`` by ``tokens``, in its own second: the
+        window holds what the requests it saw start were charged, as settled. A charge
+        already out of the window at ``now`` takes no correction (the correction alone
+        would read as service the user gave back: a negative share)."""
+        second = math.floor(charged_at)
+        if second <= math.floor(now) - len(self._seconds):
+            return
+        index = second % len(self._seconds)
+        if self._seconds[index] == second:  # else nothing was charged then to correct
+            self._tokens[index] += tokens
+
     def total(self, now: float) -> float:
         """The tokens charged in the ``size`` seconds up to ``now``."""
         second = math.floor(now)

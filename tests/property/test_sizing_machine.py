@@ -1,0 +1,250 @@
+"""The self-sized admission (``sizing = "engine"``) as a hypothesis state machine.
+
+The admission machine drives the gateway's core on static limits; this one feeds it the
+engine's readings too (capacity, KV use, running and waiting counts, counters that grow,
+restart or go missing), and ends requests every way the proxy does: whole with vLLM's
+usage, cut short with what was seen or nothing at all, and not run (a 400, a 404, vLLM's
+own 429).
+
+Invariants: the counters equal the live tickets, the dispatch limit stays between 1 and
+the cap, a running request's estimated answer stays within its ``max_tokens``, the run
+time and drain rate behind Retry-After stay positive and finite, every refusal says when
+to come back, the fair queue's service counters never go negative, and the key's token
+budget is never minted beyond what the clock refilled, whatever the estimate settled on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from tests.property._profile import PROPERTY
+
+from herdless.gateway.core.admission import Admission
+from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.engine import Reading
+from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.testing import FakeClock
+
+KEYS = st.sampled_from(["key-a", "key-b"])
+USERS = st.sampled_from([None, "u-1", "u-2"])
+PRIORITIES = st.sampled_from(["interactive", "batch"])
+Ending = Literal["usage", "cut", "cut_seen", "unrun", "queued"]
+ENDINGS: st.SearchStrategy[Ending] = st.sampled_from(["usage", "cut", "cut_seen", "unrun"])
+TPM = 6000
+
+
+class SizingMachine(RuleBasedStateMachine):
+    """Offers, dispatches, releases of every kind, engine readings, time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.adm = Admission(AdmissionConfig(), clock=self.clock)
+        self.cap: int | None = None
+        self.tickets: list[Ticket] = []
+        self.refilled: dict[str, float] = {}
+        self.generated = 0  # the engine's generation counter
+        self.preempted = 0  # the engine's preemption counter
+
+    @initialize(
+        cap=st.none() | st.integers(1, 8),
+        max_queue=st.integers(0, 6),
+        scheduler=st.sampled_from(["vtc", "vtc", "round-robin", "fcfs"]),
+        tpm=st.booleans(),
+    )
+    def build(self, cap: int | None, max_queue: int, scheduler: str, tpm: bool) -> None:
+        self.cap = cap
+        config = AdmissionConfig(
+            scheduler=scheduler,  # type: ignore[arg-type]
+            max_concurrency=cap,
+            max_queue=max_queue,
+            tokens_per_minute=TPM if tpm else None,
+            queue_timeout=5.0,
+            max_retry_after=30.0,
+        )
+        self.adm = Admission(config, clock=self.clock)
+
+    def _live(self, state: str) -> list[Ticket]:
+        return [t for t in self.tickets if t.state == state]
+
+    def _level(self, key_id: str) -> float | None:
+        key = self.adm._keys._keys.get(key_id)  # white-box: the bucket's level
+        if key is None or key.tokens is None:
+            return None
+        return key.tokens.level(self.clock.monotonic())
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(
+        key_id=KEYS,
+        user=USERS,
+        priority=PRIORITIES,
+        prompt=st.integers(1, 2000),
+        max_tokens=st.integers(1, 2000),
+    )
+    def offer(
+        self, key_id: str, user: str | None, priority: Priority, prompt: int, max_tokens: int
+    ) -> None:
+        self.refilled.setdefault(key_id, 0.0)
+        price = prompt + max_tokens
+        decision = self.adm.offer(key_id, price, user=user, priority=priority, prompt=prompt)
+        if isinstance(decision, Admit | Enqueued):
+            self.tickets.append(decision.ticket)
+            return
+        assert isinstance(decision, Refuse)
+        if decision.status in (429, 503):
+            assert 0 < decision.retry_after <= self.adm.config.max_retry_after, decision
+        else:
+            assert (decision.status, decision.code) == (400, "request_too_large"), decision
+
+    @rule()
+    def dispatch(self) -> None:
+        for ticket in self.adm.dispatch():
+            assert ticket.state == "running"
+
+    @precondition(lambda self: any(t.state != "done" for t in self.tickets))
+    @rule(index=st.integers(0, 100), ending=ENDINGS, share=st.floats(0.0, 1.0))
+    def release(self, index: int, ending: Ending, share: float) -> None:
+        """End a ticket as the proxy does: ``share`` of its ``max_tokens`` made, and the
+        engine's prompt count off the estimate by up to a half either way."""
+        live = [t for t in self.tickets if t.state != "done"]
+        ticket = live[index % len(live)]
+        budget = ticket.price - ticket.prompt
+        made = round(share * budget)
+        if ticket.state == "running":
+            self.generated += made
+        before = self._level(ticket.key_id)
+        if ticket.state == "queued":
+            self.adm.release(ticket)
+        elif ending == "usage":
+            prompt = max(1, round(ticket.prompt * (0.5 + share)))
+            self.adm.release(
+                ticket, used_tokens=prompt + made, prompt_tokens=prompt, completion_tokens=made
+            )
+        elif ending == "cut":  # nothing seen of it: the engine's rate estimates it
+            self.adm.release(ticket, whole=False)
+        elif ending == "cut_seen":  # a stream stopped: its events counted
+            self.adm.release(ticket, completion_tokens=made, whole=False)
+        else:  # vLLM refused it, or was not reached
+            self.adm.release(ticket, used_tokens=0, whole=False)
+        assert ticket.state == "done"
+        after = self._level(ticket.key_id)
+        if before is not None and after is not None and ending == "unrun":
+            bucket = self.adm._keys[ticket.key_id].tokens
+            assert bucket is not None  # not run: its whole price comes back
+            assert abs(after - min(bucket.capacity, before + ticket.price)) < 1e-6
+
+    @rule(
+        capacity=st.sampled_from([4_000, 20_000, 200_000]),
+        usage=st.floats(0.0, 1.0),
+        waiting=st.integers(0, 6),
+        extra=st.integers(-2, 2),
+        preempted=st.integers(0, 2),
+        missing=st.sampled_from([None, "kv_usage", "running", "generation_tokens"]),
+        restart=st.booleans(),
+    )
+    def observe(
+        self,
+        capacity: int,
+        usage: float,
+        waiting: int,
+        extra: int,
+        preempted: int,
+        missing: str | None,
+        restart: bool,
+    ) -> None:
+        """A reading of the engine: its running count is the gateway's, give or take
+        others' requests; its counters grow, unless it restarted."""
+        if restart:
+            self.generated = self.preempted = 0
+        self.preempted += preempted
+        fields: dict[str, float | int | None] = {
+            "kv_usage": usage,
+            "running": max(0, self.adm.inflight + extra),
+            "generation_tokens": self.generated,
+        }
+        if missing is not None:
+            fields[missing] = None
+        self.adm.observe(
+            Reading(
+                at=self.clock.monotonic(),
+                kv_capacity=capacity,
+                block_size=16,
+                waiting=waiting,
+                preemptions=self.preempted,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
+
+    @rule(tokens_per_second=st.integers(0, 400))
+    def decode(self, tokens_per_second: int) -> None:
+        """A second of decoding: the engine's counter grows with the running requests."""
+        self.clock.advance(1.0)
+        self.generated += tokens_per_second * self.adm.inflight
+        self._refill(1.0)
+
+    @rule(seconds=st.floats(0.0, 5.0))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self._refill(seconds)
+
+    @rule(ready=st.booleans())
+    def upstream(self, ready: bool) -> None:
+        self.adm.set_upstream(ready=ready, code="upstream_unavailable")
+
+    def _refill(self, seconds: float) -> None:
+        for key_id in self.refilled:
+            self.refilled[key_id] += seconds * TPM / 60
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def counters_match_the_tickets(self) -> None:
+        running, queued = self._live("running"), self._live("queued")
+        assert self.adm.inflight == len(running) == self.adm.sizing.running
+        assert self.adm.queue_depth == len(queued) <= self.adm.config.max_queue
+        assert self.adm.inflight_tokens == sum(t.price for t in running)
+
+    @invariant()
+    def the_limit_stays_between_one_and_the_cap(self) -> None:
+        limit = self.adm.sizing.limit
+        assert limit >= 1
+        if self.cap is not None:
+            assert limit <= self.cap
+            assert self.adm.inflight <= self.cap
+
+    @invariant()
+    def an_estimate_stays_within_max_tokens(self) -> None:
+        now = self.clock.monotonic()
+        for ticket in self._live("running"):
+            made = self.adm.sizing.made(ticket, now)
+            if made is not None:
+                assert 0 <= made <= ticket.price - ticket.prompt
+
+    @invariant()
+    def retry_after_rests_on_finite_times(self) -> None:
+        assert 0 < self.adm.mean_service_time < math.inf
+        assert 0 < self.adm.drain_rate() < math.inf
+
+    @invariant()
+    def service_is_never_negative(self) -> None:
+        for user, served in self.adm.user_service().items():
+            assert served >= -1e-6, (user, served)
+
+    @invariant()
+    def tokens_are_never_minted(self) -> None:
+        if self.adm.config.tokens_per_minute is None:
+            return
+        for key_id, refilled in self.refilled.items():
+            level = self._level(key_id)
+            if level is None:
+                continue
+            held = sum(t.price for t in self.tickets if t.key_id == key_id and t.state != "done")
+            assert level + held <= TPM + refilled + 1e-6, f"{key_id} holds more than it was given"
+
+
+SizingMachine.TestCase.settings = PROPERTY
+test_sizing_machine = SizingMachine.TestCase

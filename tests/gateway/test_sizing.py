@@ -79,6 +79,30 @@ def test_the_caps_bound_the_engines_room() -> None:
     assert fill(tokens, lambda: ticket(900, 100)) == 5
 
 
+def test_a_request_the_gateway_would_run_alone_starts_whatever_its_size() -> None:
+    """Nothing of the gateway's own can end to make room for it: held, it would wait its
+    whole hold (and the queue behind it) for a 429 that never turns into an answer."""
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    first = ticket(100, 100)
+    sizing.start(first, 0.0, predicted=None)
+    huge = ticket(9_950, 100)  # its prompt alone is over FILL x capacity
+    assert sizing.hold(huge, 0.0, recent_interactive=False) == "kv"  # one of its own runs
+    sizing.finish(first, 1.0, prompt_tokens=100, completion_tokens=100)
+    assert sizing.hold(huge, 1.0, recent_interactive=False) is None  # alone: it starts
+    # Batch keeps its interactive reserve beside running requests, not on an idle engine:
+    # with a learned max_num_seqs of 1, a reserve of one sequence would hold it for ever.
+    one = Sizing(AdmissionConfig())
+    for at in (0.0, 0.25, 0.5, 0.75, 1.0):
+        one.observe(reading(at, running=1, waiting=3, usage=0.05))
+    assert one.seq_limit == 1
+    one.observe(reading(1.25, running=0, waiting=0, usage=0.0))
+    assert one.hold(ticket(10, 10, "batch"), 1.25, recent_interactive=False) is None
+    chat = ticket(10, 10)
+    one.start(chat, 1.25, predicted=None)
+    assert one.hold(ticket(10, 10, "batch"), 1.25, recent_interactive=False) == "seqs"
+
+
 def test_answers_are_predicted_from_the_settled_usage_not_max_tokens() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=10_000))

@@ -190,6 +190,23 @@ def test_a_request_vllm_refuses_costs_its_key_and_user_nothing() -> None:
         assert httpx.post(url, json=body(max_tokens=5), timeout=30).status_code == 200
 
 
+def test_a_request_of_about_the_whole_kv_cache_runs_alone_at_once() -> None:
+    """A context about as long as the engine's whole KV cache (vLLM starts only if its
+    cache holds one): beyond the self-sized budget, so it waits for the gateway's own
+    requests to end, never for ever. Before, it waited its 30 s hold for a 429."""
+    with (
+        emulator_process(speed=50, kv_cache_tokens=4096, max_model_len=4096) as vllm,
+        gateway_process(upstream=vllm.url) as gateway,
+    ):
+        wait_for(lambda: metric(gateway.url, 'herdless_gateway_sizing_mode{mode="engine"}') == 1)
+        url = gateway.url + "/v1/chat/completions"
+        whole = {"messages": [{"role": "user", "content": "abc " * 4060}], "max_tokens": 16}
+        assert parse_chat_request(json.dumps(whole).encode()).price(0) > 4096 * 0.99
+        answered = httpx.post(url, json=whole, timeout=10)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["completion_tokens"] == 16
+
+
 def test_upstream_down_then_loading_then_ready() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

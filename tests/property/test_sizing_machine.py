@@ -33,7 +33,8 @@ USERS = st.sampled_from([None, "u-1", "u-2"])
 PRIORITIES = st.sampled_from(["interactive", "batch"])
 Ending = Literal["usage", "cut", "cut_seen", "unrun", "queued"]
 ENDINGS: st.SearchStrategy[Ending] = st.sampled_from(["usage", "cut", "cut_seen", "unrun"])
-TPM = 6000
+TOKENS = st.sampled_from([1, 100, 1500, 3000]) | st.integers(1, 3000)
+TPM = 8000
 
 
 class SizingMachine(RuleBasedStateMachine):
@@ -82,8 +83,8 @@ class SizingMachine(RuleBasedStateMachine):
         key_id=KEYS,
         user=USERS,
         priority=PRIORITIES,
-        prompt=st.integers(1, 2000),
-        max_tokens=st.integers(1, 2000),
+        prompt=TOKENS,
+        max_tokens=TOKENS,
     )
     def offer(
         self, key_id: str, user: str | None, priority: Priority, prompt: int, max_tokens: int
@@ -138,7 +139,7 @@ class SizingMachine(RuleBasedStateMachine):
             assert abs(after - min(bucket.capacity, before + ticket.price)) < 1e-6
 
     @rule(
-        capacity=st.sampled_from([4_000, 20_000, 200_000]),
+        capacity=st.sampled_from([3_000, 8_000, 200_000]),
         usage=st.floats(0.0, 1.0),
         waiting=st.integers(0, 6),
         extra=st.integers(-2, 2),
@@ -178,6 +179,35 @@ class SizingMachine(RuleBasedStateMachine):
                 **fields,  # type: ignore[arg-type]
             )
         )
+
+    @precondition(lambda self: any(t.state == "queued" for t in self.tickets))
+    @rule()
+    def an_idle_engine_starts_every_waiter(self) -> None:
+        """Whatever was learned, once the running requests end, the engine reads idle and
+        the buckets refilled, the head of the queue starts, and so on to the last waiter:
+        a request waits for those ahead of it, never for ever (all wait behind it)."""
+        self.adm.set_upstream(ready=True)
+        if self.adm.draining:
+            self.adm.resume()
+        while self._live("queued"):
+            while self._live("running"):
+                live = [t for t in self.tickets if t.state != "done"]
+                self.release(live.index(self._live("running")[0]), "usage", 0.5)
+            self.clock.advance(120.0)  # the interactive window, the batch pacing, the buckets
+            self._refill(120.0)
+            self.adm.observe(
+                Reading(
+                    at=self.clock.monotonic(),
+                    kv_capacity=self.adm.sizing.kv_capacity or 20_000,
+                    block_size=16,
+                    kv_usage=0.0,
+                    running=0,
+                    waiting=0,
+                    preemptions=self.preempted,
+                    generation_tokens=self.generated,
+                )
+            )
+            assert self.adm.dispatch(), f"nothing started: held for {self.adm.held}"
 
     @rule(tokens_per_second=st.integers(0, 400))
     def decode(self, tokens_per_second: int) -> None:

@@ -10,7 +10,9 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
 2. KV headroom: the peak KV of the running requests and this one, each decoding one
    token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
    ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
-   gateway's own account (another client) added;
+   gateway's own account (another client) added. A request the gateway would run alone
+   starts whatever its size (nothing of its own can end to make room: the engine runs
+   what its cache holds and refuses the rest itself);
 3. no batch start while the engine's own queue lasts (two readings over
    ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
 4. batch leaves half the interactive demand of the last ``reserve_window`` (plus one
@@ -255,6 +257,8 @@ class Sizing:
             reserve_seqs, reserve_tokens = self._interactive_reserve(now, recent_interactive)
             if recent_interactive and now < self.batch_spaced_until:
                 return "spacing"
+        if not running:  # alone: nothing of the gateway's can end to make room (rules 2-4)
+            return None
         if self.seq_limit is not None and running + reserve_seqs >= self.seq_limit:
             return "seqs" if reserve_seqs == 0 or running >= self.seq_limit else "reserve"
         budget = self.kv_budget

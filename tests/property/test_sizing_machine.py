@@ -7,10 +7,12 @@ usage, cut short with what was seen or nothing at all, and not run (a 400, a 404
 own 429).
 
 Invariants: the counters equal the live tickets, the dispatch limit stays between 1 and
-the cap, a running request's estimated answer stays within its ``max_tokens``, the run
-time and drain rate behind Retry-After stay positive and finite, every refusal says when
-to come back, the fair queue's service counters never go negative, and the key's token
-budget is never minted beyond what the clock refilled, whatever the estimate settled on.
+the cap, every waiter starts once the engine is idle (nothing holds one for ever), a
+running request's estimated answer stays within its ``max_tokens``, the run time and
+drain rate behind Retry-After stay positive and finite, every refusal says when to come
+back and each user's queue refusals are told times in order, the service window never
+reads a negative share, and the key's token budget is never minted beyond what the clock
+refilled, whatever the estimate settled on.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class SizingMachine(RuleBasedStateMachine):
         self.refilled: dict[str, float] = {}
         self.generated = 0  # the engine's generation counter
         self.preempted = 0  # the engine's preemption counter
+        self.told: dict[tuple[str, str], float] = {}  # the latest time told, per class and user
 
     @initialize(
         cap=st.none() | st.integers(1, 8),
@@ -96,10 +99,17 @@ class SizingMachine(RuleBasedStateMachine):
             self.tickets.append(decision.ticket)
             return
         assert isinstance(decision, Refuse)
-        if decision.status in (429, 503):
-            assert 0 < decision.retry_after <= self.adm.config.max_retry_after, decision
-        else:
+        if decision.status not in (429, 503):
             assert (decision.status, decision.code) == (400, "request_too_large"), decision
+            return
+        assert 0 < decision.retry_after <= self.adm.config.max_retry_after, decision
+        if decision.code in ("queue_full", "kv_budget"):
+            klass = priority if self.adm.config.scheduler == "vtc" else "interactive"
+            unit = key_id if user is None else f"{key_id}/{user}"
+            at = self.clock.monotonic() + decision.retry_after
+            last = self.told.get((klass, unit), -math.inf)
+            assert at >= last - 1e-9, "a later refusal of a user was told an earlier time"
+            self.told[(klass, unit)] = at
 
     @rule()
     def dispatch(self) -> None:

@@ -1,6 +1,7 @@
 """The gateway's admission core as a hypothesis state machine.
 
-Invariants: never more than ``max_concurrency`` running upstream, never more than
+Invariants: every waiter starts once the running requests end (none is held for ever),
+never more than ``max_concurrency`` running upstream, never more than
 ``max_queue`` waiting (nor more than a key's share), the KV budget never exceeded,
 the core's counters equal the live tickets (per class too), a refused request always
 says when to come back (``0 < retry_after <= max_retry_after``), each user's queue
@@ -202,6 +203,20 @@ class AdmissionMachine(RuleBasedStateMachine):
             return
         assert (refused.status, refused.code) == (429, "queue_timeout")
         self._check_queue_order(refused, ticket.priority, ticket.unit)
+
+    @precondition(lambda self: any(t.state == "queued" for t in self.tickets))
+    @rule()
+    def every_waiter_starts_once_the_running_end(self) -> None:
+        """Once the running requests end and the buckets refilled, the head of the queue
+        starts, and so on to the last waiter: none is held for ever."""
+        self.adm.set_upstream(ready=True)
+        self.adm.resume()
+        while self._live("queued"):
+            for ticket in self._live("running"):
+                self.adm.release(ticket, used_tokens=ticket.price)
+            for _ in range(24):  # two minutes: the interactive window, the buckets
+                self.advance(5.0)
+            assert self.adm.dispatch(), f"nothing started: held for {self.adm.held}"
 
     @rule()
     def drain(self) -> None:

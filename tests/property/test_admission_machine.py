@@ -24,6 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 from tests.property._profile import PROPERTY
+from tests.property._tokens import assert_never_minted, level
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -83,13 +84,6 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     def _live(self, state: str) -> list[Ticket]:
         return [t for t in self.tickets if t.state == state]
-
-    def _level(self, key_id: str) -> float | None:
-        # White-box: the conservation check needs the level of a key already seen.
-        key = self.adm._keys._keys.get(key_id)
-        if key is None or key.tokens is None:
-            return None
-        return key.tokens.level(self.clock.monotonic())
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -174,12 +168,12 @@ class AdmissionMachine(RuleBasedStateMachine):
     def release(self, index: int, used: int | None) -> None:
         live = [t for t in self.tickets if t.state != "done"]
         ticket = live[index % len(live)]
-        before = self._level(ticket.key_id)
+        before = level(self.adm, ticket.key_id)
         was_queued = ticket.state == "queued"
         self.adm.release(ticket, used_tokens=used)
         assert ticket.state == "done"
         self.adm.release(ticket, used_tokens=used)  # idempotent: a second release is a no-op
-        after = self._level(ticket.key_id)
+        after = level(self.adm, ticket.key_id)
         if before is not None and after is not None and was_queued:
             # Never ran: the whole price comes back (up to the bucket's size).
             bucket = self.adm._keys[ticket.key_id].tokens
@@ -264,14 +258,8 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def tokens_are_never_minted(self) -> None:
         tpm = self.config.tokens_per_minute
-        if tpm is None:
-            return
-        for key_id, refilled in self.refilled.items():
-            level = self._level(key_id)
-            if level is None:
-                continue
-            held = sum(t.price for t in self.tickets if t.key_id == key_id and t.state != "done")
-            assert level + held <= tpm + refilled + 1e-6, f"{key_id} holds more than it was given"
+        if tpm is not None:
+            assert_never_minted(self.adm, self.tickets, self.refilled, tpm)
 
 
 AdmissionMachine.TestCase.settings = PROPERTY

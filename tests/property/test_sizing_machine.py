@@ -23,6 +23,7 @@ from typing import Literal
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tests.property._profile import PROPERTY
+from tests.property._tokens import assert_never_minted, level
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
@@ -74,12 +75,6 @@ class SizingMachine(RuleBasedStateMachine):
     def _live(self, state: str) -> list[Ticket]:
         return [t for t in self.tickets if t.state == state]
 
-    def _level(self, key_id: str) -> float | None:
-        key = self.adm._keys._keys.get(key_id)  # white-box: the bucket's level
-        if key is None or key.tokens is None:
-            return None
-        return key.tokens.level(self.clock.monotonic())
-
     # -- rules ----------------------------------------------------------------------------
 
     @rule(
@@ -127,7 +122,7 @@ class SizingMachine(RuleBasedStateMachine):
         made = round(share * budget)
         if ticket.state == "running":
             self.generated += made
-        before = self._level(ticket.key_id)
+        before = level(self.adm, ticket.key_id)
         if ticket.state == "queued":
             self.adm.release(ticket)
         elif ending == "usage":
@@ -142,7 +137,7 @@ class SizingMachine(RuleBasedStateMachine):
         else:  # vLLM refused it, or was not reached
             self.adm.release(ticket, used_tokens=0, whole=False)
         assert ticket.state == "done"
-        after = self._level(ticket.key_id)
+        after = level(self.adm, ticket.key_id)
         if before is not None and after is not None and ending == "unrun":
             bucket = self.adm._keys[ticket.key_id].tokens
             assert bucket is not None  # not run: its whole price comes back
@@ -276,14 +271,8 @@ class SizingMachine(RuleBasedStateMachine):
 
     @invariant()
     def tokens_are_never_minted(self) -> None:
-        if self.adm.config.tokens_per_minute is None:
-            return
-        for key_id, refilled in self.refilled.items():
-            level = self._level(key_id)
-            if level is None:
-                continue
-            held = sum(t.price for t in self.tickets if t.key_id == key_id and t.state != "done")
-            assert level + held <= TPM + refilled + 1e-6, f"{key_id} holds more than it was given"
+        if self.adm.config.tokens_per_minute is not None:
+            assert_never_minted(self.adm, self.tickets, self.refilled, TPM)
 
 
 SizingMachine.TestCase.settings = PROPERTY

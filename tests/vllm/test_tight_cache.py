@@ -27,12 +27,8 @@ HOLD_S = 300.0  # the gateway's queue timeout: a request held past it gets a 429
 
 @pytest.fixture(scope="module")
 def tight_vllm(vllm_server: VllmServer) -> Iterator[VllmServer]:
-    server = VllmServer(vllm_server.home, extra_args=["--num-gpu-blocks-override", "17"])
-    try:
-        server.start()
+    with VllmServer(vllm_server.home, extra_args=["--num-gpu-blocks-override", "17"]) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,46 @@ def test_a_request_the_gateway_would_run_alone_starts_whatever_its_size() -> Non
     assert one.hold(ticket(10, 10, "batch"), 1.25, recent_interactive=False) == "seqs"
 
 
+def test_prompt_blocks_the_engine_shares_leave_room_once_it_has_taken_them_in() -> None:
+    """A batch job whose requests share a 1,500-token instruction: vLLM's prefix cache
+    holds it once. The gateway counts each request whole until a reading shows the
+    engine past its prompt's pass, its prefix cache hitting and its queue empty; then
+    what the engine holds less is room. New requests are still counted whole."""
+
+    def measured(shared: bool, waiting: int = 0) -> tuple[Sizing, list[Ticket]]:
+        sizing = Sizing(AdmissionConfig())
+        sizing.observe(reading(0.0, prefix_hits=0))
+        warm = ticket(100, 100)
+        sizing.start(warm, 0.0, predicted=None)
+        sizing.observe(reading(0.5, running=1, generation_tokens=50, prefix_hits=0))
+        sizing.observe(reading(1.0, running=1, generation_tokens=100, prefix_hits=0))
+        sizing.finish(warm, 2.0, prompt_tokens=100, completion_tokens=100)  # 1 s of rest
+        job = [ticket(1_500, 20, "batch") for _ in range(6)]
+        for t in job:
+            assert sizing.hold(t, 2.0, recent_interactive=False) is None
+            sizing.start(t, 2.0, predicted=None)
+        assert sizing.hold(ticket(1_500, 20, "batch"), 2.0, recent_interactive=False) == "kv"
+        hits = 9_000 if shared else 0
+        engine = {"running": 6, "generation_tokens": 200, "waiting": waiting}
+        sizing.observe(reading(2.5, usage=0.17, prefix_hits=hits // 2, **engine))
+        sizing.observe(reading(3.5, usage=0.17, prefix_hits=hits, **engine))
+        return sizing, job
+
+    sizing, job = measured(shared=True)
+    more = fill(sizing, lambda: ticket(1_500, 20, "batch"), 3.5)
+    # (99 % of 10,000, less the 1,700 the engine holds, less its answers to come) / 1,520
+    assert more == 5
+    unshared, _ = measured(shared=False)
+    assert fill(unshared, lambda: ticket(1_500, 20, "batch"), 3.5) == 0
+    queued, _ = measured(shared=True, waiting=1)  # one may hold no block yet
+    assert fill(queued, lambda: ticket(1_500, 20, "batch"), 3.5) == 0
+    # The shared requests end: what they saved goes with them, before the next reading.
+    ended, job = measured(shared=True)
+    for t in job:
+        ended.finish(t, 3.6, prompt_tokens=1_500, completion_tokens=20)
+    assert fill(ended, lambda: ticket(1_500, 20, "batch"), 3.6) == 6
+
+
 def test_answers_are_predicted_from_the_settled_usage_not_max_tokens() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=10_000))

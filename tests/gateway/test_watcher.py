@@ -28,6 +28,9 @@ vllm:num_preemptions_total{engine="0",model_name="SmolLM2-135M-Instruct"} 7.0
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="SmolLM2-135M-Instruct"} 1234.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="SmolLM2-135M-Instruct"} 4096.0
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="SmolLM2-135M-Instruct"} 0.0
@@ -44,6 +47,7 @@ def test_vllms_metrics_give_every_signal() -> None:
     assert (reading.kv_capacity, reading.block_size) == (2912 * 16, 16)
     assert (reading.kv_usage, reading.running, reading.waiting) == (0.25, 3, 1)
     assert (reading.preemptions, reading.generation_tokens, reading.at) == (7, 1234, 5.0)
+    assert reading.prefix_hits == 4096
 
 
 def test_a_server_without_the_signals_is_not_sizable() -> None:

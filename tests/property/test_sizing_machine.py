@@ -1,10 +1,10 @@
 """The self-sized admission (``sizing = "engine"``) as a hypothesis state machine.
 
 The admission machine drives the gateway's core on static limits; this one feeds it the
-engine's readings too (capacity, KV use, running and waiting counts, counters that grow,
-restart or go missing), and ends requests every way the proxy does: whole with vLLM's
-usage, cut short with what was seen or nothing at all, and not run (a 400, a 404, vLLM's
-own 429).
+engine's readings too (capacity, KV use, running and waiting counts, and its counters of
+generated tokens, preemptions and prefix cache hits, which grow, restart or go missing),
+and ends requests every way the proxy does: whole with vLLM's usage, cut short with what
+was seen or nothing at all, and not run (a 400, a 404, vLLM's own 429).
 
 Invariants: the counters equal the live tickets, the dispatch limit stays between 1 and
 the cap, every waiter starts once the engine is idle (nothing holds one for ever), a
@@ -52,6 +52,7 @@ class SizingMachine(RuleBasedStateMachine):
         self.refilled: dict[str, float] = {}
         self.generated = 0  # the engine's generation counter
         self.preempted = 0  # the engine's preemption counter
+        self.hits = 0  # the engine's prefix cache hits
         self.told: dict[tuple[str, str], float] = {}  # the latest time told, per class and user
 
     @initialize(
@@ -151,6 +152,7 @@ class SizingMachine(RuleBasedStateMachine):
         preempted=st.integers(0, 2),
         missing=st.sampled_from([None, "kv_usage", "running", "generation_tokens"]),
         restart=st.booleans(),
+        hits=st.sampled_from([0, 0, 1_500]),
     )
     def observe(
         self,
@@ -161,12 +163,14 @@ class SizingMachine(RuleBasedStateMachine):
         preempted: int,
         missing: str | None,
         restart: bool,
+        hits: int,
     ) -> None:
         """A reading of the engine: its running count is the gateway's, give or take
         others' requests; its counters grow, unless it restarted."""
         if restart:
-            self.generated = self.preempted = 0
+            self.generated = self.preempted = self.hits = 0
         self.preempted += preempted
+        self.hits += hits  # prompt tokens its prefix cache found
         fields: dict[str, float | int | None] = {
             "kv_usage": usage,
             "running": max(0, self.adm.inflight + extra),
@@ -181,6 +185,7 @@ class SizingMachine(RuleBasedStateMachine):
                 block_size=16,
                 waiting=waiting,
                 preemptions=self.preempted,
+                prefix_hits=self.hits,
                 **fields,  # type: ignore[arg-type]
             )
         )
@@ -210,6 +215,7 @@ class SizingMachine(RuleBasedStateMachine):
                     waiting=0,
                     preemptions=self.preempted,
                     generation_tokens=self.generated,
+                    prefix_hits=self.hits,
                 )
             )
             assert self.adm.dispatch(), f"nothing started: held for {self.adm.held}"

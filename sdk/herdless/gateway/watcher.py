@@ -37,6 +37,7 @@ SIGNALS: Final = {
     "vllm:num_requests_waiting": "waiting",
     "vllm:num_preemptions_total": "preemptions",
     "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
 }
 """The series read, and the :class:`Reading` field each feeds."""
 _AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} 0', re.MULTILINE)
@@ -87,6 +88,7 @@ def parse_metrics(text: str, at: float) -> Reading:
         waiting=_count(sums, "waiting"),
         preemptions=_count(sums, "preemptions"),
         generation_tokens=_count(sums, "generation_tokens"),
+        prefix_hits=_count(sums, "prefix_hits"),
     )
 
 

@@ -47,6 +47,7 @@ class Reading:
         waiting: requests waiting in the engine's own queue.
         preemptions: preemptions so far (a counter).
         generation_tokens: tokens generated so far (a counter).
+        prefix_hits: prompt tokens found in its prefix cache so far (a counter).
     """
 
     at: float
@@ -57,6 +58,7 @@ class Reading:
     waiting: int | None = None
     preemptions: int | None = None
     generation_tokens: int | None = None
+    prefix_hits: int | None = None
 
     @property
     def sizable(self) -> bool:
@@ -73,10 +75,17 @@ class Run:
     budget: float  # its max_tokens: the longest answer it may give
     started: float
     interactive: bool
+    taken_in: bool = False
+    """A reading showed the engine past its prompt's pass (:meth:`Running.taken_in`)."""
 
     def final(self, block: int) -> float:
         """What it holds when it ends: prompt, answer and a partly filled block."""
         return self.prompt + self.predicted + block
+
+    def generated(self, now: float, rate: float) -> float:
+        """Answer tokens it holds by ``now``, decoding ``rate`` tokens a second (never all
+        of its predicted answer: while it runs, one is still to come)."""
+        return min(max(0.0, self.predicted - 1), (now - self.started) * rate)
 
     def made(self, now: float, rate: float, rest: float) -> float:
         """Answer tokens it has made by ``now``, decoding ``rate`` tokens a second after
@@ -89,7 +98,7 @@ class Running:
     """The requests the gateway runs, with each class's count and final sizes kept as
     they start and end: the hot path reads these totals, it never sums them."""
 
-    __slots__ = ("_runs", "seqs", "tokens")
+    __slots__ = ("_runs", "seqs", "taken_in_prompts", "tokens")
 
     def __init__(self) -> None:
         self._runs: dict[int, Run] = {}
@@ -97,6 +106,8 @@ class Running:
         """Requests running, per class (interactive?)."""
         self.tokens = {True: 0.0, False: 0.0}
         """Their prompts and predicted answers, per class (interactive?)."""
+        self.taken_in_prompts = 0.0
+        """The prompts of those the engine has taken in (:meth:`taken_in`)."""
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -114,7 +125,28 @@ class Running:
         if run is not None:
             self.seqs[run.interactive] -= 1
             self.tokens[run.interactive] -= run.prompt + run.predicted
+            if run.taken_in:
+                self.taken_in_prompts -= run.prompt
         return run
+
+    def oldest_start(self) -> float:
+        """When the oldest of them started (``inf``: none runs)."""
+        return min((run.started for run in self._runs.values()), default=math.inf)
+
+    def taken_in(self, by: float, now: float, rate: float, rest: float, typical: float) -> float:
+        """The tokens (prompt and answer, no partial block) of those the engine has taken
+        in whole by ``now``: started by ``by`` (the reading before) and past their
+        prompt's pass (``rest`` seconds, for a prompt of ``typical`` tokens or less,
+        longer in proportion). They are marked so (:attr:`taken_in_prompts`)."""
+        held = 0.0
+        for run in self._runs.values():
+            if run.started > by or run.started + rest * max(1.0, run.prompt / typical) > now:
+                continue
+            if not run.taken_in:
+                run.taken_in = True
+                self.taken_in_prompts += run.prompt
+            held += run.prompt + run.generated(now, rate)
+        return held
 
     def last_interactive_start(self) -> float:
         """When the newest interactive request still running started (``-inf``: none)."""
@@ -143,7 +175,7 @@ class Running:
         """(size now, tokens still to come) of each, decoding ``rate`` tokens a second."""
         out = []
         for run in self._runs.values():
-            generated = min(max(0.0, run.predicted - 1), (now - run.started) * rate)
+            generated = run.generated(now, rate)
             out.append((run.prompt + generated + block, run.predicted - generated))
         return out
 

@@ -10,9 +10,10 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
 2. KV headroom: the peak KV of the running requests and this one, each decoding one
    token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
    ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
-   gateway's own account (another client) added. A request the gateway would run alone
-   starts whatever its size (nothing of its own can end to make room: the engine runs
-   what its cache holds and refuses the rest itself);
+   gateway's own account (another client) added; KV below it, where the engine's
+   prefix cache shares the prompt blocks of requests it has taken in, taken off. A
+   request the gateway would run alone starts whatever its size (nothing of its own
+   can end to make room: the engine runs what its cache holds and refuses the rest);
 3. no batch start while the engine's own queue lasts (two readings over
    ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
 4. batch leaves half the interactive demand of the last ``reserve_window`` (plus one
@@ -103,6 +104,8 @@ class Sizing:
         self._prompt_ratio = 1.0  # engine's prompt tokens / the gateway's estimate
         self._answers: dict[bool, float] = {}  # EWMA of answers, per class (interactive?)
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
+        self._shared = 0.0  # KV tokens its shared prompt blocks save on that account
+        self._hits_at = -math.inf  # the last reading at which its prefix cache hit
         self._good_at = -math.inf
         self._good_limit: int | None = None
         self._queued_streak = 0  # readings in a row queueing with KV to spare, same running
@@ -185,6 +188,7 @@ class Sizing:
             self._learn(last, reading)
         used = reading.kv_usage * reading.kv_capacity
         self._external = max(0.0, used - self._accounted(reading.at))
+        self._shared = 0.0 if last is None else self._shared_kv(last, reading, used)
         self.limit = self._live_limit(reading.at)
         self._good_limit = self.limit
 
@@ -220,6 +224,21 @@ class Sizing:
                 self.seq_limit = now.running  # learned on a moment of arrivals: raise it
         if last.waiting is not None:
             self._waited_before = last.waiting > ENGINE_WAITING
+        if now.prefix_hits is not None and now.prefix_hits > (last.prefix_hits or 0):
+            self._hits_at = now.at
+
+    def _shared_kv(self, last: Reading, now: Reading, used: float) -> float:
+        """KV tokens the engine holds below the gateway's account of the requests it has
+        taken in whole: prompt blocks shared through its prefix cache (rule 2). Only while
+        its cache hit since the oldest running request started and nothing waits in its
+        queue (a request still there holds no block, and would read as shared)."""
+        rate, rest = self._decode_rate, self._rest
+        if rate is None or rest is None or now.waiting != 0:
+            return 0.0
+        if self._hits_at < self._runs.oldest_start():
+            return 0.0
+        held = self._runs.taken_in(last.at, now.at, rate, rest, self._typical)
+        return max(0.0, held - used)
 
     def failed(self, now: float) -> bool:
         """A read failed or came late; returns whether the readings are stale now (rule 6)."""
@@ -264,7 +283,7 @@ class Sizing:
         budget = self.kv_budget
         assert budget is not None
         new = self._run_of(ticket, None, now)
-        bound = self._runs.final(self._block) + new.final(self._block) + self._external
+        bound = self._runs.final(self._block) + new.final(self._block) + self._beyond
         if bound + reserve_tokens > budget:  # else it fits even if all ended together
             peak = self._peak(now, new)
             if peak + reserve_tokens > budget:
@@ -386,7 +405,13 @@ class Sizing:
         sizes = self._runs.sizes(now, self._decode_rate or 0.0, self._block)
         if new is not None:
             sizes.append((new.prompt + self._block, new.predicted))
-        return kv_peak(sizes) + self._external
+        return kv_peak(sizes) + self._beyond
+
+    @property
+    def _beyond(self) -> float:
+        """KV the engine holds beyond the gateway's account (less, where it shares the
+        prompt blocks of requests still running)."""
+        return self._external - min(self._shared, self._runs.taken_in_prompts)
 
     def _note_interactive(self, now: float) -> None:
         """Record what interactive work holds now, for the window's peak (rule 4)."""

@@ -133,20 +133,18 @@ class Running:
         """When the oldest of them started (``inf``: none runs)."""
         return min((run.started for run in self._runs.values()), default=math.inf)
 
-    def taken_in(self, by: float, now: float, rate: float, rest: float, typical: float) -> float:
-        """The tokens (prompt and answer, no partial block) of those the engine has taken
-        in whole by ``now``: started by ``by`` (the reading before) and past their
-        prompt's pass (``rest`` seconds, for a prompt of ``typical`` tokens or less,
-        longer in proportion). They are marked so (:attr:`taken_in_prompts`)."""
-        held = 0.0
+    def taken_in(self, by: float, now: float, rest: float, typical: float) -> float:
+        """The prompt tokens of those the engine has taken in whole by ``now``: started by
+        ``by`` (the reading before) and past their prompt's pass (``rest`` seconds, for a
+        prompt of ``typical`` tokens or less, longer in proportion). They are marked so
+        (:attr:`taken_in_prompts`)."""
         for run in self._runs.values():
-            if run.started > by or run.started + rest * max(1.0, run.prompt / typical) > now:
+            if run.taken_in or run.started > by:
                 continue
-            if not run.taken_in:
+            if run.started + rest * max(1.0, run.prompt / typical) <= now:
                 run.taken_in = True
                 self.taken_in_prompts += run.prompt
-            held += run.prompt + run.generated(now, rate)
-        return held
+        return self.taken_in_prompts
 
     def last_interactive_start(self) -> float:
         """When the newest interactive request still running started (``-inf``: none)."""

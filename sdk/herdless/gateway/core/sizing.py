@@ -228,17 +228,16 @@ class Sizing:
             self._hits_at = now.at
 
     def _shared_kv(self, last: Reading, now: Reading, used: float) -> float:
-        """KV tokens the engine holds below the gateway's account of the requests it has
-        taken in whole: prompt blocks shared through its prefix cache (rule 2). Only while
-        its cache hit since the oldest running request started and nothing waits in its
-        queue (a request still there holds no block, and would read as shared)."""
-        rate, rest = self._decode_rate, self._rest
-        if rate is None or rest is None or now.waiting != 0:
+        """KV tokens the engine holds below the prompts alone of the requests it has taken
+        in whole: prompt blocks shared through its prefix cache (rule 2); what they and
+        anything else hold beside (answers, another client's requests) only lowers it.
+        Only while its cache hit since the oldest running request started and nothing
+        waits in its queue (a request still there holds no block, and would read as
+        shared)."""
+        if self._rest is None or now.waiting != 0 or self._hits_at < self._runs.oldest_start():
             return 0.0
-        if self._hits_at < self._runs.oldest_start():
-            return 0.0
-        held = self._runs.taken_in(last.at, now.at, rate, rest, self._typical)
-        return max(0.0, held - used)
+        prompts = self._runs.taken_in(last.at, now.at, self._rest, self._typical)
+        return max(0.0, prompts - used)
 
     def failed(self, now: float) -> bool:
         """A read failed or came late; returns whether the readings are stale now (rule 6)."""

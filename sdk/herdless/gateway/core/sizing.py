@@ -11,7 +11,8 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
    ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
    gateway's own account (another client) added; KV below it, where the engine's
-   prefix cache shares the prompt blocks of requests it has taken in, taken off. A
+   prefix cache shares the prompt blocks of requests it has taken in (at most what it
+   found since the oldest running request started), taken off. A
    request the gateway would run alone starts whatever its size (nothing of its own
    can end to make room: the engine runs what its cache holds and refuses the rest);
 3. no batch start while the engine's own queue lasts (two readings over
@@ -28,6 +29,7 @@ The live limit (:attr:`Sizing.limit`, requests) is what ``/metrics`` shows."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Final, Literal
 
 from herdless.gateway.core.decisions import Ticket
@@ -105,7 +107,7 @@ class Sizing:
         self._answers: dict[bool, float] = {}  # EWMA of answers, per class (interactive?)
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
         self._shared = 0.0  # KV tokens its shared prompt blocks save on that account
-        self._hits_at = -math.inf  # the last reading at which its prefix cache hit
+        self._hits: deque[tuple[float, int]] = deque()  # (at, its prefix cache hits) read
         self._good_at = -math.inf
         self._good_limit: int | None = None
         self._queued_streak = 0  # readings in a row queueing with KV to spare, same running
@@ -224,20 +226,27 @@ class Sizing:
                 self.seq_limit = now.running  # learned on a moment of arrivals: raise it
         if last.waiting is not None:
             self._waited_before = last.waiting > ENGINE_WAITING
-        if now.prefix_hits is not None and now.prefix_hits > (last.prefix_hits or 0):
-            self._hits_at = now.at
 
     def _shared_kv(self, last: Reading, now: Reading, used: float) -> float:
         """KV tokens the engine holds below the prompts alone of the requests it has taken
         in whole: prompt blocks shared through its prefix cache (rule 2); what they and
         anything else hold beside (answers, another client's requests) only lowers it.
-        Only while its cache hit since the oldest running request started and nothing
-        waits in its queue (a request still there holds no block, and would read as
-        shared)."""
-        if self._rest is None or now.waiting != 0 or self._hits_at < self._runs.oldest_start():
+        At most the tokens its cache found since the oldest running request started (a
+        prompt estimated long is no saving), and none while a request waits in its queue
+        (it holds no block yet, and would read as shared)."""
+        hits = self._hits
+        if now.prefix_hits is None:
+            hits.clear()
+            return 0.0
+        hits.append((now.at, now.prefix_hits))
+        oldest = self._runs.oldest_start()
+        while len(hits) > 1 and hits[1][0] <= oldest:
+            hits.popleft()  # the first is the last read before the oldest started
+        found = now.prefix_hits - hits[0][1]
+        if self._rest is None or now.waiting != 0 or found <= 0:
             return 0.0
         prompts = self._runs.taken_in(last.at, now.at, self._rest, self._typical)
-        return max(0.0, prompts - used)
+        return max(0.0, min(prompts - used, found))
 
     def failed(self, now: float) -> bool:
         """A read failed or came late; returns whether the readings are stale now (rule 6)."""

@@ -12,9 +12,9 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
    gateway's own account (another client) added; KV below it, where the engine's
    prefix cache shares the prompt blocks of requests it has taken in (at most what it
-   found since the oldest running request started), taken off. A
-   request the gateway would run alone starts whatever its size (nothing of its own
-   can end to make room: the engine runs what its cache holds and refuses the rest);
+   found since the oldest running request started), taken off. A request the gateway
+   would run alone starts whatever its size (nothing of its own can end to make room:
+   the engine runs what its cache holds and refuses the rest);
 3. no batch start while the engine's own queue lasts (two readings over
    ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
 4. batch leaves half the interactive demand of the last ``reserve_window`` (plus one

@@ -200,24 +200,13 @@ class SizingMachine(RuleBasedStateMachine):
         if self.adm.draining:
             self.adm.resume()
         while self._live("queued"):
-            while self._live("running"):
-                live = [t for t in self.tickets if t.state != "done"]
-                self.release(live.index(self._live("running")[0]), "usage", 0.5)
-            self.clock.advance(120.0)  # the interactive window, the batch pacing, the buckets
-            self._refill(120.0)
-            self.adm.observe(
-                Reading(
-                    at=self.clock.monotonic(),
-                    kv_capacity=self.adm.sizing.kv_capacity or 20_000,
-                    block_size=16,
-                    kv_usage=0.0,
-                    running=0,
-                    waiting=0,
-                    preemptions=self.preempted,
-                    generation_tokens=self.generated,
-                    prefix_hits=self.hits,
-                )
-            )
+            for ticket in self._live("running"):
+                self.adm.release(ticket, used_tokens=ticket.price)
+            self.advance(120.0)  # the interactive window, the batch pacing, the buckets
+            self.observe(  # the engine reads idle
+                self.adm.sizing.kv_capacity or 20_000,
+                usage=0.0, waiting=0, extra=0, preempted=0, missing=None, restart=False, hits=0,
+            )  # fmt: skip
             assert self.adm.dispatch(), f"nothing started: held for {self.adm.held}"
 
     @rule(tokens_per_second=st.integers(0, 400))

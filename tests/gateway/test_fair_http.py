@@ -195,6 +195,37 @@ async def test_a_full_queue_gives_a_herdless_waiter_of_the_busiest_user_to_a_new
     assert len(fake_vllm.received) == 3  # the displaced request never reached vLLM
 
 
+async def test_a_full_queue_tells_a_caller_whose_retry_waits_here_the_whole_rate(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    # Two users wait; a third user's refused caller gets a third of the places that free.
+    # A herdless client is told that share; another client's retry is known by its body
+    # and kept here, so it is told the next place at the whole rate: a third of the time.
+    fake_vllm.hold = asyncio.Event()
+    herdless = {"x-request-id": "call-9", "x-herdless-attempt": "1"}
+    async with gateway(max_concurrency=1, max_queue=2) as (client, runtime):
+        adm = runtime.gate.admission
+
+        def post(user: str, headers: dict[str, str] | None = None) -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                client.post(CHAT, json=chat_body(user=user), headers=headers)
+            )
+
+        waiting = [post("a")]
+        await until(lambda: adm.inflight == 1)
+        waiting += [post("a"), post("b")]
+        await until(lambda: adm.queue_depth == 2)
+        plain = await post("c")
+        told = await post("d", herdless)
+        fake_vllm.hold.set()
+        answers = await asyncio.gather(*waiting)
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert (plain.status_code, told.status_code) == (429, 429)
+    assert plain.json()["error"]["code"] == told.json()["error"]["code"] == "queue_full"
+    whole, share = int(plain.headers["retry-after-ms"]), int(told.headers["retry-after-ms"])
+    assert share == pytest.approx(3 * whole, abs=3)
+
+
 async def test_metrics_show_classes_users_and_the_fairness_index(
     gateway: GatewayFactory,
 ) -> None:

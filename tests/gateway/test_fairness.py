@@ -50,8 +50,10 @@ def offer(
     key: str = "key-a",
     deadline: float | None = None,
     returns: bool = False,
+    kept_back: bool = False,
 ) -> Admit | Enqueued | Refuse:
-    """``returns``: a herdless client's request (it comes back when refused)."""
+    """``returns``: a herdless client's request (it comes back when refused);
+    ``kept_back``: another client's (its retry waits here)."""
     return adm.offer(
         key,
         prompt + completion,
@@ -61,6 +63,7 @@ def offer(
         deadline=deadline,
         call=f"call-{next(_CALLS)}" if returns else None,
         returns=returns,
+        kept_back=kept_back,
     )
 
 
@@ -546,6 +549,18 @@ def test_a_light_users_retry_after_does_not_queue_behind_a_heavy_users(
     assert light.retry_after == pytest.approx(2.0)
 
 
+def _heavy_beside_light(clock: FakeClock) -> Admission:
+    """A full queue: the heavy user runs 2 (2 s each) and waits in 3 places, the light
+    user in 1, so the heavy user gets one of every two places that free."""
+    adm = make(clock, max_concurrency=2, max_queue=4, initial_service_time=2.0)
+    started(adm, "u-heavy")
+    started(adm, "u-heavy")
+    for _ in range(3):
+        queued(adm, "u-heavy")
+    queued(adm, "u-light")
+    return adm
+
+
 def test_a_heavy_users_callers_keep_to_its_share_while_a_light_user_waits(
     clock: FakeClock,
 ) -> None:
@@ -553,14 +568,24 @@ def test_a_heavy_users_callers_keep_to_its_share_while_a_light_user_waits(
     # user room for its next requests. Bounded instead by one line for all (1, 2, 3 s),
     # they filled the queue the light users arrive to (docs/benchmarks.md, "A refused
     # caller told too late a time").
-    adm = make(clock, max_concurrency=2, max_queue=4, initial_service_time=2.0)
-    started(adm, "u-heavy")
-    started(adm, "u-heavy")
-    for _ in range(3):
-        queued(adm, "u-heavy")
-    queued(adm, "u-light")
+    adm = _heavy_beside_light(clock)
     heavy = [offer(adm, "u-heavy") for _ in range(3)]
     assert [r.retry_after for r in heavy if isinstance(r, Refuse)] == pytest.approx([2, 4, 6])
+
+
+def test_callers_whose_retry_waits_here_are_told_the_whole_rate(clock: FakeClock) -> None:
+    # The same crowd; the heavy user's callers are another client's, whose retry the
+    # gateway knows and keeps: early costs them nothing, so they are told the places at
+    # the whole rate (1, 2, 3 s), not at the share the light user's waiter leaves them.
+    # Told at the share, they came back at half the rate once the light user's demand
+    # had ended, and the GPU stood half idle (docs/benchmarks.md, "clients").
+    adm = _heavy_beside_light(clock)
+    kept = [offer(adm, "u-heavy", kept_back=True) for _ in range(3)]
+    assert [r.retry_after for r in kept if isinstance(r, Refuse)] == pytest.approx([1, 2, 3])
+    # A herdless caller of the same user is told its share after them: 3 + 2 s.
+    herdless = offer(adm, "u-heavy", returns=True)
+    assert isinstance(herdless, Refuse)
+    assert herdless.retry_after == pytest.approx(5.0)
 
 
 def test_the_deadline_check_uses_the_users_place(clock: FakeClock) -> None:

@@ -94,6 +94,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         priority=PRIORITIES,
         prompt=st.none() | st.integers(0, 400),
         call=st.none() | st.sampled_from(["req-1", "req-2", "req-3"]),  # a herdless client's
+        kept_back=st.booleans(),  # without a call: another client's, its retry kept
     )
     def offer(
         self,
@@ -103,6 +104,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         priority: Priority,
         prompt: int | None,
         call: str | None,
+        kept_back: bool,
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         before = {t: t.state for t in self.tickets}
@@ -113,7 +115,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             places[(t.priority, t.unit)] = places.get((t.priority, t.unit), 0) + 1
         decision = self.adm.offer(
             key_id, price, user=user, priority=priority, prompt=prompt, call=call,
-            returns=call is not None,
+            returns=call is not None, kept_back=kept_back and call is None,
         )  # fmt: skip
         if isinstance(decision, Admit | Enqueued):
             ticket = decision.ticket
@@ -146,16 +148,16 @@ class AdmissionMachine(RuleBasedStateMachine):
     def batch_flood_then_a_chat(self, key_id: str, user: str | None, price: int) -> None:
         """Batch work fills the queue, then a chat arrives (the displacement case)."""
         for _ in range(self.config.max_concurrency + self.config.max_queue):
-            self.offer(key_id, price, user, "batch", None, None)
-        self.offer(key_id, price, "u-chat", "interactive", None, None)
+            self.offer(key_id, price, user, "batch", None, None, False)
+        self.offer(key_id, price, "u-chat", "interactive", None, None, False)
 
     @rule(key_id=KEYS, price=st.integers(1, 300))
     def one_user_fills_the_queue_then_another_comes(self, key_id: str, price: int) -> None:
         """A herdless client's user fills the queue, then a new user arrives (the other
         displacement case)."""
         for _ in range(self.config.max_concurrency + self.config.max_queue):
-            self.offer(key_id, price, "u-heavy", "interactive", None, "req-1")
-        self.offer(key_id, price, "u-new", "interactive", None, None)
+            self.offer(key_id, price, "u-heavy", "interactive", None, "req-1", False)
+        self.offer(key_id, price, "u-new", "interactive", None, None, True)
 
     def _check_queue_order(self, refused: Refuse, klass: str, unit: str) -> None:
         at = self.clock.monotonic() + refused.retry_after

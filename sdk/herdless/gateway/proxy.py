@@ -169,6 +169,7 @@ class AdmittedProxy:
             call=call,
             waits=kept and spill is None,  # an upstream out for a time no one knows: it waits
             returns=not kept,  # with a call id: a herdless client, back at its time
+            kept_back=access.sent is not None,  # its retry is known by its body, and kept
         )
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):

@@ -24,9 +24,11 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    engine's room (or the static limits), and for batch work the interactive headroom.
    Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
-   (``kv_budget``); a waiter not started within its key's hold (``queue_timeout``, or
-   the key policy's ``hold``; the request's ``x-llm-d-inference-ttl`` when shorter;
-   less what a kept request waited before its offer) -> 429 ``queue_timeout``.
+   (``kv_budget``), told its user's share of the places that free, or all of them for
+   a caller whose retry waits here (``kept_back``); a waiter not started within its
+   key's hold (``queue_timeout``, or the key policy's ``hold``; the request's
+   ``x-llm-d-inference-ttl`` when shorter; less what a kept request waited before its
+   offer) -> 429 ``queue_timeout``.
 7. a caller's deadline shorter than its predicted wait (its place over the answers
    finished per second, measured, or the running requests over their mean run time
    when faster) -> ``deadline_unattainable``.
@@ -74,6 +76,7 @@ class OfferOptions(TypedDict, total=False):
     kept: float
     waits: bool
     returns: bool
+    kept_back: bool
 
 
 class Admission:
@@ -393,6 +396,7 @@ class Admission:
         kept: float = 0.0,
         waits: bool = False,
         returns: bool = False,
+        kept_back: bool = False,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -416,6 +420,10 @@ class Admission:
             returns: its caller comes back when refused, with ``call`` (a herdless
                 client): waiting, it may be displaced for a user that waits in fewer
                 places (rule 8); a request of another client never is.
+            kept_back: its comeback waits here when it meets a full queue (another
+                client's than herdless's: its retry is known and kept, or it is a kept
+                request): a full queue tells it the next place its user gets at the
+                whole rate places free, not at its share of them (rule 6).
         """
         cfg = self.config
         now = self._clock.monotonic()
@@ -469,7 +477,9 @@ class Admission:
                     victim = self._waits_anyway(self._queue.longest(flow, mate), now)
             if victim is None:
                 code = self._full_code(ticket)
-                return self._queue_refusal(flow, now, code, deadline=deadline, call=mine)
+                return self._queue_refusal(
+                    flow, now, code, deadline=deadline, call=mine, whole=kept_back
+                )
         if deadline is not None:
             wait = self._queue.place(flow) / self._drain_hope()
             if wait > deadline:
@@ -661,9 +671,10 @@ class Admission:
 
     def _queue_time(
         self, flow: Flow, now: float, code: str, *, deadline: float | None = None,
-        message: str | None = None,
+        message: str | None = None, whole: bool = False,
     ) -> Refuse:  # fmt: skip
-        """The queue refusal a caller of ``flow`` would be told now (nothing moves)."""
+        """The queue refusal a caller of ``flow`` would be told now (nothing moves);
+        ``whole``: told at the whole rate places free, not at the user's share."""
         gap, first = self._slots(now)
         return self._reservations.queue(
             now,
@@ -672,7 +683,7 @@ class Admission:
             not_before=self._drain_until if self._draining else None,
             gap=gap,
             first=first,
-            share=self._queue.share(flow),
+            share=1.0 if whole else self._queue.share(flow),
             horizon=flow.horizon,
             queued=self._queued,
             deadline=deadline,
@@ -698,10 +709,12 @@ class Admission:
         deadline: float | None = None,
         message: str | None = None,
         call: Call | None = None,
+        whole: bool = False,
     ) -> Refuse:
-        """A queue refusal at the user's own place: its share of the slots that free;
-        ``call``: the caller comes back with this id, so a place is held for it then."""
-        refused = self._queue_time(flow, now, code, deadline=deadline, message=message)
+        """A queue refusal at the user's own place: its share of the slots that free
+        (``whole``: all of them); ``call``: the caller comes back with this id, so a
+        place is held for it then."""
+        refused = self._queue_time(flow, now, code, deadline=deadline, message=message, whole=whole)
         if refused.code != "deadline_unattainable":
             flow.horizon = now + refused.retry_after
             if call is not None and refused.retry:

@@ -21,7 +21,9 @@ refused caller the next free slot after it:
   callers would come back a moment before it, to a queue still full). A user
   alone (or the ``fcfs`` order) has ``share = 1``: one horizon for all, as before
   fairness had users. A light user refused while a heavy one floods is told
-  a time near its turn, not after the heavy user's callers;
+  a time near its turn, not after the heavy user's callers. A caller whose retry
+  waits in the gateway (another client's than herdless's) is told ``share = 1``:
+  early costs it nothing, and the share counts who waits now, not who will;
 * token buckets (``rate_limited``, ``token_budget``): the bucket holds ``cost``
   again at ``now + (cost - level) / refill``, and the next caller needs another
   ``cost / refill``: ``retry_at = max(now + (cost - level) / refill, horizon + cost / refill)``;

@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any
 
+import httpx
 import pytest
 from tests.gateway.fakes import (
     FakeVllm,
@@ -47,6 +48,13 @@ def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
 def metric(text: str, name: str) -> float:
     (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
     return float(line.split()[-1])
+
+
+def send_chat(
+    client: httpx.AsyncClient, user: str, headers: dict[str, str] | None = None
+) -> asyncio.Task[httpx.Response]:
+    """A chat of ``user`` sent in the background (it may wait for a place)."""
+    return asyncio.create_task(client.post(CHAT, json=chat_body(user=user), headers=headers))
 
 
 async def test_the_user_field_and_the_class_are_logged_as_a_hash_and_a_name(
@@ -170,18 +178,13 @@ async def test_a_full_queue_gives_a_herdless_waiter_of_the_busiest_user_to_a_new
     async with gateway(max_concurrency=1, max_queue=2) as (client, runtime):
         adm = runtime.gate.admission
 
-        def post(user: str, headers: dict[str, str] | None = None) -> asyncio.Task[Any]:
-            return asyncio.create_task(
-                client.post(CHAT, json=chat_body(user=user), headers=headers)
-            )
-
-        running = post("heavy")
+        running = send_chat(client, "heavy")
         await until(lambda: adm.inflight == 1)
-        returns = post("heavy", herdless)
+        returns = send_chat(client, "heavy", herdless)
         await until(lambda: adm.queue_depth == 1)
-        plain = post("heavy")  # its client shows a 429 as an error: never displaced
+        plain = send_chat(client, "heavy")  # its client shows a 429 as an error: never displaced
         await until(lambda: adm.queue_depth == 2)
-        chat = post("light")
+        chat = send_chat(client, "light")
         displaced = await returns  # answered at once, while vLLM still holds the first
         assert not plain.done()
         fake_vllm.hold.set()
@@ -206,17 +209,12 @@ async def test_a_full_queue_tells_a_caller_whose_retry_waits_here_the_whole_rate
     async with gateway(max_concurrency=1, max_queue=2) as (client, runtime):
         adm = runtime.gate.admission
 
-        def post(user: str, headers: dict[str, str] | None = None) -> asyncio.Task[Any]:
-            return asyncio.create_task(
-                client.post(CHAT, json=chat_body(user=user), headers=headers)
-            )
-
-        waiting = [post("a")]
+        waiting = [send_chat(client, "a")]
         await until(lambda: adm.inflight == 1)
-        waiting += [post("a"), post("b")]
+        waiting += [send_chat(client, "a"), send_chat(client, "b")]
         await until(lambda: adm.queue_depth == 2)
-        plain = await post("c")
-        told = await post("d", herdless)
+        plain = await send_chat(client, "c")
+        told = await send_chat(client, "d", herdless)
         fake_vllm.hold.set()
         answers = await asyncio.gather(*waiting)
     assert [r.status_code for r in answers] == [200, 200, 200]

@@ -10,6 +10,7 @@ from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import AHEAD, DEFER, PACE, Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.prefixes import chain
 from herdless.gateway.core.sizing import FILL, Sizing
 from herdless.testing import FakeClock
 
@@ -686,3 +687,56 @@ def test_a_run_cut_short_or_not_run_teaches_no_run_time() -> None:
     run(2.0, whole=True)
     assert adm.mean_service_time != before
     assert adm.sizing._pacing.batch_run == pytest.approx(2.0)
+
+
+def test_a_prompt_that_begins_as_one_the_engine_holds_is_counted_past_the_shared_blocks() -> None:
+    """Chats that share a long system prompt: once the engine has taken one in and its
+    prefix cache finds prompts, a new one that begins with the same text takes KV only for
+    the rest of its prompt, before any reading shows it. Another text, or an engine whose
+    cache finds nothing, is counted whole; so is each until the first is taken in."""
+    system = chain("", ["You follow the house rules. " * 100])  # 2,800 characters
+    assert len(system) == 10  # 640 tokens at the estimate: 624 of them in whole blocks
+
+    def chat(links: tuple[int, ...]) -> Ticket:
+        made = ticket(700, 20)
+        made.prefix = links
+        return made
+
+    firsts: list[Ticket] = []
+
+    def engine(hits: int, *, queued: int = 0) -> Sizing:
+        sizing = Sizing(AdmissionConfig())
+        sizing.observe(reading(0.0, prefix_hits=0, block_size=16))
+        warm = ticket(100, 100)
+        sizing.start(warm, 0.0, predicted=None)
+        sizing.observe(reading(0.5, running=1, generation_tokens=50, prefix_hits=0))
+        sizing.observe(reading(1.0, running=1, generation_tokens=100, prefix_hits=0))
+        sizing.finish(warm, 2.0, prompt_tokens=100, completion_tokens=100)  # 1 s of rest
+        sizing.start(first := chat(system), 2.0, predicted=None)
+        firsts.append(first)
+        running = {"running": 1, "generation_tokens": 200, "block_size": 16}
+        sizing.observe(reading(2.5, usage=0.07, prefix_hits=hits // 2, **running))
+        # Past its prompt's pass, a second after it started; taken in if nothing queues.
+        sizing.observe(reading(4.0, usage=0.07, prefix_hits=hits, waiting=queued, **running))
+        return sizing
+
+    # 99 % of 10,000 over 700 - 624 + a block of 16 + 20 answered each (the first, about
+    # done, ends before they grow).
+    assert fill(engine(hits=600), lambda: chat(system), 4.0) == 88
+    # Four links in common: 256 tokens, 240 of them in whole blocks: (9,900 less the
+    # first's 735) over 700 - 240 + 16 each at their start.
+    assert fill(engine(hits=600), lambda: chat((*system[:4], 1, 2)), 4.0) == 19
+    whole = fill(engine(hits=600), lambda: chat(tuple(range(10))), 4.0)
+    assert whole == 12  # (9,900 - 735) over 716
+    assert fill(engine(hits=0), lambda: chat(system), 4.0) == whole  # the cache finds none
+    assert fill(engine(hits=600, queued=1), lambda: chat(system), 4.0) == whole
+    # The first ends while the ones that share its blocks run: the engine holds the 624
+    # tokens they share until they end, and the account keeps them (until a reading).
+    sizing = engine(hits=600)
+    sharing = [chat(system) for _ in range(10)]
+    for t in sharing:
+        sizing.start(t, 4.0, predicted=None)
+    sizing.finish(firsts[-1], 4.1, prompt_tokens=700, completion_tokens=20)
+    # They hold the links they found: a new one still finds them, and the 624 tokens take
+    # the room of six such (85 start with them taken for free).
+    assert fill(sizing, lambda: chat(system), 4.1) == 79

@@ -29,6 +29,7 @@ from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import AdmissionConfig, Priority
+from herdless.gateway.core.prefixes import chain
 from herdless.testing import FakeClock
 
 KEYS = st.sampled_from(["key-a", "key-b"])
@@ -37,6 +38,9 @@ PRIORITIES = st.sampled_from(["interactive", "batch"])
 Ending = Literal["usage", "cut", "cut_seen", "unrun", "queued"]
 ENDINGS: st.SearchStrategy[Ending] = st.sampled_from(["usage", "cut", "cut_seen", "unrun"])
 TOKENS = st.sampled_from([1, 100, 1500, 3000]) | st.integers(1, 3000)
+_SYSTEM = chain("", ["Answer from the handbook only. " * 200])  # 6,200 characters: 24 links
+# Prompts that share a system prompt, part of it, or nothing: what the prefix cache finds.
+PREFIXES = st.sampled_from([(), _SYSTEM, _SYSTEM[:6], (*_SYSTEM[:12], 7)])
 TPM = 8000
 
 
@@ -84,13 +88,22 @@ class SizingMachine(RuleBasedStateMachine):
         priority=PRIORITIES,
         prompt=TOKENS,
         max_tokens=TOKENS,
+        prefix=PREFIXES,
     )
     def offer(
-        self, key_id: str, user: str | None, priority: Priority, prompt: int, max_tokens: int
+        self,
+        key_id: str,
+        user: str | None,
+        priority: Priority,
+        prompt: int,
+        max_tokens: int,
+        prefix: tuple[int, ...],
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         price = prompt + max_tokens
-        decision = self.adm.offer(key_id, price, user=user, priority=priority, prompt=prompt)
+        decision = self.adm.offer(
+            key_id, price, user=user, priority=priority, prompt=prompt, prefix=prefix
+        )
         if isinstance(decision, Admit | Enqueued):
             self.tickets.append(decision.ticket)
             return
@@ -209,6 +222,23 @@ class SizingMachine(RuleBasedStateMachine):
             )  # fmt: skip
             assert self.adm.dispatch(), f"nothing started: held for {self.adm.held}"
 
+    @rule(hits=st.sampled_from([0, 1_500]))
+    def one_answers_as_measured(self, hits: int) -> None:
+        """A chat of the shared system prompt runs a second and ends with its usage: the
+        engine's decode rate and a run's time beyond it are measured, as a warm engine's
+        are (where prompts the engine holds are counted past their shared blocks)."""
+        decision = self.adm.offer("key-b", 150, prompt=100, prefix=_SYSTEM)
+        if isinstance(decision, Admit | Enqueued):
+            self.tickets.append(decision.ticket)
+        if not isinstance(decision, Admit):
+            return
+        capacity = self.adm.sizing.kv_capacity or 20_000
+        engine = {"usage": 0.1, "waiting": 0, "extra": 0, "preempted": 0, "restart": False}
+        self.observe(capacity, **engine, missing=None, hits=0)
+        self.decode(50)  # a second of decoding between two readings
+        self.observe(capacity, **engine, missing=None, hits=hits)
+        self.adm.release(decision.ticket, used_tokens=150, prompt_tokens=100, completion_tokens=50)
+
     @rule(tokens_per_second=st.integers(0, 400))
     def decode(self, tokens_per_second: int) -> None:
         """A second of decoding: the engine's counter grows with the running requests."""
@@ -237,6 +267,18 @@ class SizingMachine(RuleBasedStateMachine):
         assert self.adm.inflight == len(running) == self.adm.sizing.running
         assert self.adm.queue_depth == len(queued) <= self.adm.config.max_queue
         assert self.adm.inflight_tokens == sum(t.price for t in running)
+
+    @invariant()
+    def shared_prompt_blocks_are_held_while_a_request_that_found_them_runs(self) -> None:
+        runs = self.adm.sizing._runs
+        if not self._live("running"):
+            assert runs.held.depth(_SYSTEM) == 0
+        for ticket in self._live("running"):
+            run = runs.get(ticket.id)
+            assert run is not None
+            assert run.shared >= 0
+            assert run.prompt >= 0  # it finds no more than its whole prompt
+            assert runs.held.depth(run.holds) == len(run.holds)
 
     @invariant()
     def the_limit_stays_between_one_and_the_cap(self) -> None:

@@ -1,9 +1,10 @@
 """A batch job whose requests share their instructions, on a real vLLM with a small cache.
 
-vLLM's prefix cache holds the shared prompt blocks once. The gateway counts each
-request whole until a reading shows the engine has taken it in; then the KV the engine
-holds below those prompts is room. ``--num-gpu-blocks-override 40`` gives 40 blocks of
-128 tokens (5,120): counted whole, about three of these 1,450-token requests fit.
+vLLM's prefix cache holds the shared prompt blocks once. Once a reading shows the engine
+has taken one of the job's requests in, the gateway counts a new one that begins with
+the same text past the blocks they share. ``--num-gpu-blocks-override 40`` gives 40
+blocks of 128 tokens (5,120): counted whole, about three of these 1,450-token requests
+fit.
 """
 
 from __future__ import annotations
@@ -97,10 +98,9 @@ def test_shared_instructions_are_counted_once_the_engine_has_taken_them_in(
     statuses, running, waiting = asyncio.run(_job(sized_gateway.url, small_vllm.url))
     assert statuses == [200] * JOB
     # Counted whole (1,450 + 32 + a block each), 3 fit in 99 % of 5,120 (4 before any is
-    # measured); shared, about twice that once the engine has taken them in. On this CPU
-    # the API server takes seconds to read each prompt: the room comes as the measured
-    # prompt pass falls.
-    assert max(running) >= 5, running
+    # measured); once the engine has taken one in, each new one is counted past the
+    # shared blocks: their 1,280 tokens or so less. vLLM alone runs about 27.
+    assert max(running) >= 8, running
     assert read_metric(small_vllm.url, "vllm:prefix_cache_hits_total") > 0
     assert read_metric(small_vllm.url, "vllm:num_preemptions_total") == before
     assert statistics.median(waiting) <= 2, waiting

@@ -165,6 +165,7 @@ class AdmittedProxy:
             user=user,
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
+            prefix=request.prefix,
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,
             waits=kept and spill is None,  # an upstream out for a time no one knows: it waits

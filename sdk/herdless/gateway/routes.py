@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from herdless.gateway.core.prefixes import chain, rendering
 from herdless.gateway.usage import adds_usage
 from herdless.gateway.wire import BadRequest, json_object, parse_chat_request
 
@@ -67,6 +68,10 @@ class Priced(Protocol):
         """Whether the gateway asks vLLM for its usage (see
         :func:`~herdless.gateway.usage.adds_usage`)."""
 
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        """Its prompt's links (:func:`~herdless.gateway.core.prefixes.chain`)."""
+
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run."""
 
@@ -100,6 +105,9 @@ class TextRequest:
         adds_usage: a completions stream whose client did not ask for its usage (see
             :func:`~herdless.gateway.usage.adds_usage`; a response's stream always ends
             with its usage).
+        prefix: its prompt's links (:func:`~herdless.gateway.core.prefixes.chain`), empty
+            where the engine's prefix cache is not predicted (embeddings, token ids,
+            several prompts).
     """
 
     prompt_tokens: int
@@ -109,6 +117,7 @@ class TextRequest:
     stream: bool = False
     user: str | None = None
     adds_usage: bool = False
+    prefix: tuple[int, ...] = ()
 
     def price(self, default_max_tokens: int) -> int:
         """``prompt_tokens``, plus ``(max_tokens or default)`` per prompt when it generates."""
@@ -126,8 +135,15 @@ def parse_completion_request(
         BadRequest: not JSON, no usable ``prompt``, too many prompts, a bad ``max_tokens``.
     """
     data = json_object(body)
-    tokens, sequences = _text_tokens(data.get("prompt"), "prompt", max_messages)
-    return _generation(data, tokens, sequences, "max_tokens", max_tokens_cap, options=True)
+    prompt = data.get("prompt")
+    tokens, sequences = _text_tokens(prompt, "prompt", max_messages)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    # A text prompt's links; token ids, or several prompts, are counted whole.
+    prefix = chain(rendering(data), [prompt]) if isinstance(prompt, str) else ()
+    return _generation(
+        data, tokens, sequences, "max_tokens", max_tokens_cap, options=True, prefix=prefix
+    )
 
 
 def parse_response_request(
@@ -142,7 +158,7 @@ def parse_response_request(
     data = json_object(body)
     value = data.get("input")
     if isinstance(value, str):
-        tokens = _estimate(value)
+        text = value
     elif isinstance(value, list) and value:
         if len(value) > max_messages:
             raise BadRequest(
@@ -150,21 +166,21 @@ def parse_response_request(
                 param="input",
                 code="request_too_large",
             )
-        tokens = _estimate(json.dumps(value))  # text, roles and structure: settled later
+        text = json.dumps(value)  # text, roles and structure: settled later
     else:
         raise BadRequest("'input' must be a string or a non-empty list of items", param="input")
     instructions = data.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise BadRequest("'instructions' must be a string", param="instructions")
-        tokens += _estimate(instructions)
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string", param="instructions")
+    tokens = _estimate(text) + (0 if instructions is None else _estimate(instructions))
     if data.get("background") is True:
         raise BadRequest(
             "the gateway does not admit background responses: their work would outlive "
             "the request; send it without 'background'",
             param="background",
         )
-    return _generation(data, tokens, 1, "max_output_tokens", max_tokens_cap)
+    prefix = chain(rendering(data), [instructions or "", "\x1e", text])
+    return _generation(data, tokens, 1, "max_output_tokens", max_tokens_cap, prefix=prefix)
 
 
 def parse_embedding_request(
@@ -195,10 +211,12 @@ def _generation(
     cap: int,
     *,
     options: bool = False,
+    prefix: tuple[int, ...] = (),
 ) -> TextRequest:
     """A request that generates, its cap on completion tokens in the field ``max_tokens``
     (at most ``cap``), then its ``stream`` and ``user`` fields checked. ``options``: its
-    stream takes ``stream_options`` (a response's stream ends with its usage anyway)."""
+    stream takes ``stream_options`` (a response's stream ends with its usage anyway);
+    ``prefix``: its prompt's links."""
     most = _max_tokens(data, max_tokens, cap)
     stream = _stream(data)
     return TextRequest(
@@ -209,6 +227,7 @@ def _generation(
         stream=stream,
         user=_user(data),
         adds_usage=options and adds_usage(data, stream),
+        prefix=prefix,
     )
 
 

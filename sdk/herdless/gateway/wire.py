@@ -12,6 +12,7 @@ from typing import Any
 
 from herdless.gateway.core.decisions import Refuse
 from herdless.gateway.core.limits import Priority
+from herdless.gateway.core.prefixes import chat_links
 from herdless.gateway.usage import adds_usage
 
 __all__ = [
@@ -66,6 +67,8 @@ class ChatRequest:
         user: the OpenAI ``user`` field (the end user an app serves), or ``None``.
         adds_usage: a stream whose client did not ask for its usage: the gateway asks
             vLLM for it (:func:`~.usage.asking_usage`) and keeps the usage event to itself.
+        prefix: its prompt's links (:func:`~.core.prefixes.chain`): what the engine's
+            prefix cache may share with another request's.
     """
 
     stream: bool
@@ -73,6 +76,7 @@ class ChatRequest:
     prompt_tokens: int
     user: str | None = None
     adds_usage: bool = False
+    prefix: tuple[int, ...] = ()
 
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run: ``prompt_tokens + (max_tokens or default)``."""
@@ -157,6 +161,7 @@ def parse_chat_request(
         prompt_tokens=prompt,
         user=user or None,
         adds_usage=adds_usage(data, stream),
+        prefix=chat_links(data, messages),
     )
 
 

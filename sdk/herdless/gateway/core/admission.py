@@ -71,6 +71,7 @@ class OfferOptions(TypedDict, total=False):
     user: str | None
     priority: Priority
     prompt: int | None
+    prefix: tuple[int, ...]
     ttl: float | None
     call: str | None
     kept: float
@@ -391,6 +392,7 @@ class Admission:
         user: str | None = None,
         priority: Priority = "interactive",
         prompt: int | None = None,
+        prefix: tuple[int, ...] = (),
         ttl: float | None = None,
         call: str | None = None,
         kept: float = 0.0,
@@ -407,6 +409,8 @@ class Admission:
             user: the hash of the user it names, refining the key as fairness unit.
             priority: its class (the reference schedulers treat all as interactive).
             prompt: estimated prompt tokens within ``price`` (default: all of it).
+            prefix: its prompt's links (:func:`~.prefixes.chain`): where the engine's
+                prefix cache holds their blocks, only the rest of its prompt takes KV.
             ttl: seconds it may wait in the queue (llm-d's ``x-llm-d-inference-ttl``):
                 caps its key's hold; not a deadline (rule 7 never reads it).
             call: the id its caller comes back with when refused (a herdless client's
@@ -449,6 +453,7 @@ class Admission:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
+        ticket.prefix = prefix
         ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
         ticket.ttl, ticket.kept = ttl is not None and ttl < key.limits.hold, kept
         ticket.returns = returns and call is not None

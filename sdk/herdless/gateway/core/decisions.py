@@ -28,6 +28,7 @@ class Ticket:
             ``X-Herdless-User``), or ``None``.
         priority: its class as the queue treats it (``interactive`` or ``batch``).
         prompt: estimated prompt tokens (the rest of ``price`` is ``max_tokens``).
+        prefix: its prompt's links (:func:`~herdless.gateway.core.prefixes.chain`).
         charged: weighted tokens charged to its user when it started (the fair
             queue's counters), settled against the real usage at its end.
         hold: seconds it may wait in the queue (its key's ``queue_timeout``).
@@ -53,6 +54,7 @@ class Ticket:
     user: str | None = None
     priority: Priority = "interactive"
     prompt: int = 0
+    prefix: tuple[int, ...] = ()
     charged: float = 0.0
     hold: float = 30.0
     waits_out_drain: bool = False

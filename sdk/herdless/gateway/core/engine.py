@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+from herdless.gateway.core.prefixes import Held
+
 __all__ = [
     "AHEAD",
     "DEFER",
@@ -70,13 +72,21 @@ class Reading:
 class Run:
     """One request the gateway started, as the KV account sees it (tokens, seconds)."""
 
-    prompt: float  # calibrated prompt tokens
+    prompt: float  # calibrated prompt tokens, less those found in the engine's cache
     predicted: float  # predicted answer tokens
     budget: float  # its max_tokens: the longest answer it may give
     started: float
     interactive: bool
     taken_in: bool = False
     """A reading showed the engine past its prompt's pass (:meth:`Running.taken_in`)."""
+    links: tuple[int, ...] = ()
+    """Its prompt's links (:func:`~.prefixes.chain`)."""
+    holds: tuple[int, ...] = ()
+    """The links whose blocks it holds in the engine: those it found there at its start,
+    all of them once the engine has taken it in."""
+    shared: float = 0.0
+    """Prompt tokens it found in the engine's prefix cache at its start (not in
+    ``prompt``: another request paid for them)."""
 
     def final(self, block: int) -> float:
         """What it holds when it ends: prompt, answer and a partly filled block."""
@@ -98,10 +108,12 @@ class Running:
     """The requests the gateway runs, with each class's count and final sizes kept as
     they start and end: the hot path reads these totals, it never sums them."""
 
-    __slots__ = ("_runs", "seqs", "taken_in_prompts", "tokens")
+    __slots__ = ("_runs", "held", "seqs", "taken_in_prompts", "tokens")
 
     def __init__(self) -> None:
         self._runs: dict[int, Run] = {}
+        self.held = Held()
+        """Their :attr:`Run.holds`: the prompt blocks the engine holds for them."""
         self.seqs = {True: 0, False: 0}
         """Requests running, per class (interactive?)."""
         self.tokens = {True: 0.0, False: 0.0}
@@ -116,6 +128,7 @@ class Running:
         self._runs[key] = run
         self.seqs[run.interactive] += 1
         self.tokens[run.interactive] += run.prompt + run.predicted
+        self.held.add(run.holds)
 
     def get(self, key: int) -> Run | None:
         return self._runs.get(key)
@@ -125,6 +138,7 @@ class Running:
         if run is not None:
             self.seqs[run.interactive] -= 1
             self.tokens[run.interactive] -= run.prompt + run.predicted
+            self.held.remove(run.holds)
             if run.taken_in:
                 self.taken_in_prompts -= run.prompt
         return run
@@ -144,6 +158,9 @@ class Running:
             if run.started + rest * max(1.0, run.prompt / typical) <= now:
                 run.taken_in = True
                 self.taken_in_prompts += run.prompt
+                self.held.remove(run.holds)
+                run.holds = run.links
+                self.held.add(run.holds)
         return self.taken_in_prompts
 
     def last_interactive_start(self) -> float:

@@ -12,7 +12,9 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
    gateway's own account (another client) added; KV below it, where the engine's
    prefix cache shares the prompt blocks of requests it has taken in (at most what it
-   found since the oldest running request started), taken off. A request the gateway
+   found since the oldest running request started), taken off; a new request that
+   begins with the text of one the engine holds counted past their shared blocks
+   (:mod:`~.prefixes`). A request the gateway
    would run alone starts whatever its size (nothing of its own can end to make room:
    the engine runs what its cache holds and refuses the rest);
 3. no batch start while the engine's own queue lasts (two readings over
@@ -42,6 +44,7 @@ from herdless.gateway.core.engine import (
     kv_peak,
 )
 from herdless.gateway.core.limits import AdmissionConfig
+from herdless.gateway.core.prefixes import LINK_TOKENS
 from herdless.gateway.core.service import average_answer
 
 __all__ = ["ENGINE_WAITING", "FILL", "SEQ_READINGS", "Hold", "Sizing"]
@@ -65,6 +68,7 @@ _RECOVER = 0.002
 _EWMA = 0.2
 _SEQ_KV = 0.9  # the engine queues with KV below this share: its max_num_seqs is the cause
 _TYPICAL = 1024  # tokens of a request (prompt + answer) until one started
+_BLOCK = 16  # tokens of a KV block until a reading names it (vLLM's default on a GPU)
 _HIGH_DECAY = 0.995  # per reading: the most batch running lately fades over about a minute
 _RESERVE_SHARE = 0.5  # of the interactive peak, batch leaves this share free (rule 4)
 
@@ -108,6 +112,7 @@ class Sizing:
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
         self._shared = 0.0  # KV tokens its shared prompt blocks save on that account
         self._hits: deque[tuple[float, int]] = deque()  # (at, its prefix cache hits) read
+        self._caching = False  # its prefix cache was seen finding prompts
         self._good_at = -math.inf
         self._good_limit: int | None = None
         self._queued_streak = 0  # readings in a row queueing with KV to spare, same running
@@ -243,6 +248,7 @@ class Sizing:
         while len(hits) > 1 and hits[1][0] <= oldest:
             hits.popleft()  # the first is the last read before the oldest started
         found = now.prefix_hits - hits[0][1]
+        self._caching = self._caching or found > 0
         if self._rest is None or now.waiting != 0 or found <= 0:
             return 0.0
         prompts = self._runs.taken_in(last.at, now.at, self._rest, self._typical)
@@ -359,6 +365,9 @@ class Sizing:
         run = self._runs.pop(ticket.id)
         if run is None:
             return
+        if run.holds:  # prompt blocks it paid for that others hold stay until they end
+            held = self._shared_prompt(self._runs.held.depth(run.links), run.prompt + run.shared)
+            self._external += max(0.0, held - run.shared)
         self.inflight_tokens -= ticket.price
         self._ended_since += 1
         if run.interactive:
@@ -388,13 +397,27 @@ class Sizing:
         interactive = ticket.priority == "interactive"
         if predicted is None:
             predicted = self._answers.get(interactive, budget)
+        prompt, links = ticket.prompt * self._prompt_ratio, ticket.prefix
+        depth = self._runs.held.depth(links) if self._caching else 0
+        shared = self._shared_prompt(depth, prompt)
         return Run(
-            prompt=ticket.prompt * self._prompt_ratio,
+            prompt=prompt - shared,
             predicted=min(budget, predicted),
             budget=budget,
             started=now,
             interactive=interactive,
+            links=links,
+            holds=links[:depth] if shared else (),
+            shared=shared,
         )
+
+    def _shared_prompt(self, depth: int, prompt: float) -> float:
+        """Tokens of a ``prompt`` whose first ``depth`` links the engine holds that its
+        prefix cache finds (rule 2): their whole blocks, less one (where the text's tokens
+        end is an estimate)."""
+        block = self._block or _BLOCK
+        tokens = min(depth * LINK_TOKENS * self._prompt_ratio, prompt) - block
+        return max(0.0, tokens // block * block)
 
     @property
     def _block(self) -> int:  # tokens a sequence may waste in its last, partial KV block

@@ -25,7 +25,7 @@ LINK: Final = 256
 LINK_TOKENS: Final = LINK // 4
 """The tokens of a link at the gateway's estimate (four characters a token)."""
 MAX_LINKS: Final = 1024
-"""Links hashed at most (the first 256 KiB of text): beyond, a prompt is counted whole."""
+"""Links hashed at most (the first 256 KiB of text): text beyond is never counted shared."""
 
 
 def chain(seed: str, parts: Iterable[str]) -> tuple[int, ...]:

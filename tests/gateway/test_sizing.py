@@ -722,7 +722,9 @@ def test_a_prompt_that_begins_as_one_the_engine_holds_is_counted_past_the_shared
 
     # 99 % of 10,000 over 700 - 624 + a block of 16 + 20 answered each (the first, about
     # done, ends before they grow).
-    assert fill(engine(hits=600), lambda: chat(system), 4.0) == 88
+    found = engine(hits=600)
+    assert fill(found, lambda: chat(system), 4.0) == 88
+    assert found.shared_prompt_tokens == 88 * 624  # /metrics: engine_shared_prompt_tokens
     # Four links in common: 256 tokens, 240 of them in whole blocks: (9,900 less the
     # first's 735) over 700 - 240 + 16 each at their start.
     assert fill(engine(hits=600), lambda: chat((*system[:4], 1, 2)), 4.0) == 19

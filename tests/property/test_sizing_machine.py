@@ -273,6 +273,8 @@ class SizingMachine(RuleBasedStateMachine):
         runs = self.adm.sizing._runs
         if not self._live("running"):
             assert runs.held.depth(_SYSTEM) == 0
+        shared = [run.shared for t in self._live("running") if (run := runs.get(t.id))]
+        assert abs(self.adm.sizing.shared_prompt_tokens - sum(shared)) < 1e-6
         for ticket in self._live("running"):
             run = runs.get(ticket.id)
             assert run is not None

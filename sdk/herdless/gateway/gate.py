@@ -295,6 +295,7 @@ class Gate:
             fill=size.fill,
             preemptions=size.preemptions_seen,
             stale=size.stale,
+            shared_prompt=size.shared_prompt_tokens,
         )
 
     # -- the engine's readings -------------------------------------------------------------

@@ -38,6 +38,8 @@ Exposed (all names prefixed ``herdless_gateway_``):
   ``reserve``, ``spacing``, ``seqs``, ``engine_waiting``, ``stale``), ``engine_kv_capacity_tokens``,
   ``engine_kv_usage``, ``engine_running``, ``engine_waiting`` (as last read),
   ``engine_kv_fill`` (the share of the KV the rule fills, lowered by preemptions),
+  ``engine_shared_prompt_tokens`` (prompt tokens of the running requests counted as
+  found in the engine's prefix cache),
   ``engine_preemptions_total`` (preemptions seen), ``engine_readings_stale`` (1 while
   the limit is the last good one);
 * ``build_info{version,python}`` (always 1) and the standard ``process_*`` series
@@ -114,6 +116,8 @@ class SizingFigures:
         fill: share of the KV capacity the rule fills now.
         preemptions: preemptions seen in the readings (a counter).
         stale: whether the readings are stale (the last good limit holds).
+        shared_prompt: prompt tokens of the running requests counted as found in the
+            engine's prefix cache.
     """
 
     limit: int
@@ -126,6 +130,7 @@ class SizingFigures:
     fill: float
     preemptions: int
     stale: bool
+    shared_prompt: float = 0.0
 
 
 def top_users(users: Mapping[str, float], top: int) -> list[tuple[str, float]]:
@@ -293,6 +298,12 @@ class GatewayMetrics:
             if value is not None:
                 out.one(p + name, "gauge", help, value)
         out.one(p + "engine_kv_fill", "gauge", "Share of the KV the rule fills now.", size.fill)
+        out.one(
+            p + "engine_shared_prompt_tokens",
+            "gauge",
+            "Prompt tokens of the running requests found in the engine's prefix cache.",
+            size.shared_prompt,
+        )
         out.one(
             p + "engine_preemptions_total",
             "counter",

@@ -108,12 +108,14 @@ class Running:
     """The requests the gateway runs, with each class's count and final sizes kept as
     they start and end: the hot path reads these totals, it never sums them."""
 
-    __slots__ = ("_runs", "held", "seqs", "taken_in_prompts", "tokens")
+    __slots__ = ("_runs", "held", "seqs", "shared_prompts", "taken_in_prompts", "tokens")
 
     def __init__(self) -> None:
         self._runs: dict[int, Run] = {}
         self.held = Held()
         """Their :attr:`Run.holds`: the prompt blocks the engine holds for them."""
+        self.shared_prompts = 0.0
+        """Their :attr:`Run.shared` prompt tokens, found in the engine's prefix cache."""
         self.seqs = {True: 0, False: 0}
         """Requests running, per class (interactive?)."""
         self.tokens = {True: 0.0, False: 0.0}
@@ -129,6 +131,7 @@ class Running:
         self.seqs[run.interactive] += 1
         self.tokens[run.interactive] += run.prompt + run.predicted
         self.held.add(run.holds)
+        self.shared_prompts += run.shared
 
     def get(self, key: int) -> Run | None:
         return self._runs.get(key)
@@ -139,6 +142,7 @@ class Running:
             self.seqs[run.interactive] -= 1
             self.tokens[run.interactive] -= run.prompt + run.predicted
             self.held.remove(run.holds)
+            self.shared_prompts -= run.shared
             if run.taken_in:
                 self.taken_in_prompts -= run.prompt
         return run

@@ -144,6 +144,12 @@ class Sizing:
         return len(self._runs)
 
     @property
+    def shared_prompt_tokens(self) -> float:
+        """Prompt tokens of the running requests counted as found in the engine's prefix
+        cache, not as new KV (rule 2)."""
+        return self._runs.shared_prompts
+
+    @property
     def engine_waiting(self) -> int:
         """The engine's waiting count as last read, less the requests ended since (each
         lets a waiter in), plus those started since when it was queueing then."""

@@ -13,6 +13,7 @@ the cache, and only the rest of its prompt takes new KV.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -92,8 +93,8 @@ _MESSAGE_TEXT = frozenset({"role", "content"})
 
 
 class Held:
-    """The links of the running requests the engine has taken in, counted (a link stays
-    held while one request that has it runs)."""
+    """The links whose blocks the engine holds for the running requests, counted (a link
+    stays held while one request that holds it runs)."""
 
     __slots__ = ("_count",)
 
@@ -114,11 +115,5 @@ class Held:
     def depth(self, links: tuple[int, ...]) -> int:
         """How many of ``links``' leading links are held. A link hashes all before it, so
         the held ones are a run from the start: found by halving."""
-        low, high = 0, len(links)
-        while low < high:
-            middle = (low + high) // 2
-            if links[middle] in self._count:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        count = self._count
+        return bisect.bisect_left(range(len(links)), True, key=lambda i: links[i] not in count)

@@ -227,6 +227,7 @@ class SizingMachine(RuleBasedStateMachine):
         """A chat of the shared system prompt runs a second and ends with its usage: the
         engine's decode rate and a run's time beyond it are measured, as a warm engine's
         are (where prompts the engine holds are counted past their shared blocks)."""
+        self.refilled.setdefault("key-b", 0.0)  # its bucket refills from here on
         decision = self.adm.offer("key-b", 150, prompt=100, prefix=_SYSTEM)
         if isinstance(decision, Admit | Enqueued):
             self.tickets.append(decision.ticket)

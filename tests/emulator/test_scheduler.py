@@ -219,8 +219,9 @@ def test_the_kv_cache_lends_blocks_and_takes_them_back() -> None:
         1,
         2,
     )
-    assert kv.fits(12)
-    assert not kv.fits(13)
+    assert kv.admit(seq(prompt=12)) == 0  # fits whole, nothing found (no prefix cache)
+    assert kv.admit(seq(prompt=13)) is None
+    assert kv.used == 0  # admitting takes only blocks found; growing takes the rest
     assert kv.grow(s, 5)
     assert (s.blocks, kv.used, kv.free) == (2, 2, 1)
     assert kv.grow(s, 8)  # still two blocks

@@ -742,3 +742,42 @@ def test_a_prompt_that_begins_as_one_the_engine_holds_is_counted_past_the_shared
     # They hold the links they found: a new one still finds them, and the 624 tokens take
     # the room of six such (85 start with them taken for free).
     assert fill(sizing, lambda: chat(system), 4.1) == 79
+
+
+def test_a_bursts_first_chat_shares_its_prompt_blocks_once_the_engine_queues_nothing() -> None:
+    """The first chats of a burst, before any has ended (the gateway knows no prompt's
+    pass time yet): the engine caches a prompt's blocks as it takes the request in, so
+    once a reading shows its queue empty, a chat started by the reading before holds all
+    its links, and a new one that begins alike is counted past them; so are those sent
+    with it, counted whole at their start."""
+    system = chain("", ["You follow the house rules. " * 100])  # 624 tokens in whole blocks
+
+    def chat(links: tuple[int, ...]) -> Ticket:
+        made = ticket(700, 20)
+        made.prefix = links
+        return made
+
+    def burst(*, started: float = 0.0, hits: int = 600, queued: int = 0, n: int = 1) -> Sizing:
+        sizing = Sizing(AdmissionConfig())
+        for at in (-0.25, 0.0):  # an idle engine, read
+            sizing.observe(reading(at, prefix_hits=0, block_size=16))
+        for _ in range(n):  # they found the prompt cached; the gateway saw none held
+            sizing.start(chat(system), started, predicted=None)
+        assert sizing.shared_prompt_tokens == 0
+        engine = {"running": n - queued, "waiting": queued, "block_size": 16}
+        sizing.observe(reading(0.25, usage=0.07, prefix_hits=hits, **engine))
+        return sizing
+
+    # (99 % of 10,000 less the first's 720 + a block of 16) over 700 - 624 + 20 + 16 each.
+    assert fill(burst(), lambda: chat(system), 0.25) == 81
+    whole = fill(burst(), lambda: chat(tuple(range(10))), 0.25)
+    assert whole == 12  # another text: (9,900 - 736) over 720 + a block
+    assert fill(burst(hits=0), lambda: chat(system), 0.25) == whole  # the cache finds none
+    assert fill(burst(queued=1), lambda: chat(system), 0.25) == whole  # it may not be in
+    assert fill(burst(started=0.1), lambda: chat(system), 0.25) == whole  # sent since
+    # Five sent together: the four after the first found its blocks in the engine, and
+    # are counted so from the reading: (9,900 - 736 - 4 x 112) over 112.
+    together = burst(n=5)
+    assert together.shared_prompt_tokens == 4 * 624
+    assert fill(together, lambda: chat(system), 0.25) == 77
+    assert fill(burst(n=5, queued=1), lambda: chat(system), 0.25) == 8  # (9,900 - 5 x 736) / 736

@@ -1,10 +1,11 @@
 """A batch job whose requests share their instructions, on a real vLLM with a small cache.
 
-vLLM's prefix cache holds the shared prompt blocks once. Once a reading shows the engine
-has taken one of the job's requests in, the gateway counts a new one that begins with
-the same text past the blocks they share. ``--num-gpu-blocks-override 40`` gives 40
-blocks of 128 tokens (5,120): counted whole, about three of these 1,450-token requests
-fit.
+vLLM's prefix cache holds the shared prompt blocks once. Once a reading shows vLLM's
+queue empty, the job's requests sent before the reading before hold their text's links,
+and the gateway counts a new one that begins with the same text past the blocks they
+share (``tests/integration/test_gateway_prefix.py`` is the same on the emulator).
+``--num-gpu-blocks-override 40`` gives 40 blocks of 128 tokens (5,120): counted whole,
+about three of these 1,450-token requests fit.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ every arm against the same emulator in the same run:
    usage (as herdless's SDK and LangChain.js do) or not (openai-node's and
    openai-python's default), through the self-sized gateway, beside vLLM alone. Figure:
    answers per second.
+7. ``sizing-shared``: a job of 120 requests at once that share 3,000 tokens of
+   instructions (200 tokens of their own, 300-token answers) on the emulator with its
+   prefix cache on (``--enable-prefix-caching``), the instructions already in it. Arms:
+   vLLM alone, static limits and the self-sized gateway. Figures: makespan,
+   preemptions, the engine's waiting count p50 and its running count at most.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,52 +144,78 @@ def _flood(engine: ServerProcess, p: SizingParams, progress: Progress) -> Scenar
     )
 
 
-# -- 2. the crowd -----------------------------------------------------------------------
+# -- 2. the crowd, 7. a job that shares its instructions: all at once ----------------
 
 
-def _crowd_arm(engine: ServerProcess, name: str, opts: Any) -> Arm:
+def _once_arm(
+    engine: ServerProcess,
+    name: str,
+    opts: Any,
+    job: Callable[[], Load],
+    warm: Callable[[], Load] | None,
+) -> Arm:
     def run(seed: int) -> dict[str, float]:
         with arm_url(engine, opts) as gw:
             url = (gw or engine).url + "/v1"
             asyncio.run(idle(engine.url))
+            if warm is not None:  # straight to the engine: what it has cached already
+                asyncio.run(closed_loop(engine.url + "/v1", [warm()], 60.0, seed, once=True))
             before = asyncio.run(preemptions(engine.url))
-            crowd = Load(kind="crowd", callers=120, prompt=3000, answer=600, ignore_eos=False)
-            work = closed_loop(url, [crowd], 600.0, seed, once=True)
+            load = job()
+            work = closed_loop(url, [load], 600.0, seed, once=True)
             took, seen = asyncio.run(sampled(engine.url, None, work))
             after = asyncio.run(preemptions(engine.url))
         return {
             "makespan": took,
             "preemptions": after - before,
             "waiting_p50": seen.waiting_p50,
-            "answered": len(crowd.calls),
+            "running_max": float(max(seen.running, default=0)),
+            "answered": len(load.calls),
         }
 
     return Arm(name=name, run=run)
 
 
-def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
-    with emulator(p, answer_min_tokens=450, answer_max_tokens=600) as engine:
+def _at_once(
+    p: SizingParams,
+    progress: Progress,
+    *,
+    name: str,
+    title: str,
+    params: dict[str, object],
+    job: Callable[[], Load],
+    warm: Callable[[], Load] | None = None,
+    makespan: float,
+    notes: list[str] | None = None,
+    **flags: Any,
+) -> ScenarioResult:
+    """A ``job`` sent all at once, against an emulator with ``flags``: vLLM alone, the
+    static defaults, sized by the docs and the self-sized gateway."""
+    with emulator(p, **flags) as engine:
         specs: dict[str, Any] = {"vLLM alone, no gateway": None}
         specs |= {k: v for k, v in STATIC_ARMS.items() if "best" not in k and "hand" not in k}
         specs[SELF] = dict(p.gateway)
-        arms = [_crowd_arm(engine, name, opts) for name, opts in specs.items()]
+        arms = [_once_arm(engine, arm, opts, job, warm) for arm, opts in specs.items()]
         runs = run_arms(arms, repeats=p.repeats, seed=p.seed, progress=progress)
     table = Medians(runs)
     table.relative("makespan_x", "makespan", base="vLLM alone, no gateway")
     me, alone = table[SELF], table["vLLM alone, no gateway"]
     return table.result(
-        name="sizing-crowd",
-        title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
-        params=gpu_knobs(p),
+        name=name,
+        title=title,
+        params=params,
         columns=[
             Column(key="makespan", label="makespan s"),
             Column(key="makespan_x", label="x vLLM alone"),
             Column(key="preemptions", label="preemptions", fmt="{:.0f}"),
             Column(key="waiting_p50", label="engine waiting p50", fmt="{:.0f}"),
+            Column(key="running_max", label="engine running at most", fmt="{:.0f}"),
             Column(key="answered", label="answered", fmt="{:.0f}"),
         ],
         targets=[
-            Target(label="self-sized makespan / vLLM alone", value=me["makespan_x"], limit=1.03),
+            Target(
+                label="self-sized makespan / vLLM alone", value=me["makespan_x"], limit=makespan
+            ),
             Target(
                 label="self-sized preemptions - vLLM alone's",
                 value=me["preemptions"] - alone["preemptions"],
@@ -191,6 +223,45 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
             ),
             Target(label="self-sized engine waiting p50", value=me["waiting_p50"], limit=2),
         ],
+        notes=notes or [],
+    )
+
+
+def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
+    return _at_once(
+        p,
+        progress,
+        name="sizing-crowd",
+        title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
+        params=gpu_knobs(p),
+        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=600, ignore_eos=False),
+        makespan=1.03,
+        answer_min_tokens=450,
+        answer_max_tokens=600,
+    )
+
+
+_INSTRUCTIONS = 3000
+
+
+def _shared(p: SizingParams, progress: Progress) -> ScenarioResult:
+    return _at_once(
+        p,
+        progress,
+        name="sizing-shared",
+        title=(
+            f"A job of 120 requests at once sharing {_INSTRUCTIONS:,} tokens of instructions, "
+            "the engine's prefix cache on"
+        ),
+        params={**gpu_knobs(p), "instructions": _INSTRUCTIONS, "prompt": 200, "answer": 200},
+        job=lambda: Load(kind="job", callers=120, prompt=200, answer=200, system=_INSTRUCTIONS),
+        warm=lambda: Load(kind="warm", callers=1, prompt=10, answer=1, system=_INSTRUCTIONS),
+        makespan=1.1,
+        notes=[
+            "Each arm first sends one request with the instructions straight to the engine: "
+            "a long job's steady state, its instructions in the cache."
+        ],
+        enable_prefix_caching=True,
     )
 
 
@@ -259,7 +330,8 @@ def runs(repeats: int) -> int:
     crowd = 1 + 2 + 1
     mixes = len(MIXES) * (len(SizingParams().statics) + 1)
     streams = 3
-    return repeats * (flood + crowd + mixes + streams) + 2
+    shared = 1 + 2 + 1
+    return repeats * (flood + crowd + mixes + streams + shared) + 2
 
 
 def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
@@ -272,4 +344,5 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
     results.append(switch(p, out, progress))
     results.append(stale(p, progress))
     results.append(_streams(p, progress))
+    results.append(_shared(p, progress))
     return results

@@ -51,9 +51,13 @@ _MODEL = "emulated-llama-3-8b"
 _TEXT, _NO_TEXT = '"content":"', '"content":""'  # a streamed event's text, or none
 
 
-def prompt(tokens: int, seed: int = 0) -> list[dict[str, str]]:
-    """A one-message chat of about ``tokens`` tokens (words), unique per ``seed``."""
-    return [{"role": "user", "content": f"call {seed} " + "word " * max(0, tokens - 2)}]
+def prompt(tokens: int, seed: int = 0, system: int = 0) -> list[dict[str, str]]:
+    """A chat of about ``tokens`` tokens (words), unique per ``seed``, after a system
+    message of about ``system`` tokens that every call shares (none for 0)."""
+    asked = {"role": "user", "content": f"call {seed} " + "word " * max(0, tokens - 2)}
+    if not system:
+        return [asked]
+    return [{"role": "system", "content": "rule " * system}, asked]
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class Load:
     callers: int
     prompt: int
     answer: int
+    system: int = 0  # tokens of instructions every call begins with
     priority: str | None = None
     think: float = 0.0
     start: float = 0.0
@@ -178,7 +183,9 @@ async def closed_loop(
                 n += 1
                 body: dict[str, Any] = {
                     "model": _MODEL,
-                    "messages": prompt(load.prompt, seed * 1_000_000 + index * 10_000 + n),
+                    "messages": prompt(
+                        load.prompt, seed * 1_000_000 + index * 10_000 + n, load.system
+                    ),
                     "max_tokens": load.answer,
                 }
                 if load.ignore_eos:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from herdless.emulator import text, wire
 from herdless.emulator.engine import Sequence
+from herdless.emulator.kvcache import block_hashes
 from herdless.emulator.responses import JsonGeneration, StreamGeneration, json_response
 from herdless.emulator.state import EmulatorState
 
@@ -74,6 +75,22 @@ def _chat_prompt(req: wire.ChatRequest) -> _Prompt:
 def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
     prompt = req.text()
     return _Prompt(max(1, text.count_tokens(prompt)), req.max_tokens, [prompt])
+
+
+def _prompt_hashes(
+    req: wire.ChatRequest | wire.CompletionRequest, block_size: int
+) -> tuple[int, ...]:
+    """The hashes of the prompt's full KV blocks: its tokens as :func:`_chat_prompt` and
+    :func:`_text_prompt` count them, a message's role in its template header."""
+    if isinstance(req, wire.CompletionRequest):
+        tokens = text.split_tokens(req.text())
+    else:
+        tokens = []
+        for m in req.messages:
+            tokens += [m.role] + ["\n"] * (text.MESSAGE_OVERHEAD - 1) + text.split_tokens(m.text())
+        tokens += ["assistant"] * text.GENERATION_PROMPT
+    salt = (req.model_extra or {}).get("cache_salt")
+    return block_hashes(tokens, block_size, salt if isinstance(salt, str) else None)
 
 
 _Generation = TypeVar("_Generation", wire.ChatRequest, wire.CompletionRequest)
@@ -143,6 +160,7 @@ async def _generate(
         if req.ignore_eos
         else text.answer_length(seed, settings.answer_min_tokens, settings.answer_max_tokens),
         arrival=state.driver.now(),
+        hashes=_prompt_hashes(req, settings.block_size) if settings.enable_prefix_caching else (),
     )
     state.driver.submit(seq)
     respond = StreamGeneration if req.stream else JsonGeneration

@@ -95,6 +95,8 @@ class EngineConfig:
         prefill_tokens_per_s: prompt tokens prefilled per second.
         speed: time scale; 10 makes every step ten times shorter.
         on_kv_exhausted: ``"preempt"`` (vLLM's behaviour) or ``"crash"``.
+        enable_prefix_caching: share the KV blocks of prompts that begin alike, as
+            vLLM's prefix cache does (:mod:`.kvcache`).
         max_lag: seconds of backlog replayed after a late wake-up.
     """
 
@@ -107,6 +109,7 @@ class EngineConfig:
     prefill_tokens_per_s: float = 16_000.0
     speed: float = 1.0
     on_kv_exhausted: Literal["preempt", "crash"] = "preempt"
+    enable_prefix_caching: bool = False
     max_lag: float = 0.25
 
     def __post_init__(self) -> None:
@@ -247,6 +250,10 @@ class Engine:
     @property
     def block_size(self) -> int:
         return self.kv.block_size
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.config.enable_prefix_caching
 
     @property
     def kv_used(self) -> int:

@@ -46,6 +46,8 @@ class EngineMetrics:
         "generation_tokens",
         "itl",
         "preemptions",
+        "prefix_hits",
+        "prefix_queries",
         "prompt_tokens",
         "rejected",
         "ttft",
@@ -55,6 +57,9 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
+        # Prompt tokens of new requests looked up in the prefix cache, and those found.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
         self.rejected = 0
         # "abort" stays 0: vLLM 0.32 shows the series but counts no aborted request in it.
         self.finished = {"stop": 0, "length": 0, "abort": 0}
@@ -77,11 +82,17 @@ class EngineView(Protocol):
     def num_gpu_blocks(self) -> int: ...
     @property
     def block_size(self) -> int: ...
+    @property
+    def prefix_caching(self) -> bool: ...
     def kv_usage(self) -> float: ...
 
 
 def cache_config_labels(
-    *, num_gpu_blocks: int, block_size: int, max_model_len: int | None
+    *,
+    num_gpu_blocks: int,
+    block_size: int,
+    max_model_len: int | None,
+    prefix_caching: bool = False,
 ) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info``: vLLM 0.32's ``CacheConfig`` fields, in
     its order, as its API server shows them once the engine is up, then ``engine``.
@@ -90,7 +101,7 @@ def cache_config_labels(
     server's). The values are vLLM's defaults, but for what the emulator knows
     better: its blocks, the tokens they hold, the concurrency at ``max_model_len``
     (``num_gpu_blocks / ceil(max_model_len / block_size)``) and
-    ``enable_prefix_caching``, ``False`` because the emulator caches no prefix.
+    ``enable_prefix_caching``.
     """
     tokens = num_gpu_blocks * block_size
     concurrency = (
@@ -106,7 +117,7 @@ def cache_config_labels(
         "is_attention_free": False,
         "num_gpu_blocks_override": None,
         "sliding_window": None,
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": prefix_caching,
         "prefix_caching_hash_algo": "sha256",
         "prefix_cache_retention_interval": 0,
         "kv_cache_dtype_skip_layers": [],
@@ -161,6 +172,11 @@ def render(engine: EngineView, model: str, *, max_model_len: int | None = None) 
         m.prompt_tokens)  # fmt: skip
     one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
         m.generation_tokens)  # fmt: skip
+    one("vllm:prefix_cache_queries_total", "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        m.prefix_queries)  # fmt: skip
+    one("vllm:prefix_cache_hits_total", "counter",
+        "Prefix cache hits, in terms of number of cached tokens.", m.prefix_hits)  # fmt: skip
     # vLLM's waiting requests by reason: "capacity" (no slot or KV yet) and "deferred"
     # (waiting on something else, never the case here).
     out.family("vllm:num_requests_waiting_by_reason", "gauge", _WAITING_BY_REASON_HELP,
@@ -178,7 +194,7 @@ def render(engine: EngineView, model: str, *, max_model_len: int | None = None) 
     out.histogram("vllm:e2e_request_latency_seconds", _HELP["e2e"], m.e2e, **base)
     info = cache_config_labels(
         num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, prefix_caching=engine.prefix_caching,
     )  # fmt: skip
     out.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
                [(labels(**info), 1.0)])  # fmt: skip

@@ -2,9 +2,9 @@
 
 Read from vLLM 0.32's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``)
 with its default FCFS policy, chunked prefill on (``SchedulerConfig.
-enable_chunked_prefill = True``) and no prefix caching, speculative decoding or KV
-connector. Each step has one **token budget**, ``max_num_batched_tokens``, that
-decodes and prefill chunks share:
+enable_chunked_prefill = True``), its prefix cache when on (:mod:`.kvcache`) and no
+speculative decoding or KV connector. Each step has one **token budget**,
+``max_num_batched_tokens``, that decodes and prefill chunks share:
 
 1. **Running sequences first, in the order they were admitted.** Each is given
    ``min(num_tokens - computed, budget left)`` tokens: one when it decodes, a chunk
@@ -21,8 +21,11 @@ decodes and prefill chunks share:
    preempted this step: while budget is left and fewer than ``max_num_seqs`` run,
    the head is admitted if its *whole* sequence so far (prompt plus tokens already
    generated) fits in the free blocks (vLLM's ``scheduler_reserve_full_isl``, on by
-   default), and is scheduled a first chunk of ``min(num_tokens, budget left)``
-   tokens. A head that does not fit stops the queue: no one overtakes it.
+   default), past the leading blocks the prefix cache holds for it, and is scheduled
+   a first chunk of what those leave, ``budget left`` at most. A head that does not
+   fit stops the queue: no one overtakes it. A new request's tokens and those found
+   are counted (``vllm:prefix_cache_queries_total``, ``..._hits_total``); one resumed
+   after a preemption is not, as in vLLM.
 
 A sequence holds KV from the step that admits it until it finishes, is aborted or
 is preempted. vLLM would run an empty step after preempting every running
@@ -166,6 +169,8 @@ class Scheduler:
             seqs.append(seq)
             if not decode:
                 prefill += new
+                if seq.shared < len(seq.hashes):
+                    self.kv.cache(seq, computed + new)
             budget -= new
 
         # 2. The waiting queue, first come first served (not after a preemption: that
@@ -173,15 +178,22 @@ class Scheduler:
         if not preempted or not seqs:
             while budget > 0 and len(self._running) < self.max_num_seqs:
                 head = self.peek_waiting()
-                if head is None or head.arrival > start or not self.kv.fits(head.num_tokens):
+                if head is None or head.arrival > start:
+                    break
+                found = self.kv.admit(head)
+                if found is None:
                     break
                 self._waiting.popleft()
                 self.num_waiting -= 1
                 head.state = SeqState.RUNNING
                 self._running[head] = None
-                new = min(head.num_tokens, budget)
-                self.kv.grow(head, new)  # fits: new <= num_tokens, which fits
-                head.computed = new  # all prefill: its prompt (and tokens, if resumed)
+                if not head.resumed:
+                    self.metrics.prefix_queries += head.num_tokens
+                    self.metrics.prefix_hits += found
+                new = min(head.num_tokens - found, budget)
+                self.kv.grow(head, found + new)  # fits: admit() checked its whole sequence
+                head.computed = found + new  # all prefill: its prompt (and tokens, if resumed)
+                self.kv.cache(head, found + new)
                 seqs.append(head)
                 prefill += new
                 budget -= new
@@ -219,6 +231,7 @@ class Scheduler:
         del self._running[seq]
         self.kv.release(seq)
         seq.computed = 0  # recomputed from scratch: prompt plus what it had generated
+        seq.resumed = True
         seq.state = SeqState.WAITING
         self._waiting.appendleft(seq)
         self.num_waiting += 1

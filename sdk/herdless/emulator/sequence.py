@@ -32,6 +32,8 @@ class Sequence:
         max_tokens: most tokens to generate (EOS included).
         content_tokens: tokens before EOS, or ``None`` to ignore EOS.
         arrival: ``now`` when it was submitted.
+        hashes: the hashes of its prompt's full blocks (:func:`.kvcache.block_hashes`),
+            none where the prefix cache is off.
     """
 
     __slots__ = (
@@ -43,16 +45,25 @@ class Sequence:
         "finished_at",
         "first_token_at",
         "generated",
+        "hashes",
         "last_token_at",
         "max_tokens",
         "prompt_tokens",
+        "resumed",
+        "shared",
         "state",
         "waiter",
         "wake_at",
     )
 
     def __init__(
-        self, *, prompt_tokens: int, max_tokens: int, content_tokens: int | None, arrival: float
+        self,
+        *,
+        prompt_tokens: int,
+        max_tokens: int,
+        content_tokens: int | None,
+        arrival: float,
+        hashes: tuple[int, ...] = (),
     ) -> None:
         if prompt_tokens < 1 or max_tokens < 1:
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
@@ -63,8 +74,12 @@ class Sequence:
         self.generated = 0
         # Tokens whose KV is written; back to 0 when preempted (recomputed later).
         self.computed = 0
-        # KV blocks held (written by the KV cache only).
+        # KV blocks held, and how many of them (leading) are held by their hash with
+        # other sequences (written by the KV cache only).
         self.blocks = 0
+        self.shared = 0
+        self.hashes = hashes
+        self.resumed = False  # preempted once: its prompt was looked up before
         self.state = SeqState.WAITING
         self.finish_reason: FinishReason | None = None
         self.first_token_at: float | None = None

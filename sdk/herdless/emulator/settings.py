@@ -93,6 +93,12 @@ class EmulatorSettings(BaseSettings):
         default="preempt",
         description="what a full KV cache does: preempt (vLLM) or crash the process",
     )
+    enable_prefix_caching: bool = Field(
+        default=False,
+        description="share the KV blocks of prompts that begin alike, as vLLM's prefix cache "
+        "(vLLM's flag; on by default in vLLM, off here so that a bench's prompts that begin "
+        "alike are not shared unless it asks)",
+    )
     stream_interval: int = Field(
         default=1, ge=1, description="stream tokens in groups of N after the first (vLLM's flag)"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -83,7 +84,7 @@ class Run:
     """Its prompt's links (:func:`~.prefixes.chain`)."""
     holds: tuple[int, ...] = ()
     """The links whose blocks it holds in the engine: those it found there at its start,
-    all of them once the engine has taken it in."""
+    all of them once the engine has it (:meth:`Running.admitted`)."""
     shared: float = 0.0
     """Prompt tokens it found in the engine's prefix cache at its start (not in
     ``prompt``: another request paid for them)."""
@@ -151,6 +152,28 @@ class Running:
         """When the oldest of them started (``inf``: none runs)."""
         return min((run.started for run in self._runs.values()), default=math.inf)
 
+    def admitted(self, by: float, shared_of: Callable[[int, float], float]) -> None:
+        """The engine queues nothing: those started by ``by`` (the reading before) are in
+        it, and hold all their links (the engine caches a prompt's blocks as it gives them
+        out, before the prompt's pass). In the order they started, one counted whole that
+        begins as one in before it holds is counted past their common blocks from now:
+        ``shared_of(depth, prompt)``, the tokens of a ``prompt`` whose first ``depth``
+        links are held that the engine shares (two sent together: the second finds the
+        first's blocks)."""
+        for run in self._runs.values():
+            if run.started > by or run.holds is run.links:
+                continue
+            if not run.shared and (shared := shared_of(self.held.depth(run.links), run.prompt)):
+                run.prompt -= shared
+                run.shared = shared
+                self.tokens[run.interactive] -= shared
+                self.shared_prompts += shared
+                if run.taken_in:
+                    self.taken_in_prompts -= shared
+            self.held.remove(run.holds)
+            run.holds = run.links
+            self.held.add(run.holds)
+
     def taken_in(self, by: float, now: float, rest: float, typical: float) -> float:
         """The prompt tokens of those the engine has taken in whole by ``now``: started by
         ``by`` (the reading before) and past their prompt's pass (``rest`` seconds, for a
@@ -162,9 +185,6 @@ class Running:
             if run.started + rest * max(1.0, run.prompt / typical) <= now:
                 run.taken_in = True
                 self.taken_in_prompts += run.prompt
-                self.held.remove(run.holds)
-                run.holds = run.links
-                self.held.add(run.holds)
         return self.taken_in_prompts
 
     def last_interactive_start(self) -> float:

@@ -244,7 +244,9 @@ class Sizing:
         anything else hold beside (answers, another client's requests) only lowers it.
         At most the tokens its cache found since the oldest running request started (a
         prompt estimated long is no saving), and none while a request waits in its queue
-        (it holds no block yet, and would read as shared)."""
+        (it holds no block yet, and would read as shared). With its queue empty, those
+        started by the reading before are in it, and hold their prompts' links
+        (:meth:`Running.admitted`)."""
         hits = self._hits
         if now.prefix_hits is None:
             hits.clear()
@@ -255,7 +257,11 @@ class Sizing:
             hits.popleft()  # the first is the last read before the oldest started
         found = now.prefix_hits - hits[0][1]
         self._caching = self._caching or found > 0
-        if self._rest is None or now.waiting != 0 or found <= 0:
+        if now.waiting != 0:
+            return 0.0
+        if self._caching:
+            self._runs.admitted(last.at, self._shared_prompt)
+        if self._rest is None or found <= 0:
             return 0.0
         prompts = self._runs.taken_in(last.at, now.at, self._rest, self._typical)
         return max(0.0, min(prompts - used, found))

@@ -29,7 +29,7 @@ every arm against the same emulator in the same run:
    openai-python's default), through the self-sized gateway, beside vLLM alone. Figure:
    answers per second.
 7. ``sizing-shared``: a job of 120 requests at once that share 3,000 tokens of
-   instructions (200 tokens of their own, 300-token answers) on the emulator with its
+   instructions (200 tokens of their own, 200-token answers) on the emulator with its
    prefix cache on (``--enable-prefix-caching``), the instructions already in it. Arms:
    vLLM alone, static limits and the self-sized gateway. Figures: makespan,
    preemptions, the engine's waiting count p50 and its running count at most.

@@ -125,6 +125,27 @@ def test_a_caller_let_in_before_its_time_no_longer_holds_a_place() -> None:
     assert isinstance(adm.offer("key-a", 10), Enqueued)  # nothing is held for it now
 
 
+def test_a_caller_back_before_its_time_to_a_full_queue_keeps_its_time() -> None:
+    """A kept request is offered again whenever a place frees (the gateway's
+    ``Gate.until_place``), often before its time; refused then (a newcomer took the
+    place), it keeps the time it was told, and the place held for it then."""
+    clock = FakeClock()
+    adm, ending = full(clock)
+    told = adm.offer("key-a", 10, call="kept 1")
+    later = adm.offer("key-a", 10, call="kept 2")
+    assert isinstance(told, Refuse)
+    assert isinstance(later, Refuse)
+    next_place_frees(adm, clock, ending)  # 0.9 s on; kept 2's time is 1.1 s away
+    assert isinstance(adm.offer("key-a", 10, call="kept 1"), Enqueued)  # its time is near
+    again = adm.offer("key-a", 10, call="kept 2")  # early, to a full queue
+    assert isinstance(again, Refuse)
+    assert again.code == "queue_full"
+    assert again.retry_after == pytest.approx(later.retry_after - 0.9)  # not a later one
+    newcomer = adm.offer("key-a", 10, call="kept 3")
+    assert isinstance(newcomer, Refuse)
+    assert newcomer.retry_after > later.retry_after - 0.9  # told after it
+
+
 @pytest.mark.parametrize("forgotten", [False, True])
 def test_a_place_held_for_a_caller_that_will_not_come_back_frees_at_once(forgotten: bool) -> None:
     """A request the gateway kept waiting for a client that never retries, gone or past

@@ -396,7 +396,7 @@ def test_a_kept_request_waits_its_hold_in_all_outside_then_in_the_queue() -> Non
             offers.append(kept)  # refused twice, 8 s each, then queued
             return full if len(offers) < 3 else gate.offer("a", 1, kept=kept)
 
-        queued = await waited_out(offer, full, 30.0, Counter())
+        queued = await waited_out(offer, full, 30.0, Counter(), gate.until_place)
         assert isinstance(queued, Enqueued)
         assert queued.ticket.hold_ends == 30.0  # offered at 24 s: 6 s of its hold are left
         refused = await gate.wait(queued.ticket)
@@ -407,6 +407,69 @@ def test_a_kept_request_waits_its_hold_in_all_outside_then_in_the_queue() -> Non
     assert at == 30.0  # its hold from its first refusal, not 30 s more in the queue
     assert refused is not None
     assert refused.code == "queue_timeout"
+
+
+def test_a_place_that_frees_wakes_the_kept_request_told_the_earliest_time() -> None:
+    """Told 8 s and 4 s, two kept requests wait for a place; the one place that frees
+    at 1 s wakes the one told 4 s, and the other comes back at its time."""
+
+    async def scenario() -> list[tuple[str, bool, float]]:
+        loop = asyncio.get_running_loop()
+        config = AdmissionConfig(max_concurrency=1, max_queue=1, queue_timeout=30.0)
+        gate = Gate(Admission(config, clock=VirtualClock(loop)))
+        running, queued = gate.offer("a", 1), gate.offer("a", 1)
+        assert isinstance(running, Admit)
+        assert isinstance(queued, Enqueued)
+        woken: list[tuple[str, bool, float]] = []
+
+        async def kept(name: str, seconds: float) -> None:
+            woken.append((name, await gate.until_place(seconds), loop.time()))
+
+        both = asyncio.gather(kept("told 8 s", 8.0), kept("told 4 s", 4.0))
+        await asyncio.sleep(1.0)
+        gate.release(running.ticket)  # the waiter starts: its place in the queue frees
+        await both
+        assert await gate.wait(queued.ticket) is None
+        return woken
+
+    assert run_virtual(scenario()) == [("told 4 s", True, 1.0), ("told 8 s", False, 8.0)]
+
+
+def test_a_kept_request_woken_early_for_a_place_another_took_keeps_its_time() -> None:
+    async def scenario() -> tuple[list[float], list[float], Counter[str], Refuse]:
+        loop = asyncio.get_running_loop()
+        frees = [1.0, 9.0]  # when a place frees
+        waits: list[float] = []
+
+        async def place(seconds: float) -> bool:
+            waits.append(seconds)
+            if frees and frees[0] < loop.time() + seconds:
+                await asyncio.sleep(frees.pop(0) - loop.time())
+                return True
+            await asyncio.sleep(seconds)
+            return False
+
+        def refused(after: float, code: str = "queue_full") -> Refuse:
+            return Refuse(status=429, code=code, message="m", retry_after=after)
+
+        answers = [refused(7.0), refused(8.0), refused(1.0, code="draining")]
+        offers: list[float] = []
+
+        def offer(kept: float) -> Admit | Enqueued | Refuse:
+            offers.append(kept)
+            return answers.pop(0)
+
+        counted: Counter[str] = Counter()
+        last = await waited_out(offer, refused(8.0), 30.0, counted, place)
+        assert isinstance(last, Refuse)
+        return offers, waits, counted, last
+
+    offers, waits, counted, last = run_virtual(scenario())
+    # Told 8 s: woken at 1 s, the place taken, its time kept (7 s left); back at 8 s,
+    # told 8 s more; woken at 9 s: a refusal it does not wait out is the answer.
+    assert (waits, offers) == ([8.0, 7.0, 8.0], [1.0, 8.0, 9.0])
+    assert counted == Counter(queue_full=2)  # the two times told, not the one kept
+    assert last.code == "draining"
 
 
 def test_what_a_kept_request_waited_counts_against_an_announced_drain() -> None:

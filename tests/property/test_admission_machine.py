@@ -47,6 +47,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.tickets: list[Ticket] = []  # every ticket handed out, live or done
         self.refilled: dict[str, float] = {}  # key -> tokens the clock refilled since creation
         self.last_queue_retry_at: dict[tuple[str, str], float] = {}  # per class and user
+        self.told: dict[tuple[str, str], float] = {}  # per call: the time its last refusal named
 
     @initialize(
         max_concurrency=st.integers(1, 4),
@@ -142,7 +143,13 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert decision.status == 400
             assert decision.code == "request_too_large"
         if decision.code in ("queue_full", "kv_budget"):
+            at = self.clock.monotonic() + decision.retry_after
+            mine = None if call is None else (key_id, call)
+            if mine is not None and abs(at - self.told.get(mine, -1.0)) < 1e-9:
+                return  # back before its time, which it keeps: told before the later ones
             self._check_queue_order(decision, klass, unit)
+            if mine is not None:
+                self.told[mine] = at
 
     @rule(key_id=KEYS, user=USERS, price=st.integers(1, 300))
     def batch_flood_then_a_chat(self, key_id: str, user: str | None, price: int) -> None:

@@ -182,19 +182,27 @@ async def waited_out(
     refused: Refuse,
     hold: float,
     counted: Counter[str],
+    place: Callable[[float], Awaitable[bool]],
 ) -> Admit | Enqueued | Refuse:
     """A request a full queue keeps (:func:`keeps`) waits here for the place the
     refusal names, and is offered again, with the seconds it waited (``offer`` passes
     the id the refusal held the place for: it comes back on time; and its queue wait is
     what is left of its hold). Waiting in the gateway is free; a refusal its caller
     shows as an error is not. A refusal its ``hold`` (seconds from now) does not cover
-    is the answer; each one waited out is ``counted``."""
+    is the answer; each one waited out is ``counted``.
+
+    It waits with ``place`` (:meth:`herdless.gateway.gate.Gate.until_place`), which
+    ends the wait early when a place frees before that time: the request is offered
+    then, and where the place went to someone else it keeps its time (not counted
+    again)."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     decision: Admit | Enqueued | Refuse = refused
+    early = False
     while isinstance(decision, Refuse) and waits_out(decision, began + hold - loop.time()):
-        counted[decision.code] += 1
-        await asyncio.sleep(decision.retry_after)
+        if not early:
+            counted[decision.code] += 1
+        early = await place(decision.retry_after)
         decision = offer(loop.time() - began)
     return decision
 

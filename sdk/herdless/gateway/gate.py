@@ -10,6 +10,8 @@ edge touches: the routes, the watcher and ``/metrics`` go through it.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Unpack
@@ -26,6 +28,8 @@ from herdless.gateway.metrics import Fairness, SizingFigures
 
 __all__ = ["Gate"]
 
+_KEPT = itertools.count()  # ties between kept requests told the same time: the first first
+
 
 class Gate:
     """Waits for :class:`Admission` on one event loop.
@@ -41,6 +45,8 @@ class Gate:
 
     __slots__ = (
         "_early",
+        "_kept",
+        "_kept_waiting",
         "_timer",
         "_upstream_state",
         "_waiters",
@@ -60,6 +66,10 @@ class Gate:
         # drained between its offer and its wait); taken by wait(), dropped by release().
         self._early: dict[int, Refuse] = {}
         self._timer: asyncio.TimerHandle | None = None  # the next spaced batch start
+        # The kept requests waiting for a place (see until_place), by the time each was
+        # told; a future already done (woken, timed out, gone) is skipped when reached.
+        self._kept: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._kept_waiting = 0
         self.on_held: Callable[[], None] | None = None
         """Called when a request waits because the engine sleeps (the sleeper wakes it)."""
 
@@ -100,13 +110,37 @@ class Gate:
             if ticket.state == "running":  # started in the same tick as the timeout
                 return None
             refused = self.admission.expire(ticket, deadline_passed=caller_first)
-            self._dispatch()
+            self._dispatch(freed=1)
             return refused
         except asyncio.CancelledError:
             self.release(ticket)
             raise
         finally:
             self._waiters.pop(ticket.id, None)
+
+    async def until_place(self, seconds: float) -> bool:
+        """Wait for a place in the queue to free, ``seconds`` at most: a request a full
+        queue keeps (:func:`herdless.gateway.edge.waited_out`) comes back then rather
+        than at the time its refusal named, so the places that free early are not left
+        to newcomers, nor the GPU idle. Each place that frees wakes one such request,
+        the one told the earliest time. Returns whether a place woke it (``False``: its
+        time came)."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._kept, (loop.time() + seconds, next(_KEPT), woken))
+        self._kept_waiting += 1
+        try:
+            async with asyncio.timeout(seconds):
+                await woken
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            woken.cancel()  # (a no-op once woken): the place goes to the next one
+            self._kept_waiting -= 1
+            if len(self._kept) > 2 * self._kept_waiting + 64:  # mostly done: drop them
+                self._kept = [item for item in self._kept if not item[2].done()]
+                heapq.heapify(self._kept)
 
     def release(
         self,
@@ -118,6 +152,7 @@ class Gate:
         whole: bool = True,
     ) -> None:
         """End a ticket (settled against the usage given) and start whoever now fits."""
+        freed = ticket.state == "queued"
         self._early.pop(ticket.id, None)
         self.admission.release(
             ticket,
@@ -126,7 +161,7 @@ class Gate:
             completion_tokens=completion_tokens,
             whole=whole,
         )
-        self._dispatch()
+        self._dispatch(freed=int(freed))
 
     def drain(self, expect: float | None = None) -> int:
         """Stop admitting; waiters get 503 ``draining`` now (but those whose hold outlasts
@@ -315,10 +350,19 @@ class Gate:
         """``X-Herdless-Capacity``: requests of one key the gateway holds at once now."""
         return self.admission.key_capacity
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, freed: int = 0) -> None:
+        """Start whoever fits; wake a kept request for each place that freed in the
+        queue (``freed`` left it without starting)."""
         admission = self.admission
-        for ticket in admission.dispatch():
+        started = admission.dispatch()
+        for ticket in started:
             self._wake(ticket, None)
+        kept, freed = self._kept, freed + len(started)
+        while freed and kept:
+            woken = heapq.heappop(kept)[2]
+            if not woken.done():
+                woken.set_result(None)
+                freed -= 1
         if admission.held == "spacing" and self._timer is None:
             # Spaced batch starts wait for a time, not for an event: wake at that time.
             delay = admission.sizing.batch_spaced_until - admission.clock.monotonic()

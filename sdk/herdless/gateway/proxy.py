@@ -176,7 +176,9 @@ class AdmittedProxy:
         if kept and isinstance(decision, Refuse):
             assert call is not None
             hold = kept_for(policy, headers, ttl)
-            waiting = waited_out(lambda s: offer(kept=s), decision, hold, rt.metrics.waited_out)
+            waiting = waited_out(
+                lambda s: offer(kept=s), decision, hold, rt.metrics.waited_out, rt.gate.until_place
+            )
             began = time.perf_counter()
             waited = await unless_gone(exchange.receive, waiting)
             access.kept = time.perf_counter() - began

@@ -25,7 +25,8 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
    (``kv_budget``), told its user's share of the places that free, or all of them for
-   a caller whose retry waits here (``kept_back``); a waiter not started within its
+   a caller whose retry waits here (``kept_back``); a caller back before the time a
+   place is held for it keeps that time; a waiter not started within its
    key's hold (``queue_timeout``, or the key policy's ``hold``; the request's
    ``x-llm-d-inference-ttl`` when shorter; less what a kept request waited before its
    offer) -> 429 ``queue_timeout``.
@@ -43,6 +44,7 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
@@ -482,6 +484,11 @@ class Admission:
                     victim = self._waits_anyway(self._queue.longest(flow, mate), now)
             if victim is None:
                 code = self._full_code(ticket)
+                due = None if mine is None else self._holds.due(mine)
+                if due is not None:  # back before its time, to a queue still full
+                    told = self._queue_time(flow, now, code, whole=kept_back)
+                    wait = min(due - now, cfg.max_retry_after)  # (its time: within the cap)
+                    return dataclasses.replace(told, retry_after=wait)  # it keeps it
                 return self._queue_refusal(
                     flow, now, code, deadline=deadline, call=mine, whole=kept_back
                 )

@@ -59,11 +59,15 @@ class Holds:
         place held for it is anyone's now, not after its grace."""
         self._drop(call)
 
+    def due(self, call: Call) -> float | None:
+        """The time held for ``call`` (``None``: none is)."""
+        return self._due.get(call)
+
     def claim(self, call: Call, now: float, ahead: float) -> bool:
         """``call`` is back: whether a place was held for it (its time is at most
         ``ahead`` away, and not past its grace). One that comes earlier is judged like
-        anyone else and keeps its hold if it is refused (let in, it is forgotten: it
-        is in the queue already)."""
+        anyone else and keeps its hold, at its time, if it is refused (let in, it is
+        forgotten: it is in the queue already)."""
         due = self._due.get(call)
         if due is None or due - now > ahead:
             return False

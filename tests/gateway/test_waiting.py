@@ -409,17 +409,19 @@ def test_a_kept_request_waits_its_hold_in_all_outside_then_in_the_queue() -> Non
     assert refused.code == "queue_timeout"
 
 
-def test_a_place_that_frees_wakes_the_kept_request_told_the_earliest_time() -> None:
-    """Told 8 s and 4 s, two kept requests wait for a place; the one place that frees
-    at 1 s wakes the one told 4 s, and the other comes back at its time."""
+def test_a_queue_run_dry_wakes_the_kept_request_told_the_earliest_time() -> None:
+    """Told 8 s and 4 s, two kept requests wait. An end while others wait in the queue
+    wakes neither (the callers told later times count on those places); the end that
+    leaves the queue empty wakes the one told 4 s; the other comes back at its time."""
 
     async def scenario() -> list[tuple[str, bool, float]]:
         loop = asyncio.get_running_loop()
-        config = AdmissionConfig(max_concurrency=1, max_queue=1, queue_timeout=30.0)
+        config = AdmissionConfig(max_concurrency=1, max_queue=2, queue_timeout=30.0)
         gate = Gate(Admission(config, clock=VirtualClock(loop)))
-        running, queued = gate.offer("a", 1), gate.offer("a", 1)
+        running, first, second = (gate.offer("a", 1) for _ in range(3))
         assert isinstance(running, Admit)
-        assert isinstance(queued, Enqueued)
+        assert isinstance(first, Enqueued)
+        assert isinstance(second, Enqueued)
         woken: list[tuple[str, bool, float]] = []
 
         async def kept(name: str, seconds: float) -> None:
@@ -427,12 +429,14 @@ def test_a_place_that_frees_wakes_the_kept_request_told_the_earliest_time() -> N
 
         both = asyncio.gather(kept("told 8 s", 8.0), kept("told 4 s", 4.0))
         await asyncio.sleep(1.0)
-        gate.release(running.ticket)  # the waiter starts: its place in the queue frees
+        gate.release(running.ticket)  # the first waiter starts; the second still waits
+        await asyncio.sleep(0.5)
+        assert woken == []
+        gate.release(first.ticket)  # the second starts: the queue is empty
         await both
-        assert await gate.wait(queued.ticket) is None
         return woken
 
-    assert run_virtual(scenario()) == [("told 4 s", True, 1.0), ("told 8 s", False, 8.0)]
+    assert run_virtual(scenario()) == [("told 4 s", True, 1.5), ("told 8 s", False, 8.0)]
 
 
 def test_a_kept_request_woken_early_for_a_place_another_took_keeps_its_time() -> None:

@@ -192,9 +192,8 @@ async def waited_out(
     is the answer; each one waited out is ``counted``.
 
     It waits with ``place`` (:meth:`herdless.gateway.gate.Gate.until_place`), which
-    ends the wait early when a place frees before that time: the request is offered
-    then, and where the place went to someone else it keeps its time (not counted
-    again)."""
+    ends the wait early where the queue runs dry before that time: the request is
+    offered then, and where it is refused it keeps its time (not counted again)."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     decision: Admit | Enqueued | Refuse = refused

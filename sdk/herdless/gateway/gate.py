@@ -1,7 +1,8 @@
 """The async driver of :class:`~herdless.gateway.core.admission.Admission`: waiting, not deciding.
 
 Admission decides; this module only parks the queued requests on futures and
-wakes them when the core starts them, times them out, or drains them. Offers
+wakes them when the core starts them, times them out, or drains them, and the kept
+requests (refused, waiting here to be offered again) when the queue runs dry. Offers
 that are admitted or refused at once never touch the event loop (the refusal
 path stays cheap). :class:`Gate` is the only face of the admission core the HTTP
 edge touches: the routes, the watcher and ``/metrics`` go through it.
@@ -110,7 +111,7 @@ class Gate:
             if ticket.state == "running":  # started in the same tick as the timeout
                 return None
             refused = self.admission.expire(ticket, deadline_passed=caller_first)
-            self._dispatch(freed=1)
+            self._dispatch(ended=1)
             return refused
         except asyncio.CancelledError:
             self.release(ticket)
@@ -119,12 +120,13 @@ class Gate:
             self._waiters.pop(ticket.id, None)
 
     async def until_place(self, seconds: float) -> bool:
-        """Wait for a place in the queue to free, ``seconds`` at most: a request a full
-        queue keeps (:func:`herdless.gateway.edge.waited_out`) comes back then rather
-        than at the time its refusal named, so the places that free early are not left
-        to newcomers, nor the GPU idle. Each place that frees wakes one such request,
-        the one told the earliest time. Returns whether a place woke it (``False``: its
-        time came)."""
+        """Wait ``seconds``, or less where the queue runs dry: a request a full queue
+        keeps (:func:`herdless.gateway.edge.waited_out`) is offered again at the time
+        its refusal named, a prediction; where the queue has emptied before then, each
+        request that ends wakes the kept request told the earliest time, so the GPU does
+        not idle until its time. While others wait the times stand: the callers told
+        later ones count on the places before theirs being taken then. Returns whether a
+        place woke it (``False``: its time came)."""
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._kept, (loop.time() + seconds, next(_KEPT), woken))
@@ -152,7 +154,6 @@ class Gate:
         whole: bool = True,
     ) -> None:
         """End a ticket (settled against the usage given) and start whoever now fits."""
-        freed = ticket.state == "queued"
         self._early.pop(ticket.id, None)
         self.admission.release(
             ticket,
@@ -161,7 +162,7 @@ class Gate:
             completion_tokens=completion_tokens,
             whole=whole,
         )
-        self._dispatch(freed=int(freed))
+        self._dispatch(ended=1)
 
     def drain(self, expect: float | None = None) -> int:
         """Stop admitting; waiters get 503 ``draining`` now (but those whose hold outlasts
@@ -350,19 +351,19 @@ class Gate:
         """``X-Herdless-Capacity``: requests of one key the gateway holds at once now."""
         return self.admission.key_capacity
 
-    def _dispatch(self, freed: int = 0) -> None:
-        """Start whoever fits; wake a kept request for each place that freed in the
-        queue (``freed`` left it without starting)."""
+    def _dispatch(self, ended: int = 0) -> None:
+        """Start whoever fits. ``ended``: requests that just ended or left the queue;
+        where nothing waits any more, each wakes the kept request told the earliest
+        time (see :meth:`until_place`)."""
         admission = self.admission
-        started = admission.dispatch()
-        for ticket in started:
+        for ticket in admission.dispatch():
             self._wake(ticket, None)
-        kept, freed = self._kept, freed + len(started)
-        while freed and kept:
+        kept = self._kept
+        while ended and kept and not admission.queue_depth:
             woken = heapq.heappop(kept)[2]
             if not woken.done():
                 woken.set_result(None)
-                freed -= 1
+                ended -= 1
         if admission.held == "spacing" and self._timer is None:
             # Spaced batch starts wait for a time, not for an event: wake at that time.
             delay = admission.sizing.batch_spaced_until - admission.clock.monotonic()

@@ -439,6 +439,25 @@ def test_a_queue_run_dry_wakes_the_kept_request_told_the_earliest_time() -> None
     assert run_virtual(scenario()) == [("told 4 s", True, 1.5), ("told 8 s", False, 8.0)]
 
 
+def test_nothing_wakes_a_kept_request_while_the_gateway_drains() -> None:
+    """An end while draining (or while the upstream is out, or the engine sleeps) wakes
+    no kept request: offered then it would find a 503 before its time."""
+
+    async def scenario() -> tuple[bool, float]:
+        loop = asyncio.get_running_loop()
+        config = AdmissionConfig(max_concurrency=1, max_queue=1, queue_timeout=30.0)
+        gate = Gate(Admission(config, clock=VirtualClock(loop)))
+        running = gate.offer("a", 1)
+        assert isinstance(running, Admit)
+        kept = asyncio.ensure_future(gate.until_place(4.0))
+        await asyncio.sleep(1.0)
+        gate.drain()
+        gate.release(running.ticket)  # the queue is empty, but the gateway drains
+        return await kept, loop.time()
+
+    assert run_virtual(scenario()) == (False, 4.0)
+
+
 def test_a_kept_request_woken_early_for_a_place_another_took_keeps_its_time() -> None:
     async def scenario() -> tuple[list[float], list[float], Counter[str], Refuse]:
         loop = asyncio.get_running_loop()

@@ -29,7 +29,7 @@ from herdless.gateway.metrics import Fairness, SizingFigures
 
 __all__ = ["Gate"]
 
-_KEPT = itertools.count()  # ties between kept requests told the same time: the first first
+_ARRIVAL = itertools.count()  # between kept requests told the same time: the first first
 
 
 class Gate:
@@ -125,11 +125,12 @@ class Gate:
         its refusal named, a prediction; where the queue has emptied before then, each
         request that ends wakes the kept request told the earliest time, so the GPU does
         not idle until its time. While others wait the times stand: the callers told
-        later ones count on the places before theirs being taken then. Returns whether a
-        place woke it (``False``: its time came)."""
+        later ones count on the places before theirs being taken then. Nothing wakes
+        while the gateway drains, the upstream is not ready or the engine sleeps.
+        Returns whether a place woke it (``False``: its time came)."""
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._kept, (loop.time() + seconds, next(_KEPT), woken))
+        heapq.heappush(self._kept, (loop.time() + seconds, next(_ARRIVAL), woken))
         self._kept_waiting += 1
         try:
             async with asyncio.timeout(seconds):
@@ -359,7 +360,8 @@ class Gate:
         for ticket in admission.dispatch():
             self._wake(ticket, None)
         kept = self._kept
-        while ended and kept and not admission.queue_depth:
+        serving = admission.ready and not admission.paused  # (else a wake finds a 503)
+        while ended and kept and serving and not admission.queue_depth:
             woken = heapq.heappop(kept)[2]
             if not woken.done():
                 woken.set_result(None)

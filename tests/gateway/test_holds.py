@@ -126,7 +126,7 @@ def test_a_caller_let_in_before_its_time_no_longer_holds_a_place() -> None:
 
 
 def test_a_caller_back_before_its_time_to_a_full_queue_keeps_its_time() -> None:
-    """A kept request is offered again whenever a place frees (the gateway's
+    """A kept request is offered again where the queue runs dry (the gateway's
     ``Gate.until_place``), often before its time; refused then (a newcomer took the
     place), it keeps the time it was told, and the place held for it then."""
     clock = FakeClock()

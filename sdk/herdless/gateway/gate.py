@@ -360,8 +360,8 @@ class Gate:
         for ticket in admission.dispatch():
             self._wake(ticket, None)
         kept = self._kept
-        serving = admission.ready and not admission.paused  # (else a wake finds a 503)
-        while ended and kept and serving and not admission.queue_depth:
+        # (Nothing wakes while nothing may start: woken, it would find a 503.)
+        while ended and kept and admission.starting and not admission.queue_depth:
             woken = heapq.heappop(kept)[2]
             if not woken.done():
                 woken.set_result(None)

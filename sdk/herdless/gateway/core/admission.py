@@ -260,6 +260,11 @@ class Admission:
         return self._ready and not self._draining
 
     @property
+    def starting(self) -> bool:
+        """Whether anything may start now: the upstream ready, no drain, the engine awake."""
+        return self._ready and not self._draining and not self.paused
+
+    @property
     def out_for(self) -> float | None:
         """Seconds since the upstream went out (``None`` while it is ready)."""
         if self._ready or self._out_since is None:
@@ -512,7 +517,7 @@ class Admission:
         queue = self._queue
         recent = self._recent_interactive(now)
         self.held = None
-        while not self._draining and not self.paused and self._ready:
+        while self.starting:
             ticket = queue.head("interactive") or queue.head("batch")
             if ticket is None:
                 break
@@ -639,7 +644,7 @@ class Admission:
 
     def _startable(self, ticket: Ticket, now: float) -> bool:
         """Rule 5: may a new request start without waiting?"""
-        if self._draining or self.paused or not self._ready or self._queue.depth("interactive"):
+        if not self.starting or self._queue.depth("interactive"):
             return False  # interactive waiters go first, and in their fair order
         if ticket.priority == "batch" and self._queue.depth("batch"):
             return False

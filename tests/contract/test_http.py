@@ -125,6 +125,13 @@ def test_metrics_carry_vllms_names_and_labels(http: httpx.Client, upstream: Upst
         "max_num_queued_reqs", "max_num_queued_tokens"
     }  # fmt: skip
     assert read_metric(upstream.url, "vllm:generation_tokens_total") >= 2
+    # What a request ran, first step to end: the gateway's mean run time before its own.
+    runs = families["vllm:request_inference_time_seconds"]
+    [count] = [s for s in runs.samples if s.name.endswith("_count")]
+    [total] = [s for s in runs.samples if s.name.endswith("_sum")]
+    assert set(count.labels) == set(total.labels) == ENGINE
+    assert count.value >= 1
+    assert total.value > 0
 
 
 def test_version_and_ping(http: httpx.Client) -> None:

@@ -146,8 +146,28 @@ def test_render_has_vllm_names() -> None:
         'vllm:time_to_first_token_seconds_bucket{engine="0",model_name="m",le="+Inf"} 1',
         "vllm:inter_token_latency_seconds_count{",
         "vllm:e2e_request_latency_seconds_sum{",
+        'vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 1',
     ):
         assert name in out
+
+
+def test_inference_time_runs_from_the_first_step_not_the_arrival() -> None:
+    # One place: the second sequence waits for the first, and its run starts after it.
+    engine = Engine(EngineConfig(max_num_seqs=1, max_lag=1e9))
+    first, second = (
+        Sequence(prompt_tokens=5, max_tokens=4, content_tokens=None, arrival=0.0) for _ in "ab"
+    )
+    for seq in (first, second):
+        engine.add(seq, 0.0)
+    engine.advance(10.0)
+    assert first.finished_at is not None
+    assert second.finished_at is not None
+    assert second.scheduled_at is not None
+    assert second.scheduled_at >= first.finished_at
+    e2e, inference = engine.metrics.e2e, engine.metrics.inference
+    assert (e2e.count, inference.count) == (2, 2)
+    assert e2e.sum == pytest.approx(first.finished_at + second.finished_at)
+    assert inference.sum == pytest.approx(e2e.sum - second.scheduled_at)  # less its wait
 
 
 # vLLM 0.32's `CacheConfig.metrics_info()` keys, in its order, then `engine`: read from

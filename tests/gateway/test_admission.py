@@ -8,6 +8,7 @@ import pytest
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
+from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 from herdless.gateway.core.service import DrainRate
 from herdless.testing import FakeClock
@@ -167,6 +168,26 @@ def test_drain_gap_follows_the_measured_service_time(clock: FakeClock) -> None:
     assert adm.mean_service_time == pytest.approx(2.0)  # 0.5 * 1 + 0.5 * 3
     admit(adm)
     assert refuse(adm).retry_after == pytest.approx(2.0)
+
+
+def test_before_a_run_ends_here_the_engines_mean_run_time_spaces_the_refusals(
+    clock: FakeClock,
+) -> None:
+    # A gateway started in front of an engine that has served: 40 runs of 0.2 s on
+    # average, not the 1 s guess; 4 running, so a place frees every 0.05 s.
+    adm = make(clock, max_concurrency=4, max_queue=0, initial_service_time=1.0, ewma_alpha=0.5)
+    adm.observe(Reading(at=0.0, run_seconds=0.0, runs=0))  # an engine that served nothing
+    assert adm.mean_service_time == 1.0
+    adm.observe(Reading(at=0.0, run_seconds=8.0, runs=40))
+    assert adm.mean_service_time == pytest.approx(0.2)
+    tickets = [admit(adm) for _ in range(4)]
+    assert [refuse(adm).retry_after for _ in range(3)] == pytest.approx([0.05, 0.10, 0.15])
+    # Its own runs then move the mean from there, and the engine's no longer replaces it.
+    clock.advance(0.4)
+    adm.release(tickets[0])
+    assert adm.mean_service_time == pytest.approx(0.3)  # 0.5 * 0.2 + 0.5 * 0.4
+    adm.observe(Reading(at=0.4, run_seconds=100.0, runs=41))
+    assert adm.mean_service_time == pytest.approx(0.3)
 
 
 def test_retry_after_is_capped(clock: FakeClock) -> None:

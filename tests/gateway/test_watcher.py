@@ -35,6 +35,12 @@ vllm:prefix_cache_hits_total{engine="0",model_name="SmolLM2-135M-Instruct"} 4096
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="SmolLM2-135M-Instruct"} 0.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="SmolLM2-135M-Instruct"} 12.0
+# HELP vllm:request_inference_time_seconds Histogram of time spent in RUNNING phase for request.
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_sum{engine="0",model_name="SmolLM2-135M-Instruct"} 9.5
+vllm:request_inference_time_seconds_bucket{engine="0",le="0.3",model_name="SmolLM2-135M-Instruct"} 2.0
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="SmolLM2-135M-Instruct"} 12.0
+vllm:request_inference_time_seconds_count{engine="0",model_name="SmolLM2-135M-Instruct"} 12.0
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2912",prefix_caching_hash_algo="sha256"} 1.0
@@ -48,6 +54,7 @@ def test_vllms_metrics_give_every_signal() -> None:
     assert (reading.kv_usage, reading.running, reading.waiting) == (0.25, 3, 1)
     assert (reading.preemptions, reading.generation_tokens, reading.at) == (7, 1234, 5.0)
     assert reading.prefix_hits == 4096
+    assert (reading.run_seconds, reading.runs) == (9.5, 12)
 
 
 def test_a_server_without_the_signals_is_not_sizable() -> None:
@@ -67,6 +74,7 @@ def test_data_parallel_engines_add_up() -> None:
     reading = parse_metrics(two, 0.0)
     assert reading.kv_capacity == 2 * 2912 * 16
     assert (reading.kv_usage, reading.running, reading.waiting) == (0.5, 6, 2)
+    assert (reading.run_seconds, reading.runs) == (19.0, 24)
 
 
 def test_garbage_lines_are_skipped() -> None:

@@ -5,19 +5,23 @@ in the gateway for the places its 429s would have named.
 A fresh gateway has measured no answers per second yet: the times it tells are a guess,
 here about three times too late. A kept request that slept its whole time left the GPU
 to the few that came back on time once the queue ran dry; where the queue is empty, each
-end now wakes the kept request told the earliest time.
+end now wakes the kept request told the earliest time. A gateway that reads the engine
+(the default) takes its guess from what the engine ran before it started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import re
+import statistics
 from collections.abc import Callable
 
 import httpx
 import pytest
 
+from herdless.gateway.watcher import parse_metrics
 from herdless.launch.servers import ServerProcess, gateway_process
 from herdless.launch.vllm import sample_metrics
 
@@ -64,6 +68,50 @@ async def _crowd(gateway: str) -> tuple[list[int], list[tuple[int, float]], floa
         await watcher
         metrics = (await c.get(f"{gateway}/metrics")).text
     return list(statuses), samples, _gauge(metrics, "herdless_gateway_waited_out_total")
+
+
+def _body(i: int, rng: random.Random) -> dict[str, object]:
+    return {
+        "messages": [{"role": "user", "content": f"question {i}: " + "word " * 20}],
+        "max_tokens": rng.randint(32, 64),
+        "ignore_eos": True,
+    }
+
+
+async def _told(url: str, calls: int) -> list[float]:
+    """``calls`` at once, each sent once by a client that retries (httpx's user agent):
+    the seconds each 429 named (``retry-after-ms``)."""
+    rng = random.Random(2)
+    async with httpx.AsyncClient(timeout=120.0, limits=httpx.Limits(max_connections=100)) as c:
+        answers = await asyncio.gather(
+            *(c.post(f"{url}/v1/chat/completions", json=_body(i, rng)) for i in range(calls))
+        )
+    return [int(r.headers["retry-after-ms"]) / 1000 for r in answers if r.status_code == 429]
+
+
+def test_a_fresh_gateway_spaces_its_refusals_by_what_the_engine_ran(
+    start_emulator: Callable[..., ServerProcess],
+) -> None:
+    engine = start_emulator(speed=2.0, max_num_seqs=RUNNING)
+    asyncio.run(_told(engine.url, 2 * RUNNING))  # it served before the gateway started
+    ran = parse_metrics(httpx.get(f"{engine.url}/metrics", timeout=10).text, 0.0)
+    assert ran.runs == 2 * RUNNING
+    assert ran.run_seconds is not None
+    mean = ran.run_seconds / ran.runs  # about 0.3 s here, against the guess of 1 s
+    # Read once at its start (an interval past the crowd): no answer of its own yet.
+    with gateway_process(
+        upstream=engine.url,
+        access_log=False,
+        max_concurrency=RUNNING,
+        max_queue=2 * RUNNING,
+        metrics_interval=30,
+    ) as gw:
+        told = sorted(asyncio.run(_told(gw.url, CROWD)))
+    assert len(told) >= RUNNING
+    # One place frees every mean run time over the 8 running: the k-th refused is told
+    # k of those gaps (1 s / 8 apart on the tree before, the guess).
+    gaps = [later - earlier for earlier, later in itertools.pairwise(told)]
+    assert statistics.median(gaps) == pytest.approx(mean / RUNNING, rel=0.25, abs=0.002)
 
 
 def test_a_kept_crowd_keeps_the_gpu_busy_when_the_queue_runs_dry(

@@ -109,7 +109,11 @@ def test_sse_bytes_are_those_of_the_emulator(
 
 
 def test_overload_gets_staggered_429s_and_the_rest_is_served(vllm: ServerProcess) -> None:
-    with gateway_process(upstream=vllm.url, max_concurrency=2, max_queue=2) as gateway:
+    # Static limits, from the guess of 1 s a run: this engine's runs take milliseconds, and
+    # told from them (what a gateway reading it does) the callers refused a moment apart
+    # share their millisecond.
+    static = {"sizing": "static", "max_concurrency": 2, "max_queue": 2}
+    with gateway_process(upstream=vllm.url, **static) as gateway:
 
         async def crowd() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:

@@ -33,6 +33,9 @@ every arm against the same emulator in the same run:
    prefix cache on (``--enable-prefix-caching``), the instructions already in it. Arms:
    vLLM alone, static limits and the self-sized gateway. Figures: makespan,
    preemptions, the engine's waiting count p50 and its running count at most.
+8. ``sizing-restart``: the crowd a gateway's restart refused, back at once, against the
+   gateway just started in front of an engine that has served (:mod:`.sizing_restart`).
+   Figures: makespan against vLLM alone's and against a gateway that was running.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ from herdless.bench.sizing_load import (
     sampled,
 )
 from herdless.bench.sizing_mixes import MIXES, mixes, stale, switch
+from herdless.bench.sizing_restart import ARMS as RESTART_ARMS
+from herdless.bench.sizing_restart import restart
 from herdless.bench.stats import ratio
 from herdless.launch.servers import ServerProcess
 
@@ -331,7 +336,7 @@ def runs(repeats: int) -> int:
     mixes = len(MIXES) * (len(SizingParams().statics) + 1)
     streams = 3
     shared = 1 + 2 + 1
-    return repeats * (flood + crowd + mixes + streams + shared) + 2
+    return repeats * (flood + crowd + mixes + streams + shared + len(RESTART_ARMS)) + 3
 
 
 def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
@@ -345,4 +350,5 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
     results.append(stale(p, progress))
     results.append(_streams(p, progress))
     results.append(_shared(p, progress))
+    results.append(restart(p, progress))
     return results

@@ -323,3 +323,5 @@ class Engine:
         if reason != "abort":  # vLLM 0.32 counts an aborted request nowhere
             self.metrics.finished[reason] += 1
             self.metrics.e2e.observe(now - seq.arrival)
+            scheduled = seq.arrival if seq.scheduled_at is None else seq.scheduled_at
+            self.metrics.inference.observe(now - scheduled)

@@ -32,6 +32,7 @@ _HELP = {
     "ttft": "Histogram of time to first token in seconds.",
     "itl": "Histogram of inter-token latency in seconds.",
     "e2e": "Histogram of e2e request latency in seconds.",
+    "inference": "Histogram of time spent in RUNNING phase for request.",
 }
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
 
@@ -44,6 +45,7 @@ class EngineMetrics:
         "e2e",
         "finished",
         "generation_tokens",
+        "inference",
         "itl",
         "preemptions",
         "prefix_hits",
@@ -66,6 +68,7 @@ class EngineMetrics:
         self.ttft = Histogram(_TTFT_BUCKETS)
         self.itl = Histogram(_ITL_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
+        self.inference = Histogram(_E2E_BUCKETS)  # from its first step to its end
 
 
 class EngineView(Protocol):
@@ -192,6 +195,7 @@ def render(engine: EngineView, model: str, *, max_model_len: int | None = None) 
     out.histogram("vllm:time_to_first_token_seconds", _HELP["ttft"], m.ttft, **base)
     out.histogram("vllm:inter_token_latency_seconds", _HELP["itl"], m.itl, **base)
     out.histogram("vllm:e2e_request_latency_seconds", _HELP["e2e"], m.e2e, **base)
+    out.histogram("vllm:request_inference_time_seconds", _HELP["inference"], m.inference, **base)
     info = cache_config_labels(
         num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
         max_model_len=max_model_len, prefix_caching=engine.prefix_caching,

@@ -186,6 +186,8 @@ class Scheduler:
                 self._waiting.popleft()
                 self.num_waiting -= 1
                 head.state = SeqState.RUNNING
+                if head.scheduled_at is None:
+                    head.scheduled_at = start
                 self._running[head] = None
                 if not head.resumed:
                     self.metrics.prefix_queries += head.num_tokens

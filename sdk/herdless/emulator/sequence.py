@@ -50,6 +50,7 @@ class Sequence:
         "max_tokens",
         "prompt_tokens",
         "resumed",
+        "scheduled_at",
         "shared",
         "state",
         "waiter",
@@ -82,6 +83,7 @@ class Sequence:
         self.resumed = False  # preempted once: its prompt was looked up before
         self.state = SeqState.WAITING
         self.finish_reason: FinishReason | None = None
+        self.scheduled_at: float | None = None  # the start of its first step
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.finished_at: float | None = None

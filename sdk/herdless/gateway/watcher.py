@@ -8,8 +8,8 @@ sizing rule, which falls back to the last good limit when the readings go stale
 (logged once, and once more when they come back). The read is never on a request's
 path.
 
-Why a line scan and not a Prometheus parser: the gateway needs six series out of a
-page of several hundred lines, four times a second; a scan that splits only the
+Why a line scan and not a Prometheus parser: the gateway needs a handful of series out
+of a page of several hundred lines, four times a second; a scan that splits only the
 lines whose name it wants costs a fraction of a full parse, and needs no dependency.
 """
 
@@ -38,6 +38,8 @@ SIGNALS: Final = {
     "vllm:num_preemptions_total": "preemptions",
     "vllm:generation_tokens_total": "generation_tokens",
     "vllm:prefix_cache_hits_total": "prefix_hits",
+    "vllm:request_inference_time_seconds_sum": "run_seconds",
+    "vllm:request_inference_time_seconds_count": "runs",
 }
 """The series read, and the :class:`Reading` field each feeds."""
 _AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} 0', re.MULTILINE)
@@ -89,6 +91,8 @@ def parse_metrics(text: str, at: float) -> Reading:
         preemptions=_count(sums, "preemptions"),
         generation_tokens=_count(sums, "generation_tokens"),
         prefix_hits=_count(sums, "prefix_hits"),
+        run_seconds=sums.get("run_seconds"),
+        runs=_count(sums, "runs"),
     )
 
 

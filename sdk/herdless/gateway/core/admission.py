@@ -116,6 +116,7 @@ class Admission:
         self.held: Hold | None = None
         """What held the next waiter back at the last dispatch (``None``: nothing)."""
         self._mean_service = config.initial_service_time
+        self._service_measured = False  # a run ended here: the mean is the gateway's own
         self._last_interactive = -math.inf
         self._displacements = 0
         self._draining = False
@@ -358,8 +359,14 @@ class Admission:
 
     def observe(self, reading: Reading) -> None:
         """Take a reading of the engine's metrics (see :mod:`.sizing`); the caller then
-        calls :meth:`dispatch`, as room may have grown."""
+        calls :meth:`dispatch`, as room may have grown.
+
+        Until a run ends here, the mean run time is the engine's own over the requests
+        it finished (a gateway started in front of an engine that has served), not
+        ``initial_service_time``: the first crowd's refusals are told times from it."""
         self._sizing.observe(reading)
+        if not self._service_measured and reading.runs and reading.run_seconds:
+            self._mean_service = reading.run_seconds / reading.runs
         self._resized()
 
     def _resized(self) -> None:
@@ -571,6 +578,7 @@ class Admission:
                 run = max(0.0, now - started)
                 alpha = self.config.ewma_alpha
                 self._mean_service = (1 - alpha) * self._mean_service + alpha * run
+                self._service_measured = True
             prompt = ticket.prompt if prompt_tokens is None else prompt_tokens
             if not whole and used_tokens is None and completion_tokens is None:
                 made = self._sizing.made(ticket, now)  # nothing seen of it: estimate

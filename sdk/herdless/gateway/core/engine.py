@@ -51,6 +51,9 @@ class Reading:
         preemptions: preemptions so far (a counter).
         generation_tokens: tokens generated so far (a counter).
         prefix_hits: prompt tokens found in its prefix cache so far (a counter).
+        run_seconds: seconds its finished requests ran, from their first step to their
+            end, summed since it started (``vllm:request_inference_time_seconds``).
+        runs: how many requests ``run_seconds`` sums.
     """
 
     at: float
@@ -62,6 +65,8 @@ class Reading:
     preemptions: int | None = None
     generation_tokens: int | None = None
     prefix_hits: int | None = None
+    run_seconds: float | None = None
+    runs: int | None = None
 
     @property
     def sizable(self) -> bool:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
 
 from herdless._percentiles import percentile
 from herdless.bench.report import Column, Medians, ScenarioResult, Target
@@ -39,6 +38,7 @@ from herdless.bench.sizing_load import (
     gpu_knobs,
     idle,
 )
+from herdless.bench.stats import ratio
 from herdless.launch.servers import ServerProcess
 
 __all__ = ["ARMS", "restart"]
@@ -67,7 +67,7 @@ def _crowd(url: str, seed: int) -> tuple[float, Load]:
     return time.monotonic() - t0, load
 
 
-def _arm(engine: ServerProcess, p: SizingParams, name: str, opts: Any) -> Arm:
+def _arm(engine: ServerProcess, p: SizingParams, name: str, opts: dict[str, object] | None) -> Arm:
     def run(seed: int) -> dict[str, float]:
         asyncio.run(idle(engine.url))
         if opts is None:
@@ -92,7 +92,8 @@ def _arm(engine: ServerProcess, p: SizingParams, name: str, opts: Any) -> Arm:
 
 def restart(p: SizingParams, progress: Progress) -> ScenarioResult:
     """The crowd a restart refused, against a gateway just started and one running."""
-    with emulator(dataclasses.replace(p, seqs=_SEQS)) as engine:
+    gpu = dataclasses.replace(p, seqs=_SEQS)
+    with emulator(gpu) as engine:
         _crowd(engine.url, p.seed - 1)  # the engine has served before the first arm
         progress("the engine served a crowd")
         arms = [_arm(engine, p, name, opts) for name, opts in ARMS.items()]
@@ -105,7 +106,7 @@ def restart(p: SizingParams, progress: Progress) -> ScenarioResult:
             f"{_CROWD} callers at once against a gateway just started in front of a serving "
             f"engine ({_SEQS} running, {_QUEUE} waiting)"
         ),
-        params={**gpu_knobs(p), "seqs": _SEQS, "crowd": _CROWD, "max_queue": _QUEUE},
+        params={**gpu_knobs(gpu), "crowd": _CROWD, "max_queue": _QUEUE},
         columns=[
             Column(key="makespan", label="makespan s"),
             Column(key="makespan_x", label="x vLLM alone"),
@@ -121,7 +122,7 @@ def restart(p: SizingParams, progress: Progress) -> ScenarioResult:
             ),
             Target(
                 label="just started: makespan / running's",
-                value=table[_STARTED]["makespan"] / table[_RUNNING]["makespan"],
+                value=ratio(table[_STARTED]["makespan"], table[_RUNNING]["makespan"]),
                 limit=1.1,
             ),
         ],

@@ -111,7 +111,7 @@ class Gate:
             if ticket.state == "running":  # started in the same tick as the timeout
                 return None
             refused = self.admission.expire(ticket, deadline_passed=caller_first)
-            self._dispatch(ended=1)
+            self._dispatch(ended=True)
             return refused
         except asyncio.CancelledError:
             self.release(ticket)
@@ -163,7 +163,7 @@ class Gate:
             completion_tokens=completion_tokens,
             whole=whole,
         )
-        self._dispatch(ended=1)
+        self._dispatch(ended=True)
 
     def drain(self, expect: float | None = None) -> int:
         """Stop admitting; waiters get 503 ``draining`` now (but those whose hold outlasts
@@ -352,10 +352,10 @@ class Gate:
         """``X-Herdless-Capacity``: requests of one key the gateway holds at once now."""
         return self.admission.key_capacity
 
-    def _dispatch(self, ended: int = 0) -> None:
-        """Start whoever fits. ``ended``: requests that just ended or left the queue;
-        where nothing waits any more, each wakes the kept request told the earliest
-        time (see :meth:`until_place`)."""
+    def _dispatch(self, ended: bool = False) -> None:
+        """Start whoever fits. ``ended``: a request just ended or left the queue; where
+        nothing waits any more, it wakes the kept request told the earliest time (see
+        :meth:`until_place`)."""
         admission = self.admission
         for ticket in admission.dispatch():
             self._wake(ticket, None)
@@ -365,7 +365,7 @@ class Gate:
             woken = heapq.heappop(kept)[2]
             if not woken.done():
                 woken.set_result(None)
-                ended -= 1
+                ended = False
         if admission.held == "spacing" and self._timer is None:
             # Spaced batch starts wait for a time, not for an event: wake at that time.
             delay = admission.sizing.batch_spaced_until - admission.clock.monotonic()

@@ -37,17 +37,18 @@ span at least ``_FIRM`` of the answer time (below). Before, the latest clump, on
 over, gives a first estimate: ``clump`` = its answers, ``period`` = its fastest hold
 (a burst's first batch goes straight in).
 
-**A lone first answer** while the window held more calls at the backend is either a
-batch's leading answer whose others came later than ``gap`` (a slow engine step on a
-busy CPU puts it up to a whole batch time ahead) or an engine that answers one at a
-time. Read as a clump of one, it makes every wait four times too long, so it forms
-no pair and no estimate of its own; the next clump, once it is over, tells which::
+**Lone first answers** while the window held more calls at the backend are either a
+batch's leading answers whose others came later than ``gap`` (slow engine steps on a
+busy CPU put one, or one and then another, up to a whole batch time ahead) or an
+engine that answers one at a time. Read as clumps of one, they make every wait two to
+four times too long, so they form no pair and no estimate of their own until the
+clump after them tells which (``leads``: the lone answers held back)::
 
-    next clump of several   the leader's batch:  clump = its answers + 1,
-                            period = the fastest hold of all (the leader's); its
-                            pair counts the leader among its answers
-    next clump of one       one at a time:       clump = 1, period = the seconds
-                            between the two; both pairs count as they are
+    a clump of several      the leaders' batch:  clump = its answers + leads,
+                            period = the fastest hold of all (the first leader's);
+                            its pair counts the leaders among its answers
+    a third lone answer     one at a time:       clump = 1, period = the mean of
+                            the seconds between them; every pair counts as it is
 
 **The wait** of a waiter that waits for ``ahead`` more answers (the window counts them:
 enough to free the slots of the calls ahead of it, its own, and any the window holds
@@ -108,6 +109,9 @@ _GAP = 0.5
 # stream is no one clump.
 _CLUMP_SPAN = 0.25
 _SPAN = 0.5
+# Lone answers in a row at a burst's start that show an engine answering one at a time
+# (fewer may be the leaders of a batch split by slow steps, see the module docstring).
+_LONE = 3
 # Pairs of clumps the pace is measured over: several rounds of a batching GPU, few
 # enough to follow a change within a minute.
 _SAMPLES = 16
@@ -133,7 +137,8 @@ class Turnover:
         "_in_clump",
         "_last",
         "_latest",
-        "_lead",
+        "_lead_hold",
+        "_leads",
         "_pairs",
         "_period",
         "_steady",
@@ -149,9 +154,10 @@ class Turnover:
         self._in_clump = 0  # answers in it so far
         self._hold = math.inf  # the fastest hold of its answers
         self._calls = 0  # the calls the window held at the backend when it began
-        # A lone first answer held back (see the module docstring): (seconds from it to
-        # the next clump's start, its hold).
-        self._lead: tuple[float, float] | None = None
+        # Lone first answers held back (see the module docstring): seconds from each to
+        # the next clump's start, and their fastest hold.
+        self._leads: tuple[float, ...] = ()
+        self._lead_hold = math.inf
         self._steady = False  # the window stayed full since the latest clump began
         self._fresh = False  # the last completion began a clump
         self._period: float | None = None  # seconds between clump starts (pairs)
@@ -180,11 +186,10 @@ class Turnover:
             if self._steady and self._in_clump:  # the backend had our calls all along
                 self._pair(now - self._latest)
             else:
-                self._lead = None
+                self._leads, self._lead_hold = (), math.inf
             self._latest, self._in_clump, self._fresh = now, 1, True
-            self._hold, self._calls = held, calls
-            if self._lead is not None:  # perhaps the lone leader's batch: its fastest hold
-                self._hold = min(held, self._lead[1])
+            # Perhaps the lone leaders' batch: their fastest hold.
+            self._hold, self._calls = min(held, self._lead_hold), calls
         self._last = now
         self._measure()
 
@@ -239,13 +244,13 @@ class Turnover:
         if not self._firm or period is None:
             if not self._in_clump or not over:
                 return None  # the first clump is not over: its size is not known yet
-            lead = self._lead
-            if lead is not None and self._in_clump > 1:  # the lone leader's batch
-                period, clump = self._hold, float(self._in_clump + 1)
-            elif lead is not None:  # one answer at a time
-                period, clump = lead[0], 1.0
+            leads = self._leads
+            if leads and self._in_clump > 1:  # the lone leaders' batch
+                period, clump = self._hold, float(self._in_clump + len(leads))
+            elif leads and len(leads) + 1 >= _LONE:  # one answer at a time
+                period, clump = sum(leads) / len(leads), 1.0
             elif self._in_clump == 1 and self._calls > 1:
-                return None  # a batch's leading answer, or one at a time: not known yet
+                return None  # a batch's leading answers, or one at a time: not known yet
             else:  # a first estimate: the clump's answers per its fastest hold
                 period, clump = self._hold, float(self._in_clump)
         elif not over:
@@ -308,17 +313,17 @@ class Turnover:
 
     def _pair(self, seconds: float) -> None:
         """The latest clump is over, ``seconds`` after it began, as the next one begins:
-        its pair, or the lone first answer held back until the clump after it tells what
-        it was (see the module docstring)."""
-        answers, lead = float(self._in_clump), self._lead
-        self._lead = None
-        if lead is not None and answers > 1:  # the leader's batch: count it in
-            self._pairs.append((seconds, answers + 1))
-        elif lead is not None:  # one at a time
-            self._pairs.extend(((lead[0], 1.0), (seconds, answers)))
-        elif answers == 1 and self._calls > 1 and not self._pairs:
-            self._lead = (seconds, self._hold)
-        else:
+        its pair, or a lone first answer held back until a later clump tells what the
+        lone ones were (see the module docstring)."""
+        answers, leads = float(self._in_clump), self._leads
+        if answers == 1 and self._calls > 1 and not self._pairs and len(leads) + 1 < _LONE:
+            self._leads, self._lead_hold = (*leads, seconds), self._hold
+            return
+        self._leads, self._lead_hold = (), math.inf
+        if leads and answers > 1:  # the leaders' batch: count them in
+            self._pairs.append((seconds, answers + len(leads)))
+        else:  # one at a time, or a clump with no leader
+            self._pairs.extend((lead, 1.0) for lead in leads)
             self._pairs.append((seconds, answers))
 
     def _measure(self) -> None:

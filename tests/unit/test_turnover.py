@@ -384,9 +384,58 @@ def test_a_lone_first_answer_is_its_batch_s_leader_or_one_at_a_time() -> None:
 
     single = Turnover()
     single.answered(1.0)
-    _clumps(single, [1.0, 2.0, 3.0], held=1.0)  # one at a time, a second each
-    assert (single.firm, single.samples) == (True, 2)
-    assert single.wait(2, now=3.05) == pytest.approx(1.95)
+    _clumps(single, [1.0, 2.0], held=1.0)  # a second apart: perhaps leaders of a batch
+    assert single.wait(1, now=2.6) is None
+    _clumps(single, [3.0], held=1.0)  # a third alone: one at a time, a second each
+    assert single.wait(2, now=3.55) == pytest.approx(1.45)
+    _clumps(single, [4.0], held=1.0)
+    assert (single.firm, single.samples) == (True, 3)
+    assert single.wait(2, now=4.05) == pytest.approx(1.95)
+
+
+def test_two_lone_first_answers_are_counted_with_their_batch() -> None:
+    """A batch split by slow steps into one answer, another, then the other two (8 calls
+    at the backend). Read as one at a time after the second lone answer, every wait was
+    the seconds between the two per answer: here twice too long."""
+    turnover = Turnover()
+    turnover.answered(1.0)
+    _clumps(turnover, [0.3], held=0.3)  # the first leader
+    _clumps(turnover, [0.8], held=0.8)  # the second, half a round later
+    assert turnover.wait(4, now=0.96) is None  # over, and not known yet: a third, or a clump?
+    _clumps(turnover, [1.0, 1.0], held=1.0)  # their batch's other two
+    # Four answers per the first leader's hold, from the others' clump on.
+    assert turnover.wait(4, now=1.2) == pytest.approx(1.0 + 0.3 - 1.2)
+    _clumps(turnover, [2.0, 2.0, 2.0, 2.0], held=2.0)  # the next batch: firm
+    assert (turnover.firm, turnover.samples) == (True, 1)
+    assert turnover.wait(4, now=2.2) == pytest.approx(2.0 + 1.0 - 2.2)  # 4 (2 + 2) a second
+
+
+def _split(trace: Sequence[float], first: float, second: float) -> list[float]:
+    """``trace`` with its first batch split by slow steps: one answer at ``first`` of
+    the batch's time, another at ``second``, then the other two."""
+    split = list(trace)
+    whole = trace[3]
+    split[:4] = [whole * first, whole * second, whole, whole + 0.001]
+    return split
+
+
+@pytest.mark.parametrize(("first", "second"), [(0.3, 0.76), (0.2, 0.5), (0.4, 0.7)])
+def test_a_batch_split_one_one_two_sends_no_more_away_than_whole(
+    first: float, second: float
+) -> None:
+    """A CI run of the 100-call real-vLLM check read 115 % with the first round on
+    time (``slow`` 0.99; no trace kept): what a batch split 1 + 1 + 2 gives when the
+    two lone answers are read as an engine that answers one at a time. Replayed with
+    the recorded 100-call burst so split: 52-140 % and 38-43 of its 100 calls sent
+    away with the deadline at the burst's end (12 as recorded). Now the two leaders
+    count in their batch: the waits are a share of a round short, never too long, and
+    no more calls leave than with the batch whole."""
+    split = _split(VLLM_100, first, second)
+    error = replay(split).window.wait_error()
+    assert error["p50"] <= 0.8
+    whole = len(replay(VLLM_100, end=VLLM_100[-1]).spilled)
+    assert len(replay(split, end=VLLM_100[-1]).spilled) <= whole
+    assert replay(_split(VLLM_30, first, second)).window.wait_error()["p50"] <= 0.85
 
 
 def test_a_burst_that_fits_its_deadline_loses_nobody() -> None:
@@ -442,21 +491,23 @@ def test_before_the_pace_is_measured_only_the_best_case_judges() -> None:
     _clumps(turnover, [10.0])  # the next clump: one answer, 5 s on...
     assert turnover.wait(1, now=10.05) is None  # ...the first one's batch, or the next?
     assert turnover.settles_at() == pytest.approx(12.5)
-    # Over with one answer: one at a time, 5 s apart (the next is due at 15 s).
-    assert turnover.wait(1, now=12.6) == pytest.approx(2.4)
-    assert turnover.wait(2, now=12.6) == pytest.approx(7.4)
+    # Over with one answer: two leaders of a batch still, or one at a time.
+    assert turnover.wait(1, now=12.6) is None
+    _clumps(turnover, [15.0])  # a third alone: one at a time, 5 s apart (next at 20 s)
+    assert turnover.wait(1, now=17.6) == pytest.approx(2.4)
+    assert turnover.wait(2, now=17.6) == pytest.approx(7.4)
     assert not turnover.firm
-    _clumps(turnover, [15.0])  # both pairs count: firm
+    _clumps(turnover, [20.0])  # every pair counts: firm
     assert turnover.firm
-    assert turnover.samples == 2
-    assert turnover.best(1, now=15.05) == turnover.wait(1, now=15.05) == pytest.approx(4.95)
+    assert turnover.samples == 3
+    assert turnover.best(1, now=20.05) == turnover.wait(1, now=20.05) == pytest.approx(4.95)
     assert turnover.settles_at() is None  # as many answers as the clump before: over
 
 
 def test_an_idle_backend_between_bursts_is_not_a_slow_one() -> None:
     turnover = Turnover()
     turnover.answered(5.0)
-    _clumps(turnover, [5.0, 10.0, 15.0])
+    _clumps(turnover, [5.0, 10.0, 15.0, 20.0])
     turnover.settled(False)  # the burst ended: the window emptied
     turnover.completed(600.0, 5.0)  # the next burst's first answer, ten minutes on
     turnover.settled(True)

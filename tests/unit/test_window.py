@@ -299,19 +299,19 @@ def test_a_waiter_counts_the_slots_a_growing_window_adds_before_its_turn() -> No
     win.refused(tickets[7])  # the 8th refused: the window is what the backend held, 7
     assert win.requeue(tickets[7])  # it gives its slot back, first in line
     assert (win.size, win.waiting) == (7.0, 7)
-    # One answer a second, one at a time: the pace is measured once the second answer's
-    # clump is over (half its 2 s hold later), and the third is due then.
-    for ticket in tickets[:2]:
+    # One answer a second, one at a time: the pace is measured once the third lone
+    # answer's clump is over (fewer may lead a batch), and the fourth is due then.
+    for ticket in tickets[:3]:
         clock.advance(1.0)
         win.answered(1.0, ticket)
         win.release(ticket)
     clock.advance(1.01)
     # Past the threshold it grows by 1 / size an answer, half as fast toward the 8 it
-    # was refused at: back to 8 at the 13th answer from now, which gives two slots.
-    assert win._slots_after(14) == [*range(13), 14]
-    assert win.expected_wait(11) == pytest.approx(11 * 1.0)  # 12 answers
-    assert win.expected_wait(12) == pytest.approx(12 * 1.0)  # 13
-    assert win.expected_wait(13) == pytest.approx(12 * 1.0)  # also 13, not 14
+    # was refused at: back to 8 at the 12th answer from now, which gives two slots.
+    assert win._slots_after(14) == [*range(12), 13, 14]
+    assert win.expected_wait(10) == pytest.approx(10 * 1.0)  # 11 answers
+    assert win.expected_wait(11) == pytest.approx(11 * 1.0)  # 12
+    assert win.expected_wait(12) == pytest.approx(11 * 1.0)  # also 12, not 13
 
 
 def test_a_release_without_an_answer_says_nothing_of_the_pace() -> None:

@@ -121,4 +121,6 @@ async def test_a_busy_gpu_is_waited_for_within_the_deadline(
     )
     error = stats.wait_error["gpu"]
     # A guard: a batch read as one answer gave 3-4 with the first round as fast as the rest.
-    assert error["p50"] <= max(1.0, slow), (error, slow)
+    # On failure the answers' times say how the batches came (no trace is kept otherwise).
+    answers = [round(t, 3) for t in ended[:24]]
+    assert error["p50"] <= max(1.0, slow), (error, slow, answers)

@@ -137,7 +137,6 @@ class Turnover:
         "_in_clump",
         "_last",
         "_latest",
-        "_lead_hold",
         "_leads",
         "_pairs",
         "_period",
@@ -155,9 +154,8 @@ class Turnover:
         self._hold = math.inf  # the fastest hold of its answers
         self._calls = 0  # the calls the window held at the backend when it began
         # Lone first answers held back (see the module docstring): seconds from each to
-        # the next clump's start, and their fastest hold.
+        # the next clump's start.
         self._leads: tuple[float, ...] = ()
-        self._lead_hold = math.inf
         self._steady = False  # the window stayed full since the latest clump began
         self._fresh = False  # the last completion began a clump
         self._period: float | None = None  # seconds between clump starts (pairs)
@@ -186,10 +184,11 @@ class Turnover:
             if self._steady and self._in_clump:  # the backend had our calls all along
                 self._pair(now - self._latest)
             else:
-                self._leads, self._lead_hold = (), math.inf
+                self._leads = ()
             self._latest, self._in_clump, self._fresh = now, 1, True
-            # Perhaps the lone leaders' batch: their fastest hold.
-            self._hold, self._calls = min(held, self._lead_hold), calls
+            # Perhaps the lone leaders' batch: their fastest hold, kept in ``_hold``.
+            self._hold = min(held, self._hold) if self._leads else held
+            self._calls = calls
         self._last = now
         self._measure()
 
@@ -317,9 +316,9 @@ class Turnover:
         lone ones were (see the module docstring)."""
         answers, leads = float(self._in_clump), self._leads
         if answers == 1 and self._calls > 1 and not self._pairs and len(leads) + 1 < _LONE:
-            self._leads, self._lead_hold = (*leads, seconds), self._hold
+            self._leads = (*leads, seconds)
             return
-        self._leads, self._lead_hold = (), math.inf
+        self._leads = ()
         if leads and answers > 1:  # the leaders' batch: count them in
             self._pairs.append((seconds, answers + len(leads)))
         else:  # one at a time, or a clump with no leader

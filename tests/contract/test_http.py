@@ -132,6 +132,25 @@ def test_metrics_carry_vllms_names_and_labels(http: httpx.Client, upstream: Upst
     assert set(count.labels) == set(total.labels) == ENGINE
     assert count.value >= 1
     assert total.value > 0
+    # The tokens each finished request generated: the gateway's first predicted answers.
+    answers = families["vllm:request_generation_tokens"]
+    [count] = [s for s in answers.samples if s.name.endswith("_count")]
+    [total] = [s for s in answers.samples if s.name.endswith("_sum")]
+    assert set(count.labels) == set(total.labels) == ENGINE
+    assert count.value >= 1
+    assert total.value >= 2  # this test's answer alone: 2 tokens
+
+
+def test_tokenize_counts_a_chats_prompt_as_its_usage_does(
+    http: httpx.Client, upstream: Upstream
+) -> None:
+    # What the gateway asks to calibrate its prompt estimate before any answer ends.
+    chat = upstream.chat(max_tokens=2)
+    asked = {"model": chat["model"], "messages": chat["messages"]}
+    counted = http.post("/tokenize", json=asked).raise_for_status().json()
+    answer = http.post("/v1/chat/completions", json=chat).raise_for_status().json()
+    assert isinstance(counted["count"], int)
+    assert counted["count"] == answer["usage"]["prompt_tokens"] > 0
 
 
 def test_version_and_ping(http: httpx.Client) -> None:

@@ -147,6 +147,8 @@ def test_render_has_vllm_names() -> None:
         "vllm:inter_token_latency_seconds_count{",
         "vllm:e2e_request_latency_seconds_sum{",
         'vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 1',
+        'vllm:request_generation_tokens_bucket{engine="0",model_name="m",le="2.0"} 1',
+        'vllm:request_generation_tokens_sum{engine="0",model_name="m"} 2.0',
     ):
         assert name in out
 

@@ -73,11 +73,14 @@ class FakeVllm:
         self.models_status = 200
         self.metrics: str | None = None  # the /metrics text; None: 404, as a server without
         self.metrics_status = 200
+        self.tokenized: list[dict[str, Any]] = []  # each /tokenize body received
+        self.token_count: int | None = None  # its count; None: 404, a server without it
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
                 Route("/metrics", self._metrics),
                 Route("/v1/models", self._models),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._chat, methods=["POST"]),
                 Route("/v1/embeddings", self._chat, methods=["POST"]),
@@ -92,6 +95,12 @@ class FakeVllm:
         if self.metrics is None:
             return Response(b"not found", 404)
         return Response(self.metrics, self.metrics_status, media_type="text/plain")
+
+    async def _tokenize(self, request: Request) -> Response:
+        self.tokenized.append(await request.json())
+        if self.token_count is None:
+            return Response(b"not found", 404)
+        return JSONResponse({"count": self.token_count, "max_model_len": 8192, "tokens": []})
 
     async def _models(self, request: Request) -> Response:
         self.models_seen.append(dict(request.headers))

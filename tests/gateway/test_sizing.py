@@ -164,6 +164,50 @@ def test_answers_are_predicted_from_the_settled_usage_not_max_tokens() -> None:
     assert other._peak(0.0) == 1_000
 
 
+def test_until_an_answer_ends_here_the_engines_mean_answer_is_the_prediction() -> None:
+    # A gateway just started in front of an engine that has answered 100 tokens a request.
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000, answer_tokens=1_000, answers=10))
+    assert fill(sizing, lambda: ticket(400, 600)) == int(FILL * 10_000 / 500)
+    # At most a request's max_tokens.
+    capped = Sizing(AdmissionConfig())
+    capped.observe(reading(0.0, capacity=10_000, answer_tokens=1_000, answers=10))
+    assert fill(capped, lambda: ticket(450, 20)) == int(FILL * 10_000 / 470)
+    # Its own answers then predict: the class's average.
+    first = ticket(400, 600)
+    own = Sizing(AdmissionConfig())
+    own.observe(reading(0.0, capacity=10_000, answer_tokens=1_000, answers=10))
+    own.start(first, 0.0, predicted=None)
+    own.finish(first, 1.0, prompt_tokens=400, completion_tokens=300)
+    assert fill(own, lambda: ticket(400, 600), 1.0) == int(FILL * 10_000 / 700)
+    # An engine that has finished nothing: max_tokens, as before.
+    fresh = Sizing(AdmissionConfig())
+    fresh.observe(reading(0.0, capacity=10_000, answer_tokens=0, answers=0))
+    assert fill(fresh, lambda: ticket(400, 600)) == int(FILL * 10_000 / 1_000)
+
+
+def test_the_first_prompt_count_replaces_the_guess_later_ones_are_averaged() -> None:
+    sizing = Sizing(AdmissionConfig())
+    sizing.observe(reading(0.0, capacity=10_000))
+    first = ticket(200, 0)
+    sizing.start(first, 0.0, predicted=None)
+    sizing.sample_prompt(b"{}", 200)
+    assert sizing.prompt_sample == (b"{}", 200)
+    sizing.count_prompt(200, 100)  # the engine counts half the estimate
+    assert (sizing.prompt_counted, sizing.prompt_sample) == (True, None)
+    running = sizing._runs.get(first.id)
+    assert running is not None
+    assert running.prompt == 100  # it started on the guess: counted anew
+    assert fill(sizing, lambda: ticket(200, 0)) == int(FILL * 10_000 / 100) - 1
+    sizing.count_prompt(200, 200)  # a later count moves the ratio a fifth of the way
+    assert sizing._prompt_ratio == pytest.approx(0.6)
+    assert running.prompt == 100
+    sizing.sample_prompt(b"{}", 200)
+    assert sizing.prompt_sample is None  # counted: no sample is kept
+    sizing.reset()  # another engine, maybe another tokenizer
+    assert not sizing.prompt_counted
+
+
 def test_the_prompt_estimate_is_calibrated_by_the_engines_counts() -> None:
     sizing = Sizing(AdmissionConfig())
     sizing.observe(reading(0.0, capacity=10_000))

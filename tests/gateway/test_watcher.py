@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 
 import pytest
-from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, rendered
+from tests.gateway.fakes import FakeVllm, GatewayFactory, chat_body, rendered, until
 
-from herdless.gateway.watcher import parse_metrics
+from herdless.gateway.watcher import parse_metrics, tokenize_body
 
 pytestmark = [pytest.mark.server]
 
@@ -41,6 +43,11 @@ vllm:request_inference_time_seconds_sum{engine="0",model_name="SmolLM2-135M-Inst
 vllm:request_inference_time_seconds_bucket{engine="0",le="0.3",model_name="SmolLM2-135M-Instruct"} 2.0
 vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="SmolLM2-135M-Instruct"} 12.0
 vllm:request_inference_time_seconds_count{engine="0",model_name="SmolLM2-135M-Instruct"} 12.0
+# HELP vllm:request_generation_tokens Number of generation tokens processed.
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_sum{engine="0",model_name="SmolLM2-135M-Instruct"} 1200.0
+vllm:request_generation_tokens_bucket{engine="0",le="100.0",model_name="SmolLM2-135M-Instruct"} 12.0
+vllm:request_generation_tokens_count{engine="0",model_name="SmolLM2-135M-Instruct"} 12.0
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2912",prefix_caching_hash_algo="sha256"} 1.0
@@ -55,6 +62,7 @@ def test_vllms_metrics_give_every_signal() -> None:
     assert (reading.preemptions, reading.generation_tokens, reading.at) == (7, 1234, 5.0)
     assert reading.prefix_hits == 4096
     assert (reading.run_seconds, reading.runs) == (9.5, 12)
+    assert (reading.answer_tokens, reading.answers) == (1200.0, 12)
 
 
 def test_a_server_without_the_signals_is_not_sizable() -> None:
@@ -75,6 +83,7 @@ def test_data_parallel_engines_add_up() -> None:
     assert reading.kv_capacity == 2 * 2912 * 16
     assert (reading.kv_usage, reading.running, reading.waiting) == (0.5, 6, 2)
     assert (reading.run_seconds, reading.runs) == (19.0, 24)
+    assert (reading.answer_tokens, reading.answers) == (2400.0, 24)
 
 
 def test_garbage_lines_are_skipped() -> None:
@@ -148,3 +157,65 @@ async def test_failed_reads_go_stale_then_come_back(
     logged = rendered(caplog.records)
     assert "engine readings stale" in logged
     assert "engine readings back" in logged
+
+
+def test_what_the_engine_is_asked_to_count_is_text_the_estimate_counts_alike() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    assert tokenize_body(json.dumps(chat).encode()) == {"model": "m", "messages": chat["messages"]}
+    assert tokenize_body(b'{"prompt": "once upon"}') == {"prompt": "once upon"}
+    parts = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+    for other in (
+        {"model": "m", "messages": [{"role": "user", "content": parts}]},  # an image
+        {"model": "m", "messages": chat["messages"], "tools": [{"type": "function"}]},
+        {"model": "m", "prompt": [1, 2, 3]},  # token ids
+        {"model": "m", "input": "an embedding"},
+        ["not", "an", "object"],
+    ):
+        assert tokenize_body(json.dumps(other).encode()) is None, other
+    assert tokenize_body(b"{not json") is None
+
+
+async def test_a_running_prompt_is_counted_by_the_engine_before_any_answer_ends(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.metrics = VLLM
+    fake_vllm.token_count = 30
+    fake_vllm.hold = asyncio.Event()  # the answer does not end: no usage calibrates
+    body = chat_body(max_tokens=8) | {"messages": [{"role": "user", "content": "x" * 400}]}
+    async with gateway() as (client, runtime):
+        watcher = client._transport.app.state.watcher  # type: ignore[attr-defined]
+        sizing = runtime.gate.admission.sizing
+        assert not sizing.prompt_counted
+        call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await until(lambda: len(fake_vllm.received) == 1)
+        assert sizing.prompt_sample is not None
+        estimate = sizing.prompt_sample[1]  # 400 characters / 4 + 4 for the message
+        assert estimate == 104
+        [running] = sizing._runs._runs.values()
+        assert running.prompt == estimate  # as estimated: nothing counted yet
+        await watcher.read_once()
+        assert fake_vllm.tokenized == [{"model": "m", "messages": body["messages"]}]
+        assert sizing.prompt_counted
+        assert sizing.prompt_sample is None
+        # The count replaces the guess, for the request running on it too.
+        assert sizing._prompt_ratio == pytest.approx(30 / 104)
+        assert running.prompt == pytest.approx(30)
+        await watcher.read_once()
+        assert len(fake_vllm.tokenized) == 1  # counted: nothing more is asked
+        fake_vllm.hold.set()
+        assert (await call).status_code == 200
+
+
+async def test_an_engine_without_tokenize_is_asked_three_times_at_most(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.metrics = VLLM
+    async with gateway() as (client, runtime):
+        watcher = client._transport.app.state.watcher  # type: ignore[attr-defined]
+        sizing = runtime.gate.admission.sizing
+        for _ in range(5):
+            sizing.sample_prompt(json.dumps(chat_body()).encode(), 6)
+            await watcher.read_once()
+        assert len(fake_vllm.tokenized) == 3
+        assert watcher.tokenize_failures == 3
+        assert not sizing.prompt_counted

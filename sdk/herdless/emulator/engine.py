@@ -325,3 +325,4 @@ class Engine:
             self.metrics.e2e.observe(now - seq.arrival)
             scheduled = seq.arrival if seq.scheduled_at is None else seq.scheduled_at
             self.metrics.inference.observe(now - scheduled)
+            self.metrics.answers.observe(seq.generated)

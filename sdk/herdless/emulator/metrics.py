@@ -33,8 +33,11 @@ _HELP = {
     "itl": "Histogram of inter-token latency in seconds.",
     "e2e": "Histogram of e2e request latency in seconds.",
     "inference": "Histogram of time spent in RUNNING phase for request.",
+    "answers": "Number of generation tokens processed.",
 }
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
+# vLLM's 1-2-5 bounds for token counts (it stops them at max_model_len).
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 20_000)
 
 
 class EngineMetrics:
@@ -42,6 +45,7 @@ class EngineMetrics:
     rejections. Gauges (running, waiting, KV) are read from the engine itself."""
 
     __slots__ = (
+        "answers",
         "e2e",
         "finished",
         "generation_tokens",
@@ -69,6 +73,7 @@ class EngineMetrics:
         self.itl = Histogram(_ITL_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
         self.inference = Histogram(_E2E_BUCKETS)  # from its first step to its end
+        self.answers = Histogram(_TOKEN_BUCKETS)  # tokens each finished request generated
 
 
 class EngineView(Protocol):
@@ -196,6 +201,7 @@ def render(engine: EngineView, model: str, *, max_model_len: int | None = None) 
     out.histogram("vllm:inter_token_latency_seconds", _HELP["itl"], m.itl, **base)
     out.histogram("vllm:e2e_request_latency_seconds", _HELP["e2e"], m.e2e, **base)
     out.histogram("vllm:request_inference_time_seconds", _HELP["inference"], m.inference, **base)
+    out.histogram("vllm:request_generation_tokens", _HELP["answers"], m.answers, **base)
     info = cache_config_labels(
         num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
         max_model_len=max_model_len, prefix_caching=engine.prefix_caching,

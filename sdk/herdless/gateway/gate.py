@@ -276,7 +276,8 @@ class Gate:
 
     @property
     def sizing(self) -> Sizing:
-        """The sizing rule and what it learned of the engine (read only)."""
+        """The sizing rule and what it learned of the engine (read it; the proxy gives it
+        a prompt to count, the watcher the engine's count)."""
         return self.admission.sizing
 
     def status(self) -> dict[str, object]:

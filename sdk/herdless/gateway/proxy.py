@@ -327,6 +327,7 @@ class AdmittedProxy:
         rid = exchange.access.request_id or ""
         headers = exchange.headers | {"x-request-id": rid}
         started = time.perf_counter()
+        rt.gate.sizing.sample_prompt(raw, ticket.prompt)  # for the engine to count
         try:
             body = asking_usage(raw) if usage else raw
             response = await rt.upstream.open("POST", self._route.path, body=body, headers=headers)

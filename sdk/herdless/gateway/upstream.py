@@ -10,6 +10,7 @@ the usage event the gateway asked for itself (:class:`~.usage.UsageSniffer`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -189,6 +190,24 @@ class Upstream:
         if response.status_code == 404:
             return ""
         return response.text if response.status_code == 200 else None
+
+    async def tokenize(self, body: Mapping[str, Any], *, within: float) -> int | None:
+        """The tokens the engine counts for ``body``'s prompt (``POST /tokenize``: its
+        tokenizer and chat template; at most ``within`` seconds); ``None`` when it did not
+        say (no such route, a body it refused, no answer)."""
+        try:
+            response = await self._client.post(
+                "/tokenize", json=body, headers=self._auth, timeout=within
+            )
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            count = response.json().get("count")
+        except (ValueError, AttributeError):
+            return None
+        return count if isinstance(count, int) and count > 0 else None
 
     async def command(self, path: str, *, within: float) -> int | None:
         """``POST path`` (``/sleep?level=1``, ``/wake_up``): its status, ``None`` for no answer."""

@@ -5,8 +5,10 @@ self-sizing needs (:func:`parse_metrics`) and hands the reading to the gate
 (:meth:`~herdless.gateway.gate.Gate.observe`), which may start waiters at once. What it
 found is logged once at start-up; a read that fails or comes late is reported to the
 sizing rule, which falls back to the last good limit when the readings go stale
-(logged once, and once more when they come back). The read is never on a request's
-path.
+(logged once, and once more when they come back). While no prompt has been counted
+by the engine, a read also asks its ``/tokenize`` for a started request's prompt
+(:meth:`~herdless.gateway.core.sizing.Sizing.sample_prompt`). Neither is ever on a
+request's path.
 
 Why a line scan and not a Prometheus parser: the gateway needs a handful of series out
 of a page of several hundred lines, four times a second; a scan that splits only the
@@ -16,18 +18,19 @@ lines whose name it wants costs a fraction of a full parse, and needs no depende
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.gate import Gate
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.upstream import Upstream
 
-__all__ = ["SIGNALS", "Watcher", "parse_metrics"]
+__all__ = ["SIGNALS", "Watcher", "parse_metrics", "tokenize_body"]
 
 SIGNALS: Final = {
     "vllm:cache_config_info": "kv_capacity",
@@ -40,8 +43,12 @@ SIGNALS: Final = {
     "vllm:prefix_cache_hits_total": "prefix_hits",
     "vllm:request_inference_time_seconds_sum": "run_seconds",
     "vllm:request_inference_time_seconds_count": "runs",
+    "vllm:request_generation_tokens_sum": "answer_tokens",
+    "vllm:request_generation_tokens_count": "answers",
 }
 """The series read, and the :class:`Reading` field each feeds."""
+_TOKENIZE_TRIES: Final = 3
+"""Failed ``/tokenize`` asks after which a watcher asks no more (an engine without it)."""
 _AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\} 0', re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -93,7 +100,34 @@ def parse_metrics(text: str, at: float) -> Reading:
         prefix_hits=_count(sums, "prefix_hits"),
         run_seconds=sums.get("run_seconds"),
         runs=_count(sums, "runs"),
+        answer_tokens=sums.get("answer_tokens"),
+        answers=_count(sums, "answers"),
     )
+
+
+def tokenize_body(body: bytes) -> dict[str, Any] | None:
+    """``/tokenize``'s body for a chat or completion request's ``body``: its ``model`` and
+    its ``messages`` (each a string) or its ``prompt`` (a string); ``None`` for anything
+    else (images, tools, token ids), which the gateway's estimate does not count alike."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("tools"):
+        return None
+    messages, prompt = data.get("messages"), data.get("prompt")
+    asked: dict[str, Any]
+    if isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    ):
+        asked = {"messages": messages}
+    elif isinstance(prompt, str):
+        asked = {"prompt": prompt}
+    else:
+        return None
+    if isinstance(data.get("model"), str):
+        asked["model"] = data["model"]
+    return asked
 
 
 def _count(sums: dict[str, float], field: str) -> int | None:
@@ -123,6 +157,8 @@ class Watcher:
         """Reads that got an answer."""
         self.failures = 0
         """Reads that failed or came late."""
+        self.tokenize_failures = 0
+        """``/tokenize`` asks that got no count."""
 
     async def run(self) -> None:
         """Read every ``interval`` seconds, for ever (the first read is the caller's)."""
@@ -147,7 +183,24 @@ class Watcher:
         self.reads += 1
         gate.observe(reading)
         self._say("sized" if reading.sizable else "static", reading)
+        await self._count_prompt()
         return reading
+
+    async def _count_prompt(self) -> None:
+        """Ask the engine to count the sampled prompt, if any (at most ``_TOKENIZE_TRIES``
+        asks fail in all: an engine without ``/tokenize`` is asked no more)."""
+        sizing = self._gate.sizing
+        sample, sizing.prompt_sample = sizing.prompt_sample, None
+        if sample is None or self.tokenize_failures >= _TOKENIZE_TRIES:
+            return
+        asked = tokenize_body(sample[0])
+        if asked is None:
+            return  # a request the estimate prices otherwise: the next one is sampled
+        count = await self._upstream.tokenize(asked, within=max(0.5, 2 * self._interval))
+        if count is None:
+            self.tokenize_failures += 1
+        else:
+            sizing.count_prompt(sample[1], count)
 
     def _asleep(self) -> bool:
         return self._gate.asleep

@@ -54,6 +54,9 @@ class Reading:
         run_seconds: seconds its finished requests ran, from their first step to their
             end, summed since it started (``vllm:request_inference_time_seconds``).
         runs: how many requests ``run_seconds`` sums.
+        answer_tokens: tokens its finished requests generated, summed since it started
+            (``vllm:request_generation_tokens``).
+        answers: how many requests ``answer_tokens`` sums.
     """
 
     at: float
@@ -67,6 +70,8 @@ class Reading:
     prefix_hits: int | None = None
     run_seconds: float | None = None
     runs: int | None = None
+    answer_tokens: float | None = None
+    answers: int | None = None
 
     @property
     def sizable(self) -> bool:
@@ -152,6 +157,16 @@ class Running:
             if run.taken_in:
                 self.taken_in_prompts -= run.prompt
         return run
+
+    def rescale_prompts(self, factor: float) -> None:
+        """Their prompts (those not shared) counted ``factor`` times what they were: the
+        estimate they started on was calibrated since."""
+        for run in self._runs.values():
+            more = run.prompt * (factor - 1)
+            run.prompt += more
+            self.tokens[run.interactive] += more
+            if run.taken_in:
+                self.taken_in_prompts += more
 
     def oldest_start(self) -> float:
         """When the oldest of them started (``inf``: none runs)."""

@@ -9,14 +9,16 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    the KV capacity (``num_gpu_blocks x block_size``), or with ``sizing="static"``;
 2. KV headroom: the peak KV of the running requests and this one, each decoding one
    token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
-   ``fill x capacity``; prompts calibrated by the engine's counts, KV beyond the
-   gateway's own account (another client) added; KV below it, where the engine's
-   prefix cache shares the prompt blocks of requests it has taken in (at most what it
-   found since the oldest running request started), taken off; a new request that
-   begins with the text of one the engine holds counted past their shared blocks
-   (:mod:`~.prefixes`). A request the gateway
-   would run alone starts whatever its size (nothing of its own can end to make room:
-   the engine runs what its cache holds and refuses the rest);
+   ``fill x capacity``. The prediction, at most its ``max_tokens``: its user's average
+   answer, else its class's, else the engine's mean over the requests it finished (a
+   gateway just started in front of a serving engine), else its ``max_tokens``.
+   Prompts calibrated by the engine's counts; KV beyond the gateway's own account
+   (another client) added; KV below it, where the engine's prefix cache shares the
+   prompt blocks of requests it has taken in (at most what it found since the oldest
+   running request started), taken off; a new request that begins with the text of one
+   the engine holds counted past their shared blocks (:mod:`~.prefixes`). A request
+   the gateway would run alone starts whatever its size (nothing of its own can end to
+   make room: the engine runs what its cache holds and refuses the rest);
 3. no batch start while the engine's own queue lasts (two readings over
    ``ENGINE_WAITING``); its ``max_num_seqs`` learned over ``SEQ_READINGS`` readings;
 4. batch leaves half the interactive demand of the last ``reserve_window`` (plus one
@@ -108,7 +110,14 @@ class Sizing:
         self._decode_rate: float | None = None  # tokens per second per running sequence
         self._rest: float | None = None  # EWMA of a run's seconds beyond its decode
         self._prompt_ratio = 1.0  # engine's prompt tokens / the gateway's estimate
+        self.prompt_counted = False
+        """Whether the engine has counted a prompt (its usage, or its ``/tokenize``): until
+        then the prompts are as estimated (``_prompt_ratio`` 1, a guess)."""
+        self.prompt_sample: tuple[bytes, int] | None = None
+        """A request's body and its estimated prompt for the engine to count
+        (:meth:`sample_prompt`), or ``None``."""
         self._answers: dict[bool, float] = {}  # EWMA of answers, per class (interactive?)
+        self._engine_answer: float | None = None  # the engine's mean answer, read (rule 2)
         self._external = 0.0  # KV tokens the engine holds beyond the gateway's account
         self._shared = 0.0  # KV tokens its shared prompt blocks save on that account
         self._hits: deque[tuple[float, int]] = deque()  # (at, its prefix cache hits) read
@@ -191,6 +200,8 @@ class Sizing:
         self._started_since = self._ended_since = 0
         self._pacing.fade(_HIGH_DECAY)
         self.stale = False
+        if reading.answers and reading.answer_tokens is not None:
+            self._engine_answer = reading.answer_tokens / reading.answers
         if not reading.sizable:
             return
         assert reading.kv_capacity is not None
@@ -388,7 +399,7 @@ class Sizing:
             return
         self._pacing.ended(run, now)
         if prompt_tokens is not None and ticket.prompt > 0:
-            self._prompt_ratio += _EWMA * (prompt_tokens / ticket.prompt - self._prompt_ratio)
+            self.count_prompt(ticket.prompt, prompt_tokens)
         if completion_tokens is not None:
             if self._decode_rate is not None:  # the prompt's pass, the answer's way back
                 rest = max(0.0, now - run.started - completion_tokens / self._decode_rate)
@@ -396,6 +407,25 @@ class Sizing:
                 self._rest = old + _EWMA * (rest - old)
             before = self._answers.get(run.interactive)
             self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)
+
+    def sample_prompt(self, body: bytes, estimate: int) -> None:
+        """A request starts with ``body``, its prompt estimated at ``estimate`` tokens: kept
+        for the engine to count (the watcher asks its ``/tokenize``) while no prompt has
+        been counted. A crowd's first answers may be seconds away, and their prompts,
+        estimated at 4 characters a token, can be a quarter off."""
+        if not self.prompt_counted and self.prompt_sample is None and estimate > 0:
+            self.prompt_sample = (body, estimate)
+
+    def count_prompt(self, estimate: int, tokens: int) -> None:
+        """The engine counted ``tokens`` for a prompt estimated at ``estimate``: the
+        prompts' calibration (rule 2). The first count replaces the guess (and the
+        prompts of the requests running on it), later ones are averaged in."""
+        ratio = tokens / estimate
+        if self.prompt_counted:
+            ratio = self._prompt_ratio + _EWMA * (ratio - self._prompt_ratio)
+        else:
+            self._runs.rescale_prompts(ratio / self._prompt_ratio)
+        self._prompt_ratio, self.prompt_counted, self.prompt_sample = ratio, True, None
 
     def made(self, ticket: Ticket, now: float) -> float | None:
         """Answer tokens running ``ticket`` has likely made by ``now`` (``None``: no rate)."""
@@ -408,7 +438,7 @@ class Sizing:
         budget = max(0, ticket.price - ticket.prompt)  # its max_tokens
         interactive = ticket.priority == "interactive"
         if predicted is None:
-            predicted = self._answers.get(interactive, budget)
+            predicted = self._answers.get(interactive, self._engine_answer or budget)
         prompt, links = ticket.prompt * self._prompt_ratio, ticket.prefix
         depth = self._runs.held.depth(links) if self._caching else 0
         shared = self._shared_prompt(depth, prompt)

@@ -12,7 +12,9 @@ every arm against the same emulator in the same run:
    self-sized gateway. Figures: chat p50/p95, batch tokens per second, preemptions.
 2. ``sizing-crowd``: 120 employees at once, 3,000-token prompts, ``max_tokens`` 600,
    natural answers of 450-600 tokens. Figures: makespan, preemptions, the engine's
-   waiting count (sampled every 0.1 s) p50.
+   waiting count (sampled every 0.1 s) p50. ``sizing-long``: the same with answers of
+   1,000-1,500 tokens (``max_tokens`` 1,500): each arm's gateway, just started, meets
+   the crowd with no answer of its own ended for 10 s.
 3. ``sizing-mixes``: three closed-loop mixes with no think time (short chat 64 x
    200 + 100, RAG 24 x 6,000 + 300, long answers 24 x 500 + 1,500), each against a sweep
    of static ``--max-concurrency`` and the self-sized gateway. Figure: goodput, the
@@ -246,6 +248,24 @@ def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
     )
 
 
+def _long(p: SizingParams, progress: Progress) -> ScenarioResult:
+    return _at_once(
+        p,
+        progress,
+        name="sizing-long",
+        title="120 employees at once, 3,000-token prompts, answers of 1,000-1,500 tokens",
+        params=gpu_knobs(p),
+        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=1500, ignore_eos=False),
+        makespan=1.03,
+        notes=[
+            "Every gateway arm is started for the run, in front of an engine that has "
+            "served the arms before: its first answers end some 10 s in."
+        ],
+        answer_min_tokens=1000,
+        answer_max_tokens=1500,
+    )
+
+
 _INSTRUCTIONS = 3000
 
 
@@ -332,7 +352,7 @@ def _streams(p: SizingParams, progress: Progress) -> ScenarioResult:
 def runs(repeats: int) -> int:
     """Arm runs of one ``sizing`` run (for the progress bar)."""
     flood = 2 + len(STATIC_ARMS) + 1
-    crowd = 1 + 2 + 1
+    crowd = 2 * (1 + 2 + 1)
     mixes = len(MIXES) * (len(SizingParams().statics) + 1)
     streams = 3
     shared = 1 + 2 + 1
@@ -345,6 +365,7 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
     with emulator(p) as engine:
         results.append(_flood(engine, p, progress))
     results.append(_crowd(p, progress))
+    results.append(_long(p, progress))
     results.append(mixes(p, progress))
     results.append(switch(p, out, progress))
     results.append(stale(p, progress))

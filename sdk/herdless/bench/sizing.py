@@ -234,35 +234,25 @@ def _at_once(
     )
 
 
-def _crowd(p: SizingParams, progress: Progress) -> ScenarioResult:
+def _crowd(p: SizingParams, progress: Progress, *, long: bool = False) -> ScenarioResult:
+    """``sizing-crowd``, or with ``long`` answers ``sizing-long``."""
+    low, high = (1000, 1500) if long else (450, 600)
     return _at_once(
         p,
         progress,
-        name="sizing-crowd",
-        title="120 employees at once, 3,000-token prompts, answers of 450-600 tokens",
+        name="sizing-long" if long else "sizing-crowd",
+        title=f"120 employees at once, 3,000-token prompts, answers of {low:,}-{high:,} tokens",
         params=gpu_knobs(p),
-        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=600, ignore_eos=False),
-        makespan=1.03,
-        answer_min_tokens=450,
-        answer_max_tokens=600,
-    )
-
-
-def _long(p: SizingParams, progress: Progress) -> ScenarioResult:
-    return _at_once(
-        p,
-        progress,
-        name="sizing-long",
-        title="120 employees at once, 3,000-token prompts, answers of 1,000-1,500 tokens",
-        params=gpu_knobs(p),
-        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=1500, ignore_eos=False),
+        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=high, ignore_eos=False),
         makespan=1.03,
         notes=[
             "Every gateway arm is started for the run, in front of an engine that has "
             "served the arms before: its first answers end some 10 s in."
-        ],
-        answer_min_tokens=1000,
-        answer_max_tokens=1500,
+        ]
+        if long
+        else None,
+        answer_min_tokens=low,
+        answer_max_tokens=high,
     )
 
 
@@ -365,7 +355,7 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
     with emulator(p) as engine:
         results.append(_flood(engine, p, progress))
     results.append(_crowd(p, progress))
-    results.append(_long(p, progress))
+    results.append(_crowd(p, progress, long=True))
     results.append(mixes(p, progress))
     results.append(switch(p, out, progress))
     results.append(stale(p, progress))

@@ -163,6 +163,8 @@ def test_what_the_engine_is_asked_to_count_is_text_the_estimate_counts_alike() -
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
     assert tokenize_body(json.dumps(chat).encode()) == {"model": "m", "messages": chat["messages"]}
     assert tokenize_body(b'{"prompt": "once upon"}') == {"prompt": "once upon"}
+    texts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]  # text parts
+    assert tokenize_body(json.dumps({"messages": texts}).encode()) == {"messages": texts}
     parts = [{"type": "image_url", "image_url": {"url": "data:,"}}]
     for other in (
         {"model": "m", "messages": [{"role": "user", "content": parts}]},  # an image

@@ -107,8 +107,9 @@ def parse_metrics(text: str, at: float) -> Reading:
 
 def tokenize_body(body: bytes) -> dict[str, Any] | None:
     """``/tokenize``'s body for a chat or completion request's ``body``: its ``model`` and
-    its ``messages`` (each a string) or its ``prompt`` (a string); ``None`` for anything
-    else (images, tools, token ids), which the gateway's estimate does not count alike."""
+    its ``messages`` (each text: a string, or text parts) or its ``prompt`` (a string);
+    ``None`` for anything else (images, tools, token ids), which the gateway's estimate
+    does not count alike."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -118,7 +119,7 @@ def tokenize_body(body: bytes) -> dict[str, Any] | None:
     messages, prompt = data.get("messages"), data.get("prompt")
     asked: dict[str, Any]
     if isinstance(messages, list) and all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+        isinstance(m, dict) and _text(m.get("content")) for m in messages
     ):
         asked = {"messages": messages}
     elif isinstance(prompt, str):
@@ -128,6 +129,15 @@ def tokenize_body(body: bytes) -> dict[str, Any] | None:
     if isinstance(data.get("model"), str):
         asked["model"] = data["model"]
     return asked
+
+
+def _text(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    )
 
 
 def _count(sums: dict[str, float], field: str) -> int | None:

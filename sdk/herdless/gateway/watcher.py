@@ -200,7 +200,7 @@ class Watcher:
         """Ask the engine to count the sampled prompt, if any (at most ``_TOKENIZE_TRIES``
         asks fail in all: an engine without ``/tokenize`` is asked no more)."""
         sizing = self._gate.sizing
-        sample, sizing.prompt_sample = sizing.prompt_sample, None
+        sample = sizing.take_prompt_sample()
         if sample is None or self.tokenize_failures >= _TOKENIZE_TRIES:
             return
         asked = tokenize_body(sample[0])

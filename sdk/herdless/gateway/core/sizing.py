@@ -416,6 +416,11 @@ class Sizing:
         if not self.prompt_counted and self.prompt_sample is None and estimate > 0:
             self.prompt_sample = (body, estimate)
 
+    def take_prompt_sample(self) -> tuple[bytes, int] | None:
+        """The prompt kept for the engine to count, handed over once (``None``: none)."""
+        sample, self.prompt_sample = self.prompt_sample, None
+        return sample
+
     def count_prompt(self, estimate: int, tokens: int) -> None:
         """The engine counted ``tokens`` for a prompt estimated at ``estimate``: the
         prompts' calibration (rule 2). The first count replaces the guess (and the

@@ -51,13 +51,16 @@ def offer(
     deadline: float | None = None,
     returns: bool = False,
     kept_back: bool = False,
+    open_ended: bool = False,
 ) -> Admit | Enqueued | Refuse:
     """``returns``: a herdless client's request (it comes back when refused);
-    ``kept_back``: another client's (its retry waits here)."""
+    ``kept_back``: another client's (its retry waits here); ``open_ended``: it named no
+    ``max_tokens`` (``completion`` is then the default the gateway assumed)."""
     return adm.offer(
         key,
         prompt + completion,
         prompt=prompt,
+        open_ended=open_ended,
         user=user,
         priority=priority,
         deadline=deadline,
@@ -206,6 +209,26 @@ def test_an_answer_cut_at_its_max_tokens_never_lowers_the_predicted_length(
     adm.release(again, prompt_tokens=10, completion_tokens=500)  # cut, but longer: raises
     last = started(adm, "u-a", prompt=10, completion=1000)
     assert last.charged == pytest.approx(10 + 2 * 340)
+
+
+def test_a_request_without_max_tokens_is_charged_its_users_answers_not_the_default(
+    clock: FakeClock,
+) -> None:
+    """A chat front-end names no ``max_tokens``: the gateway prices it at its default
+    (512), which is no cap on the answer. A user whose answers run 1,200 tokens is
+    charged those, and none of them counts as cut at the default."""
+    adm = make(clock, max_concurrency=1, max_queue=10)
+    first = started(adm, "u-a", prompt=10, completion=512, open_ended=True)
+    assert first.charged == 10 + 2 * 512  # nothing measured: the default
+    adm.release(first, prompt_tokens=10, completion_tokens=1_200)
+    again = started(adm, "u-a", prompt=10, completion=512, open_ended=True)
+    assert again.charged == 10 + 2 * 1_200  # not 10 + 2 * 512
+    adm.release(again, prompt_tokens=10, completion_tokens=1_000)  # shorter: it lowers
+    last = started(adm, "u-a", prompt=10, completion=512, open_ended=True)
+    assert last.charged == pytest.approx(10 + 2 * 1_160)
+    adm.release(last, prompt_tokens=10, completion_tokens=1_160)
+    bounded = started(adm, "u-a", prompt=10, completion=512)
+    assert bounded.charged == 10 + 2 * 512  # a max_tokens of 512 bounds it
 
 
 def test_an_answer_its_client_stopped_is_charged_what_it_used_and_teaches_no_length(

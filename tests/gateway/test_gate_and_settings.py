@@ -179,7 +179,9 @@ def test_price_estimate() -> None:
     )
     assert (request.prompt_tokens, request.max_tokens) == (3 + 8, 7)
     assert request.price(default_max_tokens=100) == 18
-    assert parse_chat_request(b'{"messages":[{"role":"user"}]}').price(100) == 104
+    assert not request.open_ended
+    unbounded = parse_chat_request(b'{"messages":[{"role":"user"}]}')
+    assert (unbounded.price(100), unbounded.open_ended) == (104, True)  # the default assumed
 
 
 def test_usage_sniffer_finds_the_last_total_across_chunks() -> None:

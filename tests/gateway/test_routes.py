@@ -54,18 +54,18 @@ BODIES = {COMPLETIONS: completion_body, EMBEDDINGS: embedding_body, RESPONSES: r
 
 def test_a_completion_is_priced_per_prompt() -> None:
     one = parse_completion_request(b'{"prompt":"' + b"x" * 40 + b'","max_tokens":100}')
-    assert (one.prompt_tokens, one.price(512)) == (10, 110)
+    assert (one.prompt_tokens, one.price(512), one.open_ended) == (10, 110, False)
     three = parse_completion_request(b'{"prompt":["abcd","abcd","abcd"],"max_tokens":100}')
     assert (three.prompt_tokens, three.sequences, three.price(512)) == (3, 3, 303)
     ids = parse_completion_request(b'{"prompt":[1,2,3,4,5]}')
-    assert (ids.prompt_tokens, ids.sequences, ids.price(16)) == (5, 1, 21)
+    assert (ids.prompt_tokens, ids.sequences, ids.price(16), ids.open_ended) == (5, 1, 21, True)
     nested = parse_completion_request(b'{"prompt":[[1,2],[3]],"user":"u","stream":true}')
     assert (nested.prompt_tokens, nested.sequences, nested.user, nested.stream) == (3, 2, "u", True)
 
 
 def test_an_embedding_is_priced_by_its_input_only() -> None:
     text = parse_embedding_request(b'{"input":"' + b"x" * 40 + b'"}')
-    assert text.price(512) == 10  # no completion tokens, whatever the default
+    assert (text.price(512), text.open_ended) == (10, False)  # it generates nothing
     many = parse_embedding_request(b'{"input":["abcdefgh","abcd"],"user":"u"}')
     assert (many.price(512), many.sequences, many.user) == (3, 2, "u")
     assert parse_embedding_request(b'{"input":[[1,2,3],[4]]}').price(512) == 4
@@ -75,7 +75,7 @@ def test_a_response_is_priced_by_its_input_instructions_and_max_output_tokens() 
     text = parse_response_request(b'{"input":"' + b"x" * 40 + b'","max_output_tokens":100}')
     assert (text.prompt_tokens, text.sequences, text.price(512)) == (10, 1, 110)
     told = parse_response_request(b'{"input":"abcd","instructions":"abcdefgh","user":"u"}')
-    assert (told.prompt_tokens, told.price(16), told.user) == (3, 19, "u")
+    assert (told.prompt_tokens, told.price(16), told.user, told.open_ended) == (3, 19, "u", True)
     items = b'[{"role":"user","content":[{"type":"input_text","text":"hello there"}]}]'
     listed = parse_response_request(b'{"input":' + items + b',"stream":true}')
     assert listed.prompt_tokens == math.ceil(len(json.dumps(json.loads(items))) / 4)

@@ -8,7 +8,7 @@ import pytest
 
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
-from herdless.gateway.core.engine import AHEAD, DEFER, PACE, Reading
+from herdless.gateway.core.engine import AHEAD, DEFER, PACE, Reading, Run, Running
 from herdless.gateway.core.limits import AdmissionConfig, Priority
 from herdless.gateway.core.prefixes import chain
 from herdless.gateway.core.sizing import FILL, Sizing
@@ -184,6 +184,60 @@ def test_until_an_answer_ends_here_the_engines_mean_answer_is_the_prediction() -
     fresh = Sizing(AdmissionConfig())
     fresh.observe(reading(0.0, capacity=10_000, answer_tokens=0, answers=0))
     assert fill(fresh, lambda: ticket(400, 600)) == int(FILL * 10_000 / 1_000)
+
+
+def open_ticket(prompt: int, assumed: int = 512) -> Ticket:
+    """A request that names no ``max_tokens``, priced at the gateway's default."""
+    made = ticket(prompt, assumed)
+    made.open_ended = True
+    return made
+
+
+def test_a_request_without_max_tokens_is_predicted_as_measured_not_at_the_default() -> None:
+    """Chat front-ends name no ``max_tokens``: the price's default (512) is a guess, not
+    the answer's end, so it caps no prediction; only a ``max_tokens`` named does."""
+    engine = Sizing(AdmissionConfig())  # answers of 1,200 on the engine so far
+    engine.observe(reading(0.0, capacity=10_000, answer_tokens=12_000, answers=10))
+    assert fill(engine, lambda: open_ticket(400)) == int(FILL * 10_000 / 1_600)
+    named = Sizing(AdmissionConfig())
+    named.observe(reading(0.0, capacity=10_000, answer_tokens=12_000, answers=10))
+    assert fill(named, lambda: ticket(400, 512)) == int(FILL * 10_000 / 912)
+    # Nothing measured: the default is the guess.
+    fresh = Sizing(AdmissionConfig())
+    fresh.observe(reading(0.0, capacity=10_000))
+    assert fill(fresh, lambda: open_ticket(400)) == int(FILL * 10_000 / 912)
+    # Its own answers, past the default: none is taken for one cut there.
+    own = Sizing(AdmissionConfig())
+    own.observe(reading(0.0, capacity=10_000))
+    for completion in (1_200, 1_000):
+        done = open_ticket(400)
+        own.start(done, 0.0, predicted=None)
+        own.finish(done, 1.0, prompt_tokens=400, completion_tokens=completion)
+    assert fill(own, lambda: open_ticket(400), 1.0) == int(FILL * 10_000 / 1_560)
+
+
+def test_a_run_without_max_tokens_past_its_prediction_may_end_any_moment() -> None:
+    """Once past its predicted answer, a request with a ``max_tokens`` is expected to
+    run to it; one without, to the default its price assumed, and past both, to end
+    now. Its tokens made are not capped at the default."""
+    rate = 100.0  # tokens a second
+
+    def run(predicted: float, budget: float, open_ended: bool = True) -> Run:
+        return Run(
+            prompt=10,
+            predicted=predicted,
+            budget=budget,
+            started=0.0,
+            interactive=True,
+            open_ended=open_ended,
+        )
+
+    named, guessed, long = run(300, 800, open_ended=False), run(300, 512), run(1_200, 512)
+    for run, at, end in ((named, 4.0, 8.0), (guessed, 4.0, 5.12), (long, 13.0, 12.0)):
+        runs = Running()
+        runs.add(1, run)
+        assert runs.ends(rate, at)[0] == pytest.approx(end)
+    assert (named.made(20.0, rate, 0.0), long.made(20.0, rate, 0.0)) == (800, 2_000)
 
 
 def test_the_first_prompt_count_replaces_the_guess_later_ones_are_averaged() -> None:

@@ -208,6 +208,26 @@ async def test_a_running_prompt_is_counted_by_the_engine_before_any_answer_ends(
         assert (await call).status_code == 200
 
 
+async def test_a_request_that_names_no_max_tokens_runs_open_ended(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    """What the gateway starts carries whether its body named a ``max_tokens``: the
+    sizing predicts one without past the default its price assumed."""
+    fake_vllm.metrics = VLLM
+    fake_vllm.hold = asyncio.Event()
+    async with gateway() as (client, runtime):
+        sizing = runtime.gate.admission.sizing
+        bodies = (chat_body(max_tokens=8), chat_body(), chat_body(max_completion_tokens=9))
+        calls = [
+            asyncio.create_task(client.post("/v1/chat/completions", json=body)) for body in bodies
+        ]
+        await until(lambda: len(fake_vllm.received) == 3)
+        runs = sorted((run.budget, run.open_ended) for run in sizing._runs._runs.values())
+        assert runs == [(8, False), (9, False), (512, True)]  # the default: 512
+        fake_vllm.hold.set()
+        assert [(await call).status_code for call in calls] == [200] * 3
+
+
 async def test_an_engine_without_tokenize_is_asked_three_times_at_most(
     gateway: GatewayFactory, fake_vllm: FakeVllm
 ) -> None:

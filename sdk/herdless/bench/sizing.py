@@ -14,7 +14,8 @@ every arm against the same emulator in the same run:
    natural answers of 450-600 tokens. Figures: makespan, preemptions, the engine's
    waiting count (sampled every 0.1 s) p50. ``sizing-long``: the same with answers of
    1,000-1,500 tokens (``max_tokens`` 1,500): each arm's gateway, just started, meets
-   the crowd with no answer of its own ended for 10 s.
+   the crowd with no answer of its own ended for 10 s. ``sizing-open``: ``sizing-long``
+   from a chat front-end, whose calls name no ``max_tokens``.
 3. ``sizing-mixes``: three closed-loop mixes with no think time (short chat 64 x
    200 + 100, RAG 24 x 6,000 + 300, long answers 24 x 500 + 1,500), each against a sweep
    of static ``--max-concurrency`` and the self-sized gateway. Figure: goodput, the
@@ -234,23 +235,33 @@ def _at_once(
     )
 
 
-def _crowd(p: SizingParams, progress: Progress, *, long: bool = False) -> ScenarioResult:
-    """``sizing-crowd``, or with ``long`` answers ``sizing-long``."""
+def _crowd(
+    p: SizingParams, progress: Progress, *, long: bool = False, named: bool = True
+) -> ScenarioResult:
+    """``sizing-crowd``, or with ``long`` answers ``sizing-long``; ``sizing-open`` when
+    they do not name their ``max_tokens``."""
     low, high = (1000, 1500) if long else (450, 600)
+    title = f"120 employees at once, 3,000-token prompts, answers of {low:,}-{high:,} tokens"
+    notes = [
+        "Every gateway arm is started for the run, in front of an engine that has "
+        "served the arms before: its first answers end some 10 s in."
+    ]
+    if not named:
+        notes.append(
+            "No call names its max_tokens, as chat front-ends send them: the gateway "
+            "prices each at --default-max-tokens (512)."
+        )
     return _at_once(
         p,
         progress,
-        name="sizing-long" if long else "sizing-crowd",
-        title=f"120 employees at once, 3,000-token prompts, answers of {low:,}-{high:,} tokens",
+        name="sizing-crowd" if not long else "sizing-long" if named else "sizing-open",
+        title=title if named else f"{title}, no max_tokens named",
         params=gpu_knobs(p),
-        job=lambda: Load(kind="crowd", callers=120, prompt=3000, answer=high, ignore_eos=False),
+        job=lambda: Load(
+            kind="crowd", callers=120, prompt=3000, answer=high, ignore_eos=False, named=named
+        ),
         makespan=1.03,
-        notes=[
-            "Every gateway arm is started for the run, in front of an engine that has "
-            "served the arms before: its first answers end some 10 s in."
-        ]
-        if long
-        else None,
+        notes=notes if long else None,
         answer_min_tokens=low,
         answer_max_tokens=high,
     )
@@ -342,7 +353,7 @@ def _streams(p: SizingParams, progress: Progress) -> ScenarioResult:
 def runs(repeats: int) -> int:
     """Arm runs of one ``sizing`` run (for the progress bar)."""
     flood = 2 + len(STATIC_ARMS) + 1
-    crowd = 2 * (1 + 2 + 1)
+    crowd = 3 * (1 + 2 + 1)
     mixes = len(MIXES) * (len(SizingParams().statics) + 1)
     streams = 3
     shared = 1 + 2 + 1
@@ -356,6 +367,7 @@ def run(p: SizingParams, out: Path, progress: Progress) -> list[ScenarioResult]:
         results.append(_flood(engine, p, progress))
     results.append(_crowd(p, progress))
     results.append(_crowd(p, progress, long=True))
+    results.append(_crowd(p, progress, long=True, named=False))
     results.append(mixes(p, progress))
     results.append(switch(p, out, progress))
     results.append(stale(p, progress))

@@ -87,6 +87,7 @@ class Load:
     ignore_eos: bool = True
     stream: bool = False
     usage: bool = True  # a stream asks for its usage (stream_options.include_usage)
+    named: bool = True  # its calls name max_tokens (a chat front-end's do not)
     calls: list[Call] = field(default_factory=list)
 
 
@@ -186,8 +187,9 @@ async def closed_loop(
                     "messages": prompt(
                         load.prompt, seed * 1_000_000 + index * 10_000 + n, load.system
                     ),
-                    "max_tokens": load.answer,
                 }
+                if load.named:
+                    body["max_tokens"] = load.answer
                 if load.ignore_eos:
                     body["ignore_eos"] = True
                 if load.stream:

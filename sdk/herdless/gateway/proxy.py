@@ -165,6 +165,7 @@ class AdmittedProxy:
             user=user,
             priority=access.klass or "interactive",
             prompt=request.prompt_tokens,
+            open_ended=request.open_ended,
             prefix=request.prefix,
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,

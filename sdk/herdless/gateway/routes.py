@@ -72,6 +72,10 @@ class Priced(Protocol):
     def prefix(self) -> tuple[int, ...]:
         """Its prompt's links (:func:`~herdless.gateway.core.prefixes.chain`)."""
 
+    @property
+    def open_ended(self) -> bool:
+        """Whether it generates with no ``max_tokens`` (its price assumes the default)."""
+
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run."""
 
@@ -118,6 +122,11 @@ class TextRequest:
     user: str | None = None
     adds_usage: bool = False
     prefix: tuple[int, ...] = ()
+
+    @property
+    def open_ended(self) -> bool:
+        """Whether it generates with no ``max_tokens``."""
+        return self.generates and self.max_tokens is None
 
     def price(self, default_max_tokens: int) -> int:
         """``prompt_tokens``, plus ``(max_tokens or default)`` per prompt when it generates."""

@@ -93,7 +93,8 @@ class GatewaySettings(BaseSettings):
     max_tokens_cap: int = Field(default=32_768, gt=0)
     """largest max_tokens a request may ask for, else 400"""
     default_max_tokens: int = Field(default=512, gt=0)
-    """max_tokens assumed for pricing when a request has none"""
+    """max_tokens assumed for pricing when a request has none (and its answer's length
+    until answers are measured: it caps no prediction)"""
     max_retry_after: float = Field(default=59.0, gt=0)
     """cap on Retry-After, seconds (openai-node, LangChain.js and the Vercel AI SDK honour it
     only below 60)"""

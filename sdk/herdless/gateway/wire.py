@@ -78,6 +78,11 @@ class ChatRequest:
     adds_usage: bool = False
     prefix: tuple[int, ...] = ()
 
+    @property
+    def open_ended(self) -> bool:
+        """Whether it named no ``max_tokens`` (as chat front-ends send)."""
+        return self.max_tokens is None
+
     def price(self, default_max_tokens: int) -> int:
         """Tokens priced before the run: ``prompt_tokens + (max_tokens or default)``."""
         return self.prompt_tokens + (self.max_tokens or default_max_tokens)

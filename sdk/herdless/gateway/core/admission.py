@@ -73,6 +73,7 @@ class OfferOptions(TypedDict, total=False):
     user: str | None
     priority: Priority
     prompt: int | None
+    open_ended: bool
     prefix: tuple[int, ...]
     ttl: float | None
     call: str | None
@@ -406,6 +407,7 @@ class Admission:
         user: str | None = None,
         priority: Priority = "interactive",
         prompt: int | None = None,
+        open_ended: bool = False,
         prefix: tuple[int, ...] = (),
         ttl: float | None = None,
         call: str | None = None,
@@ -423,6 +425,8 @@ class Admission:
             user: the hash of the user it names, refining the key as fairness unit.
             priority: its class (the reference schedulers treat all as interactive).
             prompt: estimated prompt tokens within ``price`` (default: all of it).
+            open_ended: it named no ``max_tokens`` (``price`` assumed one): its answer is
+                predicted as measured, not capped at the assumption (:class:`Ticket`).
             prefix: its prompt's links (:func:`~.prefixes.chain`): where the engine's
                 prefix cache holds their blocks, only the rest of its prompt takes KV.
             ttl: seconds it may wait in the queue (llm-d's ``x-llm-d-inference-ttl``):
@@ -467,7 +471,7 @@ class Admission:
             self._last_interactive = now
         flow = self._queue.flow(klass, key_id, user)
         ticket = self._new_ticket(key_id, price, now, flow, prompt)
-        ticket.prefix = prefix
+        ticket.prefix, ticket.open_ended = prefix, open_ended
         ticket.hold, ticket.waits_out_drain = key.limits.hold_for(ttl), deadline is None
         ticket.ttl, ticket.kept = ttl is not None and ttl < key.limits.hold, kept
         ticket.returns = returns and call is not None

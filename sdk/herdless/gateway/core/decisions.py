@@ -28,6 +28,9 @@ class Ticket:
             ``X-Herdless-User``), or ``None``.
         priority: its class as the queue treats it (``interactive`` or ``batch``).
         prompt: estimated prompt tokens (the rest of ``price`` is ``max_tokens``).
+        open_ended: it named no ``max_tokens`` (a chat front-end's request): its answer
+            ends where the engine's context does, and ``price`` assumed the gateway's
+            ``default_max_tokens``, a guess that is no cap on its prediction.
         prefix: its prompt's links (:func:`~herdless.gateway.core.prefixes.chain`).
         charged: weighted tokens charged to its user when it started (the fair
             queue's counters), settled against the real usage at its end.
@@ -54,6 +57,7 @@ class Ticket:
     user: str | None = None
     priority: Priority = "interactive"
     prompt: int = 0
+    open_ended: bool = False
     prefix: tuple[int, ...] = ()
     charged: float = 0.0
     hold: float = 30.0

@@ -88,6 +88,9 @@ class Run:
     budget: float  # its max_tokens: the longest answer it may give
     started: float
     interactive: bool
+    open_ended: bool = False
+    """It named no ``max_tokens``: ``budget`` is the default its price assumed, and its
+    answer may run past it (its prediction is not capped there)."""
     taken_in: bool = False
     """A reading showed the engine past its prompt's pass (:meth:`Running.taken_in`)."""
     links: tuple[int, ...] = ()
@@ -112,7 +115,8 @@ class Run:
         """Answer tokens it has made by ``now``, decoding ``rate`` tokens a second after
         ``rest`` seconds of its run that are not decoding (its prompt's pass); at most its
         ``max_tokens``."""
-        return min(self.budget, max(0.0, now - self.started - rest) * rate)
+        made = max(0.0, now - self.started - rest) * rate
+        return made if self.open_ended else min(self.budget, made)
 
 
 class Running:
@@ -221,11 +225,14 @@ class Running:
         """(the earliest end, the mean run time) of the running requests, each running
         ``rest`` seconds beside decoding ``rate`` tokens a second until its answer ends:
         the predicted answer, or its ``max_tokens`` once it has run past that by ``now``
-        (all that is known of a longer one); with one running at least."""
+        (all that is known of a longer one; with none named, the default its price
+        assumed, or now); with one running at least."""
         first, tokens = math.inf, 0.0
         for run in self._runs.values():
             start = run.started + rest
-            answer = run.predicted if start + run.predicted / rate > now else run.budget
+            answer = run.predicted
+            if start + answer / rate <= now:
+                answer = max(answer, run.budget)
             first = min(first, start + answer / rate)
             tokens += answer
         return first, rest + tokens / (rate * len(self._runs))

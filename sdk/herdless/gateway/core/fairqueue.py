@@ -23,9 +23,11 @@ counter, in its class::
 
 where the average is an EWMA (weight 0.2, VTC's window of five) of the user's
 completions; one cut at its ``max_tokens`` raises it and never lowers it (its own
-length is longer and unknown). When the request ends and vLLM reported its usage,
-the charge is settled to ``prompt_weight * prompt_tokens + completion_weight *
-completion_tokens`` (the difference is added, or given back). The defaults weigh a
+length is longer and unknown). A request that names no ``max_tokens`` is priced at the
+gateway's ``default_max_tokens``: that is its prediction before any, never a cap. When
+the request ends and vLLM reported its usage, the charge is settled to
+``prompt_weight * prompt_tokens + completion_weight * completion_tokens`` (the
+difference is added, or given back). The defaults weigh a
 completion token twice a prompt token, as VTC does: decoding a token costs the GPU a
 step, while a prompt is read in a batched pass.
 
@@ -335,8 +337,9 @@ class FairQueue:
 
     def start(self, ticket: Ticket, flow: Flow, now: float) -> None:
         """``ticket`` starts: charge its user and key (see the module docstring)."""
-        budget = ticket.price - ticket.prompt
-        predicted = budget if flow.predicted is None else min(budget, flow.predicted)
+        budget = ticket.price - ticket.prompt  # its max_tokens, or the default's
+        cap = math.inf if ticket.open_ended else budget
+        predicted = budget if flow.predicted is None else min(cap, flow.predicted)
         charge = self._wp * ticket.prompt + self._wq * predicted
         ticket.charged = charge
         flow.counter += charge
@@ -369,8 +372,8 @@ class FairQueue:
         flow.owner.counter += delta
         flow.window.settle(now if ticket.started_at is None else ticket.started_at, now, delta)
         if learn:
-            budget = ticket.price - ticket.prompt
-            flow.predicted = average_answer(flow.predicted, completion, budget)
+            cap = math.inf if ticket.open_ended else ticket.price - ticket.prompt
+            flow.predicted = average_answer(flow.predicted, completion, cap)
 
     # -- places -----------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ or ``None``. The rules, explained in docs/gateway.md ("Self-sizing"):
    token per step until its *predicted* answer ends (:func:`~.engine.kv_peak`), within
    ``fill x capacity``. The prediction, at most its ``max_tokens``: its user's average
    answer, else its class's, else the engine's mean over the requests it finished (a
-   gateway just started in front of a serving engine), else its ``max_tokens``.
+   gateway just started in front of a serving engine), else its ``max_tokens`` (for a
+   request that names none, the ``default_max_tokens`` its price assumed, a guess that
+   caps nothing).
    Prompts calibrated by the engine's counts; KV beyond the gateway's own account
    (another client) added; KV below it, where the engine's prefix cache shares the
    prompt blocks of requests it has taken in (at most what it found since the oldest
@@ -406,7 +408,8 @@ class Sizing:
                 old = rest if self._rest is None else self._rest
                 self._rest = old + _EWMA * (rest - old)
             before = self._answers.get(run.interactive)
-            self._answers[run.interactive] = average_answer(before, completion_tokens, run.budget)
+            cap = math.inf if run.open_ended else run.budget  # an answer cut there
+            self._answers[run.interactive] = average_answer(before, completion_tokens, cap)
 
     def sample_prompt(self, body: bytes, estimate: int) -> None:
         """A request starts with ``body``, its prompt estimated at ``estimate`` tokens: kept
@@ -440,7 +443,7 @@ class Sizing:
     # -- helpers ---------------------------------------------------------------------------
 
     def _run_of(self, ticket: Ticket, predicted: float | None, now: float) -> Run:
-        budget = max(0, ticket.price - ticket.prompt)  # its max_tokens
+        budget = max(0, ticket.price - ticket.prompt)  # its max_tokens, or the default's
         interactive = ticket.priority == "interactive"
         if predicted is None:
             predicted = self._answers.get(interactive, self._engine_answer or budget)
@@ -449,10 +452,11 @@ class Sizing:
         shared = self._shared_prompt(depth, prompt)
         return Run(
             prompt=prompt - shared,
-            predicted=min(budget, predicted),
+            predicted=predicted if ticket.open_ended else min(budget, predicted),
             budget=budget,
             started=now,
             interactive=interactive,
+            open_ended=ticket.open_ended,
             links=links,
             holds=links[:depth] if shared else (),
             shared=shared,

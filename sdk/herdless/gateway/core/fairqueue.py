@@ -27,9 +27,9 @@ length is longer and unknown). A request that names no ``max_tokens`` is priced 
 gateway's ``default_max_tokens``: that is its prediction before any, never a cap. When
 the request ends and vLLM reported its usage, the charge is settled to
 ``prompt_weight * prompt_tokens + completion_weight * completion_tokens`` (the
-difference is added, or given back). The defaults weigh a
-completion token twice a prompt token, as VTC does: decoding a token costs the GPU a
-step, while a prompt is read in a batched pass.
+difference is added, or given back). The defaults weigh a completion token twice a
+prompt token, as VTC does: decoding a token costs the GPU a step, while a prompt is
+read in a batched pass.
 
 **Lift.** A user (or key) that starts waiting takes ``max(own counter, the least
 counter of those already waiting)``; when nobody waits, ``max(own, the counter of

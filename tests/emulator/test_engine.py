@@ -181,7 +181,8 @@ def test_idle_engine_starts_at_the_arrival_not_at_the_late_tick() -> None:
     ("field", "value"),
     [("max_num_seqs", 0), ("kv_cache_tokens", 0), ("speed", 0.0), ("decode_base", -1.0),
      ("on_kv_exhausted", "explode"), ("max_num_batched_tokens", 0), ("block_size", 0),
-     ("max_num_batched_tokens", 100), ("kv_cache_tokens", 15)],
+     ("max_num_batched_tokens", 100), ("kv_cache_tokens", 15), ("speed", float("nan")),
+     ("max_lag", float("nan"))],
 )  # fmt: skip
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):

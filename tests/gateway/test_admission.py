@@ -58,6 +58,8 @@ def clock() -> FakeClock:
         ("key_queue_share", 1.5),
         ("ewma_alpha", 0),
         ("max_retry_after", 0),
+        ("queue_timeout", float("nan")),  # NaN passes no comparison: refused, not taken
+        ("fair_window", 0.5),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from herdless._bounds import require
 from herdless.emulator.kvcache import KVCache
 from herdless.emulator.metrics import EngineMetrics
 from herdless.emulator.scheduler import KVCacheExhausted, Scheduler
@@ -113,15 +114,10 @@ class EngineConfig:
     max_lag: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("decode_base", "decode_per_seq", "max_lag"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("prefill_tokens_per_s", "speed"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        counts = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size")
+        require(self, ">= 1", *counts)
+        require(self, ">= 0", "decode_base", "decode_per_seq", "max_lag")
+        require(self, "> 0", "prefill_tokens_per_s", "speed")
         if self.on_kv_exhausted not in ("preempt", "crash"):
             raise ValueError(
                 f"on_kv_exhausted must be 'preempt' or 'crash', got {self.on_kv_exhausted!r}"

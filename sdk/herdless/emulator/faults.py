@@ -34,6 +34,8 @@ import random
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from herdless._bounds import require
+
 __all__ = ["FaultActions", "Faults", "MetricsOutage", "parse_faults"]
 
 
@@ -54,14 +56,10 @@ class Faults:
             raise ValueError(f"error_rate must be within [0, 1], got {self.error_rate!r}")
         if not 400 <= self.error_status <= 599:
             raise ValueError(f"error_status must be a 4xx or 5xx status, got {self.error_status!r}")
-        if self.extra_latency < 0:
-            raise ValueError(f"extra_latency must be >= 0, got {self.extra_latency!r}")
-        if self.cut_after is not None and self.cut_after < 0:
-            raise ValueError(f"cut_after must be >= 0, got {self.cut_after!r}")
+        require(self, ">= 0", "extra_latency", "slow_latency")
+        require(self, ">= 0", "cut_after", optional=True)
         if not 0.0 <= self.slow_rate <= 1.0:
             raise ValueError(f"slow_rate must be within [0, 1], got {self.slow_rate!r}")
-        if self.slow_latency < 0:
-            raise ValueError(f"slow_latency must be >= 0, got {self.slow_latency!r}")
 
     @property
     def active(self) -> bool:
@@ -109,10 +107,8 @@ class FaultActions:
     metrics_stall_for: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("refuse_for", "maintenance_for", "metrics_error_for", "metrics_stall_for"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        windows = ("refuse_for", "maintenance_for", "metrics_error_for", "metrics_stall_for")
+        require(self, ">= 0", *windows, optional=True)
         if self.metrics_error_for is not None and self.metrics_stall_for is not None:
             raise ValueError("metrics_error_for and metrics_stall_for: give one, not both")
 

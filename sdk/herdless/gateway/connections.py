@@ -12,6 +12,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from herdless._bounds import require
 from herdless.gateway.metrics import GatewayMetrics
 
 __all__ = ["ConnectionGuard", "ConnectionLimits", "raise_file_limit"]
@@ -36,16 +37,9 @@ class ConnectionLimits:
     max_connections_per_peer: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_head_bytes", "max_headers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("head_timeout", "keep_alive_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.max_connections_per_peer < 0:
-            raise ValueError(
-                f"max_connections_per_peer must be >= 0, got {self.max_connections_per_peer!r}"
-            )
+        require(self, ">= 1", "max_head_bytes", "max_headers")
+        require(self, "> 0", "head_timeout", "keep_alive_timeout")
+        require(self, ">= 0", "max_connections_per_peer")
 
 
 class ConnectionGuard:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from herdless._bounds import require
 from herdless.gateway.core.limits import AdmissionConfig, TokenBucket
 
 __all__ = ["KeyBudget", "KeyBudgets", "KeyLimits"]
@@ -38,14 +39,10 @@ class KeyLimits:
     hold: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("rate", "burst", "tokens_per_minute"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
+        require(self, "> 0", "rate", "burst", "tokens_per_minute", optional=True)
+        require(self, "> 0", "hold")
         if not 0 < self.queue_share <= 1:
             raise ValueError(f"queue_share must be in (0, 1], got {self.queue_share!r}")
-        if not self.hold > 0:
-            raise ValueError(f"hold must be > 0, got {self.hold!r}")
 
     @classmethod
     def of(cls, config: AdmissionConfig) -> KeyLimits:

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from herdless._bounds import require
+
 __all__ = [
     "CLASSES",
     "SCHEDULERS",
@@ -104,11 +106,10 @@ class AdmissionConfig:
     stale_after: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_concurrency is not None:
-            _positive("max_concurrency", self.max_concurrency)
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
-        for name in (
+        require(self, ">= 0", "max_queue")
+        require(
+            self,
+            "> 0",
             "queue_timeout",
             "initial_service_time",
             "max_retry_after",
@@ -119,8 +120,9 @@ class AdmissionConfig:
             "max_users",
             "reserve_window",
             "stale_after",
-        ):
-            _positive(name, getattr(self, name))
+        )
+        limits = ("max_concurrency", "rate", "burst", "tokens_per_minute", "max_inflight_tokens")
+        require(self, "> 0", *limits, optional=True)
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
         if self.sizing not in ("engine", "static"):
@@ -131,12 +133,7 @@ class AdmissionConfig:
                 f"interactive_reserve must be in [0, {self.static_concurrency}) "
                 f"(the static concurrency), got {reserve!r}"
             )
-        if not self.fair_window >= 1:
-            raise ValueError(f"fair_window must be >= 1 second, got {self.fair_window!r}")
-        for name in ("rate", "burst", "tokens_per_minute", "max_inflight_tokens"):
-            value = getattr(self, name)
-            if value is not None:
-                _positive(name, value)
+        require(self, ">= 1", "fair_window")  # seconds
         if not 0 < self.key_queue_share <= 1:
             raise ValueError(f"key_queue_share must be in (0, 1], got {self.key_queue_share!r}")
         if not 0 < self.ewma_alpha <= 1:
@@ -177,11 +174,6 @@ class AdmissionConfig:
         dispatch limit of ``limit``: ``limit + key_queue_limit``. Advertised to clients as
         ``X-Herdless-Capacity``, so that a herdless client sizes its window to it."""
         return limit + self.key_queue_limit
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
 class TokenBucket:

@@ -6,6 +6,7 @@ the proxy and the refusals that read its answers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,6 +67,12 @@ class Ticket:
     kept: float = 0.0
     returns: bool = False
     deadline_at: float | None = None
+
+    @property
+    def answer_cap(self) -> float:
+        """The longest answer it may give as far as the gateway knows: its ``max_tokens``
+        (the rest of ``price``), unbounded when it named none."""
+        return math.inf if self.open_ended else self.price - self.prompt
 
     @property
     def unit(self) -> str:

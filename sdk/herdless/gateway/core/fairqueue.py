@@ -338,8 +338,7 @@ class FairQueue:
     def start(self, ticket: Ticket, flow: Flow, now: float) -> None:
         """``ticket`` starts: charge its user and key (see the module docstring)."""
         budget = ticket.price - ticket.prompt  # its max_tokens, or the default's
-        cap = math.inf if ticket.open_ended else budget
-        predicted = budget if flow.predicted is None else min(cap, flow.predicted)
+        predicted = budget if flow.predicted is None else min(ticket.answer_cap, flow.predicted)
         charge = self._wp * ticket.prompt + self._wq * predicted
         ticket.charged = charge
         flow.counter += charge
@@ -372,8 +371,7 @@ class FairQueue:
         flow.owner.counter += delta
         flow.window.settle(now if ticket.started_at is None else ticket.started_at, now, delta)
         if learn:
-            cap = math.inf if ticket.open_ended else ticket.price - ticket.prompt
-            flow.predicted = average_answer(flow.predicted, completion, cap)
+            flow.predicted = average_answer(flow.predicted, completion, ticket.answer_cap)
 
     # -- places -----------------------------------------------------------------------------
 

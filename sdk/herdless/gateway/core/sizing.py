@@ -408,7 +408,7 @@ class Sizing:
                 old = rest if self._rest is None else self._rest
                 self._rest = old + _EWMA * (rest - old)
             before = self._answers.get(run.interactive)
-            cap = math.inf if run.open_ended else run.budget  # an answer cut there
+            cap = ticket.answer_cap  # an answer cut there
             self._answers[run.interactive] = average_answer(before, completion_tokens, cap)
 
     def sample_prompt(self, body: bytes, estimate: int) -> None:
@@ -452,7 +452,7 @@ class Sizing:
         shared = self._shared_prompt(depth, prompt)
         return Run(
             prompt=prompt - shared,
-            predicted=predicted if ticket.open_ended else min(budget, predicted),
+            predicted=min(ticket.answer_cap, predicted),
             budget=budget,
             started=now,
             interactive=interactive,

@@ -260,6 +260,13 @@ def test_the_first_prompt_count_replaces_the_guess_later_ones_are_averaged() -> 
     assert sizing.prompt_sample is None  # counted: no sample is kept
     sizing.reset()  # another engine, maybe another tokenizer
     assert not sizing.prompt_counted
+    second = ticket(200, 0)
+    sizing.start(second, 1.0, predicted=None)
+    sizing.count_prompt(200, 300)  # the new engine's first count
+    after = sizing._runs.get(second.id)
+    assert after is not None
+    assert after.prompt == 300  # started on the guess: counted anew
+    assert running.prompt == 100  # counted on the engine before: not scaled twice
 
 
 def test_the_prompt_estimate_is_calibrated_by_the_engines_counts() -> None:

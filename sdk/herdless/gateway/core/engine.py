@@ -91,6 +91,9 @@ class Run:
     open_ended: bool = False
     """It named no ``max_tokens``: ``budget`` is the default its price assumed, and its
     answer may run past it (its prediction is not capped there)."""
+    calibrated: bool = False
+    """Its prompt is counted at the engine's calibration, not at the gateway's guess
+    (:meth:`Running.calibrate`)."""
     taken_in: bool = False
     """A reading showed the engine past its prompt's pass (:meth:`Running.taken_in`)."""
     links: tuple[int, ...] = ()
@@ -162,11 +165,15 @@ class Running:
                 self.taken_in_prompts -= run.prompt
         return run
 
-    def rescale_prompts(self, factor: float) -> None:
-        """Their prompts (those not shared) counted ``factor`` times what they were: the
-        estimate they started on was calibrated since."""
+    def calibrate(self, ratio: float) -> None:
+        """The engine counted its first prompt: those that started on the guess count
+        ``ratio`` times their estimate (not the tokens shared). Those calibrated already
+        keep theirs: they started on the engine before, which restarted since."""
         for run in self._runs.values():
-            more = run.prompt * (factor - 1)
+            if run.calibrated:
+                continue
+            run.calibrated = True
+            more = run.prompt * (ratio - 1)
             run.prompt += more
             self.tokens[run.interactive] += more
             if run.taken_in:

@@ -432,7 +432,7 @@ class Sizing:
         if self.prompt_counted:
             ratio = self._prompt_ratio + _EWMA * (ratio - self._prompt_ratio)
         else:
-            self._runs.rescale_prompts(ratio / self._prompt_ratio)
+            self._runs.calibrate(ratio)
         self._prompt_ratio, self.prompt_counted, self.prompt_sample = ratio, True, None
 
     def made(self, ticket: Ticket, now: float) -> float | None:
@@ -457,6 +457,7 @@ class Sizing:
             started=now,
             interactive=interactive,
             open_ended=ticket.open_ended,
+            calibrated=self.prompt_counted,
             links=links,
             holds=links[:depth] if shared else (),
             shared=shared,

@@ -58,6 +58,30 @@ RESPONSE = (
     b'"user":null}'
 )
 
+# Anthropic's Messages API as vLLM 0.32 writes it (vllm/entrypoints/anthropic): the stream's
+# start carries the prompt and 0 output tokens, its message_delta the whole usage.
+MESSAGE = (
+    b'{"id":"chatcmpl-7","type":"message","role":"assistant","content":[{"type":"text",'
+    b'"text":"Hi there"}],"model":"m","stop_reason":"end_turn","stop_sequence":null,'
+    b'"usage":{"input_tokens":10,"output_tokens":3}}'
+)
+MESSAGE_SSE = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"chatcmpl-8",'
+    b'"type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,'
+    b'"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","content_block":'
+    b'{"type":"text","text":""},"index":0}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+    b'{"type":"text_delta","text":"Hi"},"index":0}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+    b'{"type":"text_delta","text":" there"},"index":0}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+    b'"end_turn","stop_sequence":null},"usage":{"input_tokens":10,"output_tokens":3}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+MESSAGE_TOKENS = b'{"input_tokens":10}'
+
 
 class FakeVllm:
     """A scripted vLLM: records what it receives, can hold requests or answer errors."""
@@ -75,6 +99,7 @@ class FakeVllm:
         self.metrics_status = 200
         self.tokenized: list[dict[str, Any]] = []  # each /tokenize body received
         self.token_count: int | None = None  # its count; None: 404, a server without it
+        self.message_sse = MESSAGE_SSE  # what a Messages stream sends
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
@@ -85,6 +110,8 @@ class FakeVllm:
                 Route("/v1/completions", self._chat, methods=["POST"]),
                 Route("/v1/embeddings", self._chat, methods=["POST"]),
                 Route("/v1/responses", self._chat, methods=["POST"]),
+                Route("/v1/messages", self._chat, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._chat, methods=["POST"]),
             ]
         )
 
@@ -126,6 +153,12 @@ class FakeVllm:
         if path == "/v1/responses":
             return Response(RESPONSE, media_type="application/json")
         data = json.loads(body)
+        if path == "/v1/messages/count_tokens":
+            return Response(MESSAGE_TOKENS, media_type="application/json")
+        if path == "/v1/messages":
+            if data.get("stream"):
+                return Response(self.message_sse, media_type="text/event-stream")
+            return Response(MESSAGE, media_type="application/json")
         if data.get("stream"):  # the usage event only when asked for, as vLLM
             events = TEXT_SSE if path == "/v1/completions" else SSE
             if not (data.get("stream_options") or {}).get("include_usage"):

@@ -247,7 +247,7 @@ async def test_a_deadline_the_queue_cannot_meet_refuses_an_embedding_at_once(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("POST", "/v1/messages"), ("POST", "/v1/audio/speech"), ("GET", "/v1/embeddings/x")],
+    [("POST", "/v1/messages/batches"), ("POST", "/v1/audio/speech"), ("GET", "/v1/embeddings/x")],
 )
 async def test_other_v1_routes_are_a_json_404_naming_the_served_ones(
     gateway: GatewayFactory, fake_vllm: FakeVllm, method: str, path: str
@@ -262,6 +262,8 @@ async def test_other_v1_routes_are_a_json_404_naming_the_served_ones(
         "POST /v1/completions",
         "POST /v1/embeddings",
         "POST /v1/responses",
+        "POST /v1/messages",
+        "POST /v1/messages/count_tokens",
     ):
         assert served in error["message"]
     assert "GET /v1/models" in error["message"]

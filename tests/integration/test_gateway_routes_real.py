@@ -53,7 +53,7 @@ def test_completions_and_embeddings_pass_through_admission(vllm: ServerProcess) 
             headers={"authorization": "Bearer k1"},
         )
         missing = httpx.post(
-            gateway.url + "/v1/messages", json={}, headers={"authorization": "Bearer k1"}
+            gateway.url + "/v1/audio/speech", json={}, headers={"authorization": "Bearer k1"}
         )
         no_key = httpx.post(gateway.url + "/v1/embeddings", json={"input": "x"})
         metrics = httpx.get(gateway.url + "/metrics").text

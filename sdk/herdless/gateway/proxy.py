@@ -369,14 +369,15 @@ def _unrun(gate: Gate, ticket: Ticket) -> None:
 
 def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
     """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
-    stream broke, vLLM failed with a 500) has none: a stream is settled on its events,
-    about a token each (an employee who stops an answer is charged what it used, not its
+    stream broke, vLLM failed with a 500) has none, or only its start's (a Messages
+    stream's first event: 0 output tokens): a stream is settled on its events, about a
+    token each (an employee who stops an answer is charged what it used, not its
     ``max_tokens``); one with no event on the engine's measured decode rate
     (:meth:`~herdless.gateway.core.admission.Admission.release`). A cut answer teaches no
     answer length."""
     completion = sniffer.completion_tokens
-    if completion is None and not whole and sniffer.events:
-        completion = sniffer.events
+    if not whole and sniffer.events:
+        completion = max(completion or 0, sniffer.events)
     gate.release(
         ticket,
         used_tokens=sniffer.total_tokens,

@@ -16,6 +16,11 @@ differs:
   outlive the request, so admission could not hold its slot. A
   ``previous_response_id`` brings context the body does not show: the price is low
   until the usage settles it.
+* ``/v1/messages`` (Anthropic's Messages API, which vLLM serves too: what Claude Code and
+  the Anthropic SDKs send): the ``system``, the ``messages`` and the ``tools``' JSON,
+  plus ``max_tokens``, which that API requires; ``metadata.user_id`` is the fairness
+  unit. Its stream ends with its usage (``message_delta``), asked for or not;
+* ``/v1/messages/count_tokens``: the same, no completion tokens.
 
 Strings are estimated at 4 characters a token; token ids count one each. The price is
 settled against vLLM's ``usage`` afterwards, so it only needs to be in range. A list of
@@ -28,17 +33,25 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from herdless.gateway.core.prefixes import chain, rendering
+from herdless.gateway.core.prefixes import chain, chat_links, rendering
 from herdless.gateway.usage import adds_usage
-from herdless.gateway.wire import BadRequest, json_object, parse_chat_request
+from herdless.gateway.wire import (
+    BadRequest,
+    content_chars,
+    json_object,
+    messages_tokens,
+    parse_chat_request,
+)
 
 __all__ = [
     "CHAT",
     "COMPLETIONS",
     "EMBEDDINGS",
+    "MESSAGES",
+    "MESSAGE_TOKENS",
     "RESPONSES",
     "ROUTES",
     "AdmittedRoute",
@@ -46,6 +59,8 @@ __all__ = [
     "TextRequest",
     "parse_completion_request",
     "parse_embedding_request",
+    "parse_message_request",
+    "parse_message_tokens_request",
     "parse_response_request",
 ]
 
@@ -212,6 +227,60 @@ def parse_embedding_request(
     )
 
 
+def parse_message_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> TextRequest:
+    """Validate a ``/v1/messages`` body (Anthropic's Messages API) just enough to price it.
+
+    Raises:
+        BadRequest: not JSON, no usable ``messages``, too many of them, a bad ``system``,
+            ``metadata`` or ``stream``, a ``max_tokens`` missing, bad or over the cap.
+    """
+    data = json_object(body)
+    request = _messages(data, max_messages)
+    most = _max_tokens(data, "max_tokens", max_tokens_cap)
+    if most is None:
+        raise BadRequest("'max_tokens' is required by the Messages API", param="max_tokens")
+    return replace(request, max_tokens=most, generates=True, stream=_stream(data))
+
+
+def parse_message_tokens_request(
+    body: bytes, *, max_messages: int = 2048, max_tokens_cap: int = 32_768
+) -> TextRequest:
+    """Validate a ``/v1/messages/count_tokens`` body just enough to price it: its
+    prompt, as a message's (``max_tokens_cap`` does not apply: nothing is generated).
+
+    Raises:
+        BadRequest: as :func:`parse_message_request`, ``max_tokens`` aside.
+    """
+    return _messages(json_object(body), max_messages)
+
+
+def _messages(data: dict[str, Any], most: int) -> TextRequest:
+    """The prompt of a Messages API body: ``system`` (a string or text blocks), the
+    ``messages`` as a chat's, the ``tools`` as JSON; ``metadata.user_id``."""
+    system, tools, metadata = data.get("system"), data.get("tools"), data.get("metadata")
+    messages, tokens = messages_tokens(data, most)
+    tokens += math.ceil(content_chars(system, "system") / _CHARS_PER_TOKEN)
+    tokens += _estimate(json.dumps(tools)) if tools else 0
+    if metadata is not None and not isinstance(metadata, dict):
+        raise BadRequest("'metadata' must be an object", param="metadata")
+    user = (metadata or {}).get("user_id")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("'metadata.user_id' must be a string", param="metadata.user_id")
+    if system:  # where vLLM renders it: the chat's first message
+        messages = [{"role": "system", "content": system}, *messages]
+    prefix = chat_links(data, messages)
+    return TextRequest(
+        prompt_tokens=tokens,
+        sequences=1,
+        max_tokens=None,
+        generates=False,
+        user=user or None,
+        prefix=prefix,
+    )
+
+
 def _generation(
     data: dict[str, Any],
     tokens: int,
@@ -313,5 +382,7 @@ CHAT = AdmittedRoute("/v1/chat/completions", parse_chat_request)
 COMPLETIONS = AdmittedRoute("/v1/completions", parse_completion_request)
 EMBEDDINGS = AdmittedRoute("/v1/embeddings", parse_embedding_request)
 RESPONSES = AdmittedRoute("/v1/responses", parse_response_request)
-ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
+MESSAGES = AdmittedRoute("/v1/messages", parse_message_request)
+MESSAGE_TOKENS = AdmittedRoute("/v1/messages/count_tokens", parse_message_tokens_request)
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, MESSAGE_TOKENS)
 """Every admitted route, in the order the 404 message names them."""

@@ -21,9 +21,11 @@ __all__ = [
     "ChatRequest",
     "capacity_header",
     "client_timeout",
+    "content_chars",
     "deadline_header",
     "error_body",
     "json_object",
+    "messages_tokens",
     "never_retries",
     "parse_chat_request",
     "priority_header",
@@ -121,24 +123,7 @@ def parse_chat_request(
         BadRequest: malformed JSON or a missing or mistyped field.
     """
     data = json_object(body)
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", param="messages")
-    if len(messages) > max_messages:
-        raise BadRequest(
-            f"'messages' holds {len(messages)} messages; the gateway accepts at most "
-            f"{max_messages}",
-            param="messages",
-            code="request_too_large",
-        )
-    chars = 0
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest(
-                f"messages[{index}] must be an object with a string 'role'",
-                param=f"messages[{index}]",
-            )
-        chars += _content_chars(message.get("content"), index)
+    messages, prompt = messages_tokens(data, max_messages)
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
@@ -159,7 +144,6 @@ def parse_chat_request(
     user = data.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("'user' must be a string", param="user")
-    prompt = math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
     return ChatRequest(
         stream=stream,
         max_tokens=max_tokens,
@@ -170,7 +154,33 @@ def parse_chat_request(
     )
 
 
-def _content_chars(content: Any, index: int) -> int:
+def messages_tokens(data: dict[str, Any], most: int) -> tuple[list[dict[str, Any]], int]:
+    """A body's ``messages``, checked (a non-empty list of at most ``most`` objects, each
+    with a string ``role``; else :class:`BadRequest`), and their estimated tokens: each
+    ``content``'s text (:func:`content_chars`) and the chat template's markers."""
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    if len(messages) > most:
+        raise BadRequest(
+            f"'messages' holds {len(messages)} messages; the gateway accepts at most {most}",
+            param="messages",
+            code="request_too_large",
+        )
+    chars = 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(
+                f"messages[{index}] must be an object with a string 'role'",
+                param=f"messages[{index}]",
+            )
+        chars += content_chars(message.get("content"), f"messages[{index}].content")
+    return messages, math.ceil(chars / _CHARS_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
+
+
+def content_chars(content: Any, param: str) -> int:
+    """Characters of a message's ``content`` (the field ``param``): a string, or the text
+    of its parts; a part with no text (an image, a tool's call) counts none."""
     if content is None:
         return 0
     if isinstance(content, str):
@@ -179,10 +189,7 @@ def _content_chars(content: Any, index: int) -> int:
         # Only string texts count: a mistyped part is priced at 0 and left to vLLM to refuse.
         texts = (part.get("text") for part in content if isinstance(part, dict))
         return sum(len(text) for text in texts if isinstance(text, str))
-    raise BadRequest(
-        f"messages[{index}].content must be a string or a list",
-        param=f"messages[{index}].content",
-    )
+    raise BadRequest(f"{param} must be a string or a list", param=param)
 
 
 @functools.lru_cache(maxsize=256)  # refusals repeat the same few bodies under a flood

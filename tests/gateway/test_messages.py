@@ -1,0 +1,210 @@
+"""/v1/messages (Anthropic's Messages API, which vLLM serves) and its count_tokens through
+admission: pricing, refusals, the fairness unit, usage settlement (in process, a fake
+vLLM behind that answers as vLLM 0.32 does)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from tests.gateway.fakes import (
+    MESSAGE,
+    MESSAGE_SSE,
+    MESSAGE_TOKENS,
+    FakeVllm,
+    GatewayFactory,
+    until,
+)
+
+from herdless.gateway.core.decisions import Ticket
+from herdless.gateway.proxy import _settle
+from herdless.gateway.routes import parse_message_request, parse_message_tokens_request
+from herdless.gateway.usage import UsageSniffer
+from herdless.gateway.wire import BadRequest
+
+pytestmark = [pytest.mark.server]
+
+MESSAGES = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+
+
+def message_body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hello"}],
+        **extra,
+    }
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+# -- pricing (pure) ---------------------------------------------------------------------
+
+
+def test_a_message_is_priced_by_its_system_messages_and_tools_plus_max_tokens() -> None:
+    bare = parse_message_request(encode(message_body()))
+    assert (bare.max_tokens, bare.generates, bare.stream, bare.open_ended) == (
+        50,
+        True,
+        False,
+        False,
+    )
+    assert bare.adds_usage is False  # its stream ends with its usage, asked for or not
+    assert bare.price(512) == bare.prompt_tokens + 50
+    system = parse_message_request(encode(message_body(system="s" * 400)))
+    assert system.prompt_tokens == bare.prompt_tokens + 100
+    blocks = [{"type": "text", "text": "s" * 200}, {"type": "text", "text": "s" * 200}]
+    assert parse_message_request(encode(message_body(system=blocks))).prompt_tokens == (
+        bare.prompt_tokens + 100
+    )
+    tools = [{"name": "read", "input_schema": {"type": "object", "description": "x" * 400}}]
+    with_tools = parse_message_request(encode(message_body(tools=tools)))
+    assert with_tools.prompt_tokens > bare.prompt_tokens + 100  # a tool's JSON costs its tokens
+    streamed = parse_message_request(encode(message_body(stream=True, metadata={"user_id": "ann"})))
+    assert (streamed.stream, streamed.user, streamed.adds_usage) == (True, "ann", False)
+
+
+def test_a_messages_prefix_follows_its_system_and_messages() -> None:
+    def links(**extra: Any) -> tuple[int, ...]:
+        return parse_message_request(encode(message_body(**extra))).prefix
+
+    system = "You are the company's assistant. " * 40
+    one = links(system=system, messages=[{"role": "user", "content": "a" * 300}])
+    two = links(system=system, messages=[{"role": "user", "content": "b" * 300}])
+    other = links(system="Another. " * 150, messages=[{"role": "user", "content": "a" * 300}])
+    assert all(len(chain) > 1 for chain in (one, two, other))
+    assert one[0] == two[0]  # the same system prompt: the same first blocks
+    assert one[0] != other[0]
+    assert one[-1] != two[-1]
+
+
+def test_count_tokens_is_priced_by_its_prompt_alone() -> None:
+    body = message_body()
+    del body["max_tokens"]
+    counted = parse_message_tokens_request(encode(body))
+    assert (counted.generates, counted.max_tokens) == (False, None)
+    assert counted.price(512) == counted.prompt_tokens
+    assert counted.prompt_tokens == parse_message_request(encode(message_body())).prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"system": 5}, "system"),
+        ({"metadata": "ann"}, "metadata"),
+        ({"metadata": {"user_id": 5}}, "metadata.user_id"),
+        ({"stream": "yes"}, "stream"),
+    ],
+)
+def test_what_cannot_be_priced_is_a_bad_request_naming_the_field(
+    change: dict[str, Any], param: str
+) -> None:
+    body = message_body() | change
+    body = {name: value for name, value in body.items() if value is not None}
+    with pytest.raises(BadRequest) as caught:
+        parse_message_request(encode(body))
+    assert caught.value.param == param
+
+
+def test_a_max_tokens_over_the_cap_is_too_large() -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_message_request(encode(message_body(max_tokens=9_000)), max_tokens_cap=8_192)
+    assert (caught.value.param, caught.value.code) == ("max_tokens", "request_too_large")
+
+
+def test_a_stream_cut_short_is_charged_its_events_not_its_starts_usage() -> None:
+    """A Messages stream's first event carries a usage of 0 output tokens; a client that
+    leaves after two tokens is charged its events, as a chat stream's is."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.released: dict[str, Any] = {}
+
+        def release(self, ticket: Ticket, **usage: Any) -> None:
+            self.released = usage
+
+    events = MESSAGE_SSE.split(b"\n\n")
+    sniffer = UsageSniffer()
+    sniffer.feed(b"\n\n".join(events[:4]) + b"\n\n")  # start, block start, two tokens
+    gate = Recorder()
+    ticket = Ticket(id=1, key_id="k", price=60, offered_at=0.0, prompt=10)
+    _settle(gate, ticket, sniffer, whole=False)  # type: ignore[arg-type]
+    assert gate.released["completion_tokens"] == 4
+    assert gate.released["prompt_tokens"] == 10
+    assert gate.released["whole"] is False
+    whole = UsageSniffer()
+    whole.feed(MESSAGE_SSE)
+    _settle(gate, ticket, whole, whole=True)  # type: ignore[arg-type]
+    assert (gate.released["prompt_tokens"], gate.released["completion_tokens"]) == (10, 3)
+
+
+# -- over HTTP --------------------------------------------------------------------------
+
+
+async def test_messages_are_proxied_as_vllm_wrote_them_and_settled_on_their_usage(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    async with gateway() as (client, runtime):
+        whole = await client.post(MESSAGES, json=message_body(metadata={"user_id": "ann"}))
+        stream = await client.post(
+            MESSAGES, json=message_body(stream=True, metadata={"user_id": "bob"})
+        )
+        counted = await client.post(
+            COUNT, json={"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        )
+        queue, admission = runtime.gate.admission.queue, runtime.gate.admission
+        # vLLM's usage, weighted (input 1, output 2): 10 + 3 * 2; a count is its input.
+        assert queue.counter("interactive", f"anonymous/{runtime.users('ann')}") == 16
+        assert queue.counter("interactive", f"anonymous/{runtime.users('bob')}") == 16
+        assert admission.inflight_tokens == 0
+    assert (whole.status_code, whole.content) == (200, MESSAGE)
+    assert (stream.status_code, stream.content) == (200, MESSAGE_SSE)  # nothing left out
+    assert (counted.status_code, counted.content) == (200, MESSAGE_TOKENS)
+    assert fake_vllm.paths == [MESSAGES, MESSAGES, COUNT]
+    sent = [json.loads(body) for _, body in fake_vllm.received]
+    assert "stream_options" not in sent[1]  # the Messages API has none to ask for
+    assert sent[1]["metadata"] == {"user_id": "bob"}
+
+
+async def test_a_full_gateway_refuses_a_message_with_retry_after(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    fake_vllm.hold = asyncio.Event()
+    async with gateway(max_concurrency=1, max_queue=0) as (client, runtime):
+        running = asyncio.create_task(client.post(MESSAGES, json=message_body()))
+        await until(lambda: runtime.gate.admission.inflight >= 1)
+        refused = await client.post(MESSAGES, json=message_body())
+        fake_vllm.hold.set()
+        done = await running
+    assert done.status_code == 200
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert fake_vllm.paths == [MESSAGES]
+
+
+async def test_a_message_without_max_tokens_is_a_400_vllm_never_sees(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    body = message_body()
+    del body["max_tokens"]
+    async with gateway(api_keys="k1") as (client, _):
+        auth = {"authorization": "Bearer k1"}
+        response = await client.post(MESSAGES, json=body, headers=auth)
+        no_key = await client.post(MESSAGES, json=message_body())
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "max_tokens"
+    assert "Messages API" in response.json()["error"]["message"]
+    assert no_key.status_code == 401
+    assert fake_vllm.paths == []

@@ -189,6 +189,11 @@ def chat_body(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": "hello"}], **extra}
 
 
+def message_body(**extra: Any) -> dict[str, Any]:
+    """A body of Anthropic's Messages API (``max_tokens`` is required there)."""
+    return chat_body(**{"max_tokens": 50, **extra})
+
+
 async def until(condition: Callable[[], bool], *, turns: int = 10_000) -> None:
     """Let the event loop run until ``condition()`` holds (bounded: fails, never hangs)."""
     for _ in range(turns):

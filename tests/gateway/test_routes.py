@@ -1,5 +1,5 @@
-"""/v1/completions, /v1/embeddings and /v1/responses through admission, the JSON 404 of
-other /v1 routes, and their pricing (in process, a fake vLLM behind)."""
+"""/v1/completions, /v1/embeddings, /v1/responses and /v1/messages through admission, the
+JSON 404 of other /v1 routes, and their pricing (in process, a fake vLLM behind)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tests.gateway.fakes import (
     TEXT_SSE,
     FakeVllm,
     GatewayFactory,
+    message_body,
     until,
     without_usage,
 )
@@ -32,6 +33,7 @@ pytestmark = [pytest.mark.server]
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
 
 
 def completion_body(**extra: Any) -> dict[str, Any]:
@@ -46,7 +48,12 @@ def response_body(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "input": "hello", **extra}
 
 
-BODIES = {COMPLETIONS: completion_body, EMBEDDINGS: embedding_body, RESPONSES: response_body}
+BODIES = {
+    COMPLETIONS: completion_body,
+    EMBEDDINGS: embedding_body,
+    RESPONSES: response_body,
+    MESSAGES: message_body,
+}
 
 
 # -- pricing (pure) ---------------------------------------------------------------------
@@ -192,7 +199,7 @@ async def test_the_kv_budget_prices_each_route_by_its_own_tokens(gateway: Gatewa
     assert too_long.status_code == 400
 
 
-@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES])
+@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES])
 async def test_a_full_gateway_refuses_them_with_retry_after(
     gateway: GatewayFactory, fake_vllm: FakeVllm, path: str
 ) -> None:
@@ -210,7 +217,7 @@ async def test_a_full_gateway_refuses_them_with_retry_after(
     assert fake_vllm.paths == [path]
 
 
-@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES])
+@pytest.mark.parametrize("path", [COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES])
 async def test_they_share_the_chat_limits(
     gateway: GatewayFactory, fake_vllm: FakeVllm, path: str
 ) -> None:
@@ -278,5 +285,6 @@ async def test_an_unknown_path_outside_v1_names_no_routes(gateway: GatewayFactor
 
 async def test_get_on_an_admitted_route_is_a_405(gateway: GatewayFactory) -> None:
     async with gateway() as (client, _):
-        responses = [await client.get(path) for path in (COMPLETIONS, EMBEDDINGS, RESPONSES)]
-    assert [r.status_code for r in responses] == [405, 405, 405]
+        paths = (COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
+        responses = [await client.get(path) for path in paths]
+    assert [r.status_code for r in responses] == [405] * len(paths)

@@ -20,6 +20,7 @@ from herdless.launch.vllm import MODEL_NAME
 pytestmark = [pytest.mark.vllm]
 
 HI: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Say hello."}]
+MAX_TOKENS = 8
 
 
 @pytest.fixture
@@ -37,9 +38,13 @@ def charged(gateway: ServerProcess) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in samples)
 
 
-def idle(gateway: ServerProcess) -> bool:
+def settled(gateway: ServerProcess, before: float, message: anthropic.types.Message) -> None:
+    """The gateway charged ``message`` its usage since ``before``, and runs nothing."""
+    assert 1 <= message.usage.output_tokens <= MAX_TOKENS
+    used = message.usage.input_tokens + 2 * message.usage.output_tokens
+    assert charged(gateway) - before == used
     ready = httpx.get(f"{gateway.url}/readyz", timeout=10.0).json()
-    return bool(ready["inflight"] == 0 and ready["queue_depth"] == 0)
+    assert (ready["inflight"], ready["queue_depth"]) == (0, 0)
 
 
 def test_a_message_through_the_gateway_is_settled_on_its_usage(
@@ -47,16 +52,13 @@ def test_a_message_through_the_gateway_is_settled_on_its_usage(
 ) -> None:
     before = charged(gateway)
     message = client.messages.create(
-        model=MODEL_NAME, max_tokens=8, messages=HI, metadata={"user_id": "ann"}
+        model=MODEL_NAME, max_tokens=MAX_TOKENS, messages=HI, metadata={"user_id": "ann"}
     )
     assert (message.type, message.role, message.model) == ("message", "assistant", MODEL_NAME)
     assert [block.type for block in message.content] == ["text"]
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.input_tokens > 0
-    assert 1 <= message.usage.output_tokens <= 8
-    used = message.usage.input_tokens + 2 * message.usage.output_tokens
-    assert charged(gateway) - before == used
-    assert idle(gateway)
+    settled(gateway, before, message)
 
 
 def test_a_message_stream_through_the_gateway_is_settled_on_its_usage(
@@ -64,7 +66,7 @@ def test_a_message_stream_through_the_gateway_is_settled_on_its_usage(
 ) -> None:
     before = charged(gateway)
     with client.messages.stream(
-        model=MODEL_NAME, max_tokens=6, messages=HI, system="You answer briefly."
+        model=MODEL_NAME, max_tokens=MAX_TOKENS, messages=HI, system="You answer briefly."
     ) as stream:
         kinds = [event.type for event in stream]
         message = stream.get_final_message()
@@ -72,19 +74,18 @@ def test_a_message_stream_through_the_gateway_is_settled_on_its_usage(
     assert "content_block_delta" in kinds
     assert kinds[-1] == "message_stop"
     assert message.stop_reason in ("end_turn", "max_tokens")
-    assert 1 <= message.usage.output_tokens <= 6
-    used = message.usage.input_tokens + 2 * message.usage.output_tokens
-    assert charged(gateway) - before == used
-    assert idle(gateway)
+    settled(gateway, before, message)
 
 
 def test_count_tokens_through_the_gateway_counts_what_the_message_uses(
     client: anthropic.Anthropic, gateway: ServerProcess
 ) -> None:
+    before = charged(gateway)
     counted = client.messages.count_tokens(model=MODEL_NAME, messages=HI)
+    assert charged(gateway) - before == counted.input_tokens  # priced by its prompt alone
     message = client.messages.create(model=MODEL_NAME, max_tokens=1, messages=HI)
     assert counted.input_tokens == message.usage.input_tokens
-    assert idle(gateway)
+    settled(gateway, before + counted.input_tokens, message)
 
 
 def test_a_message_without_max_tokens_is_refused_by_the_gateway(gateway: ServerProcess) -> None:

@@ -561,8 +561,8 @@ class Admission:
                 given); the token bucket is settled by ``price - used``.
             prompt_tokens: the real prompt tokens, when reported.
             completion_tokens: the real completion tokens, when reported (else
-                ``used_tokens`` less the prompt); the user's service counter is
-                settled against them.
+                ``used_tokens`` less the prompt, or none for a request that generates
+                nothing); the user's service counter is settled against them.
             whole: ``False`` for an answer cut short (its client left) or not run:
                 its tokens settle the charges and teach nothing (neither the user's
                 average answer, nor the engine's, nor the prompts' calibration, nor a
@@ -587,6 +587,8 @@ class Admission:
             if not whole and used_tokens is None and completion_tokens is None:
                 made = self._sizing.made(ticket, now)  # nothing seen of it: estimate
                 completion_tokens = None if made is None else round(made)
+            if completion_tokens is None and prompt_tokens is not None and not ticket.answer_cap:
+                completion_tokens = 0  # it generates nothing: a usage of its prompt alone
             if used_tokens is None and completion_tokens is not None:
                 used_tokens = prompt + completion_tokens
             if used_tokens is not None:

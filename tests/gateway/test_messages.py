@@ -55,6 +55,16 @@ def test_a_message_is_priced_by_its_system_messages_and_tools_plus_max_tokens() 
     tools = [{"name": "read", "input_schema": {"type": "object", "description": "x" * 400}}]
     with_tools = parse_message_request(encode(message_body(tools=tools)))
     assert with_tools.prompt_tokens > bare.prompt_tokens + 100  # a tool's JSON costs its tokens
+    read = {"type": "tool_result", "tool_use_id": "t1", "content": "x" * 4_000}
+    call = {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.py"}}
+    turns = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "reading"}, call]},
+        {"role": "user", "content": [read, {"type": "image", "source": {"data": "y" * 8_000}}]},
+    ]
+    tooled = parse_message_request(encode(message_body(messages=turns))).prompt_tokens
+    # The file the tool read counts (an image does not, as in a chat).
+    assert 1_000 < tooled - bare.prompt_tokens < 1_100
     streamed = parse_message_request(encode(message_body(stream=True, metadata={"user_id": "ann"})))
     assert (streamed.stream, streamed.user, streamed.adds_usage) == (True, "ann", False)
 

@@ -65,6 +65,7 @@ __all__ = [
 ]
 
 _CHARS_PER_TOKEN = 4  # as wire.py's chat estimate
+_TOOL_BLOCKS = frozenset({"tool_use", "tool_result"})  # a message's blocks without "text"
 
 
 class Priced(Protocol):
@@ -258,10 +259,19 @@ def parse_message_tokens_request(
 
 def _messages(data: dict[str, Any], most: int) -> TextRequest:
     """The prompt of a Messages API body: ``system`` (a string or text blocks), the
-    ``messages`` as a chat's, the ``tools`` as JSON; ``metadata.user_id``."""
+    ``messages`` as a chat's, with their tool calls and results as JSON (a file a tool
+    read is in one), the ``tools`` as JSON; ``metadata.user_id``."""
     system, tools, metadata = data.get("system"), data.get("tools"), data.get("metadata")
     messages, tokens = messages_tokens(data, most)
     tokens += math.ceil(content_chars(system, "system") / _CHARS_PER_TOKEN)
+    calls = [
+        block
+        for message in messages
+        if isinstance(blocks := message.get("content"), list)
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") in _TOOL_BLOCKS
+    ]
+    tokens += _estimate(json.dumps(calls)) if calls else 0
     tokens += _estimate(json.dumps(tools)) if tools else 0
     if metadata is not None and not isinstance(metadata, dict):
         raise BadRequest("'metadata' must be an object", param="metadata")

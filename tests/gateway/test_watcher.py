@@ -169,6 +169,7 @@ def test_what_the_engine_is_asked_to_count_is_text_the_estimate_counts_alike() -
     for other in (
         {"model": "m", "messages": [{"role": "user", "content": parts}]},  # an image
         {"model": "m", "messages": chat["messages"], "tools": [{"type": "function"}]},
+        {"model": "m", "messages": chat["messages"], "system": "be brief", "max_tokens": 5},
         {"model": "m", "prompt": [1, 2, 3]},  # token ids
         {"model": "m", "input": "an embedding"},
         ["not", "an", "object"],

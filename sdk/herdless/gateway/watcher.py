@@ -108,13 +108,13 @@ def parse_metrics(text: str, at: float) -> Reading:
 def tokenize_body(body: bytes) -> dict[str, Any] | None:
     """``/tokenize``'s body for a chat or completion request's ``body``: its ``model`` and
     its ``messages`` (each text: a string, or text parts) or its ``prompt`` (a string);
-    ``None`` for anything else (images, tools, token ids), which the gateway's estimate
-    does not count alike."""
+    ``None`` for anything else (images, tools, token ids, a Messages API ``system``
+    beside the messages), which the gateway's estimate does not count alike."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("tools"):
+    if not isinstance(data, dict) or data.get("tools") or data.get("system"):
         return None
     messages, prompt = data.get("messages"), data.get("prompt")
     asked: dict[str, Any]

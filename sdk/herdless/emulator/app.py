@@ -1,7 +1,8 @@
 """The emulated vLLM server's Starlette app: routes only.
 
 Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/embeddings`` (emulated vectors), ``POST /tokenize``, ``GET /v1/models``,
+``POST /v1/embeddings`` (emulated vectors), Anthropic's ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens``, ``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``
 (which the ``metrics_error_for`` and ``metrics_stall_for`` faults fail or stall); vLLM's
 sleep mode ``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` (see
@@ -29,7 +30,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from herdless.emulator import wire
-from herdless.emulator.completions import chat_completions, completions, tokenize
+from herdless.emulator.completions import (
+    chat_completions,
+    completions,
+    count_tokens,
+    messages,
+    tokenize,
+)
 from herdless.emulator.embeddings import embeddings
 from herdless.emulator.faults import parse_faults
 from herdless.emulator.metrics import render
@@ -166,6 +173,8 @@ def create_app(
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/models", _models),
         Route("/health", _health),

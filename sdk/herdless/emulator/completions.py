@@ -1,7 +1,10 @@
-"""The generation routes: ``/v1/chat/completions``, ``/v1/completions``, ``/tokenize``.
+"""The generation routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``,
+and the counts ``/tokenize`` and ``/v1/messages/count_tokens``.
 
 Each validates as vLLM does, in vLLM's order (schema, model, limits), then hands
-the sequence to the engine and answers with ``responses.py``.
+the sequence to the engine and answers with ``responses.py``. A message's errors have
+the Messages API's shape (``anthropic.error_body``), but for a body that fails the
+schema: vLLM answers those before its Messages code runs, in its own shape.
 """
 
 from __future__ import annotations
@@ -16,40 +19,57 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from herdless.emulator import text, wire
+from herdless.emulator import anthropic, text, wire
 from herdless.emulator.engine import Sequence
 from herdless.emulator.kvcache import block_hashes
 from herdless.emulator.responses import JsonGeneration, StreamGeneration, json_response
 from herdless.emulator.state import EmulatorState
 
-__all__ = ["chat_completions", "completions", "tokenize"]
+__all__ = ["chat_completions", "completions", "count_tokens", "messages", "tokenize"]
+
+_ErrorBody = Callable[[str, str, int, str | None], bytes]
 
 
-def _error(message: str, type_: str, status: int, param: str | None = None) -> Response:
-    return json_response(wire.error_body(message, type_, status, param), status)
+def _error(
+    message: str,
+    type_: str,
+    status: int,
+    param: str | None = None,
+    shape: _ErrorBody = wire.error_body,
+) -> Response:
+    return json_response(shape(message, type_, status, param), status)
 
 
-def _unknown_model(state: EmulatorState, model: str | None) -> Response | None:
+def _unknown_model(state: EmulatorState, model: str | None, shape: _ErrorBody) -> Response | None:
     served = state.settings.model
     if model is None or model == served:
         return None
     message = f"The model `{model}` does not exist. Valid aliases: {served}."
-    return _error(message, "NotFoundError", 404, "model")
+    return _error(message, "NotFoundError", 404, "model", shape)
 
 
-_Body = TypeVar("_Body", wire.ChatRequest, wire.CompletionRequest, wire.TokenizeRequest)
+_Body = TypeVar(
+    "_Body",
+    wire.ChatRequest,
+    wire.CompletionRequest,
+    wire.TokenizeRequest,
+    anthropic.MessagesRequest,
+    anthropic.CountTokensRequest,
+)
 
 
-async def _read(request: Request, kind: type[_Body]) -> tuple[EmulatorState, _Body] | Response:
+async def _read(
+    request: Request, kind: type[_Body], shape: _ErrorBody = wire.error_body
+) -> tuple[EmulatorState, _Body] | Response:
     """The request's body as ``kind``, asking for the model this emulator serves (or
-    none); else the answer to give: 400 for a body that does not validate, 404 for
-    another model."""
+    none); else the answer to give: 400 for a body that does not validate, 404 (in
+    ``shape``) for another model."""
     state: EmulatorState = request.app.state.emulator
     try:
         req = kind.model_validate_json(await request.body())
     except ValidationError as exc:
         return json_response(wire.schema_error(exc), 400)
-    if (refusal := _unknown_model(state, req.model)) is not None:
+    if (refusal := _unknown_model(state, req.model, shape)) is not None:
         return refusal
     return state, req
 
@@ -62,14 +82,18 @@ class _Prompt(NamedTuple):
     texts: list[str]  # the texts the answer's seed is drawn from
 
 
-def _chat_prompt(req: wire.ChatRequest) -> _Prompt:
-    texts = req.texts()
-    tokens = (
+def _template_tokens(texts: list[str]) -> int:
+    """The prompt tokens of chat messages: their texts in the chat template."""
+    return (
         sum(text.count_tokens(t) for t in texts)
         + text.MESSAGE_OVERHEAD * len(texts)
         + text.GENERATION_PROMPT
     )
-    return _Prompt(tokens, req.max_completion_tokens or req.max_tokens, texts)
+
+
+def _chat_prompt(req: wire.ChatRequest | anthropic.MessagesRequest) -> _Prompt:
+    texts = [t for _, t in req.turns()]
+    return _Prompt(_template_tokens(texts), req.max_completion_tokens or req.max_tokens, texts)
 
 
 def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
@@ -78,7 +102,7 @@ def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
 
 
 def _prompt_hashes(
-    req: wire.ChatRequest | wire.CompletionRequest, block_size: int
+    req: wire.ChatRequest | wire.CompletionRequest | anthropic.MessagesRequest, block_size: int
 ) -> tuple[int, ...]:
     """The hashes of the prompt's full KV blocks: its tokens as :func:`_chat_prompt` and
     :func:`_text_prompt` count them, a message's role in its template header."""
@@ -86,31 +110,35 @@ def _prompt_hashes(
         tokens = text.split_tokens(req.text())
     else:
         tokens = []
-        for m in req.messages:
-            tokens += [m.role] + ["\n"] * (text.MESSAGE_OVERHEAD - 1) + text.split_tokens(m.text())
+        for role, said in req.turns():
+            tokens += [role] + ["\n"] * (text.MESSAGE_OVERHEAD - 1) + text.split_tokens(said)
         tokens += ["assistant"] * text.GENERATION_PROMPT
     salt = (req.model_extra or {}).get("cache_salt")
     return block_hashes(tokens, block_size, salt if isinstance(salt, str) else None)
 
 
-_Generation = TypeVar("_Generation", wire.ChatRequest, wire.CompletionRequest)
+_Generation = TypeVar(
+    "_Generation", wire.ChatRequest, wire.CompletionRequest, anthropic.MessagesRequest
+)
 
 
 async def _generate(
     request: Request,
     kind: type[_Generation],
     measure: Callable[[_Generation], _Prompt],
-    encoder: type[wire.ChatEncoder | wire.TextEncoder],
+    encoder: type[wire.ChatEncoder | wire.TextEncoder | anthropic.MessageEncoder],
     id_prefix: str,
+    shape: _ErrorBody = wire.error_body,
 ) -> Response:
     """Read a ``kind`` request; check ``n``, the limits, the faults and the queue cap;
-    then schedule it and answer in ``encoder``'s format (ids starting ``id_prefix``)."""
-    read = await _read(request, kind)
+    then schedule it and answer in ``encoder``'s format (ids starting ``id_prefix``,
+    errors in ``shape``)."""
+    read = await _read(request, kind, shape)
     if isinstance(read, Response):
         return read
     state, req = read
     if req.n != 1:
-        return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n")
+        return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n", shape)
     prompt, max_tokens, texts = measure(req)
     settings, faults = state.settings, state.faults
     encode = encoder(
@@ -127,6 +155,7 @@ async def _generate(
             "BadRequestError",
             400,
             "max_tokens",
+            shape,
         )
     if prompt + (max_tokens or 1) > limit:
         return _error(
@@ -137,9 +166,10 @@ async def _generate(
             "BadRequestError",
             400,
             "messages",
+            shape,
         )
     if faults.should_fail(state.rng):
-        return _error("Injected fault.", "InternalServerError", faults.error_status)
+        return _error("Injected fault.", "InternalServerError", faults.error_status, None, shape)
     cap = settings.max_num_queued_reqs
     if cap is not None and state.engine.num_waiting >= cap:
         state.engine.metrics.rejected += 1
@@ -148,6 +178,8 @@ async def _generate(
             "Please try again later or on a different instance.",
             "Service Unavailable",
             503,
+            None,
+            shape,
         )
     hold = faults.hold(state.rng)  # the slow fault: held before the first byte
     if faults.extra_latency:
@@ -175,6 +207,31 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``: a text prompt, ``max_tokens`` 16 by default."""
     return await _generate(request, wire.CompletionRequest, _text_prompt, wire.TextEncoder, "cmpl")
+
+
+async def messages(request: Request) -> Response:
+    """``POST /v1/messages``: Anthropic's Messages API, run as a chat completion (as vLLM
+    does: the same ids, the system prompt first), answered in that API's format."""
+    return await _generate(
+        request,
+        anthropic.MessagesRequest,
+        _chat_prompt,
+        anthropic.MessageEncoder,
+        "chatcmpl",
+        anthropic.error_body,
+    )
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: the prompt tokens the message would have, its
+    ``usage.input_tokens`` (vLLM counts its chat template's render)."""
+    read = await _read(request, anthropic.CountTokensRequest, anthropic.error_body)
+    if isinstance(read, Response):
+        return read
+    _, req = read
+    tokens = _template_tokens([t for _, t in req.turns()])
+    counted = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+    return json_response(wire.dumps(counted))
 
 
 async def tokenize(request: Request) -> Response:

@@ -107,7 +107,7 @@ class StreamGeneration(_Generation):
         seq, driver, seed, enc = self.seq, self.state.driver, self.seed, self.encoder
         cut = self.state.faults.cut_after  # decided when the stream starts
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        events: list[str] = [enc.role()] if enc.has_role else []
+        events: list[str] = [enc.role(seq.prompt_tokens)] if enc.has_role else []
         interval = self.state.settings.stream_interval
         sent_events = sent_text = seen = 0
         while True:

@@ -21,7 +21,9 @@ from herdless.emulator import wire
 
 __all__ = ["GENERATION_PATHS", "Sleep"]
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
+)
 """The routes that need the weights: held while asleep."""
 _STATES = ("awake", "weights_offloaded", "discard_all")
 

@@ -87,8 +87,9 @@ class ChatRequest(GenerationRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
-    def texts(self) -> list[str]:
-        return [m.text() for m in self.messages]
+    def turns(self) -> list[tuple[str, str]]:
+        """``(role, text)`` of each message."""
+        return [(m.role, m.text()) for m in self.messages]
 
 
 class CompletionRequest(GenerationRequest):
@@ -190,7 +191,7 @@ class Encoder(Protocol):
 
     has_role: bool
 
-    def role(self) -> str: ...
+    def role(self, prompt_tokens: int) -> str: ...
     def token(self, text_json: str) -> str: ...
     def finish(self, text_json: str, reason: str) -> str: ...
     def end(self, prompt_tokens: int, completion_tokens: int) -> str: ...
@@ -242,7 +243,7 @@ class ChatEncoder(_Encoding):
         self._fingerprint = json.dumps(system_fingerprint(model))
         self._after_usage = f',"system_fingerprint":{self._fingerprint}'
 
-    def role(self) -> str:
+    def role(self, prompt_tokens: int) -> str:
         return (
             self._head + '[{"index":0,"delta":{"role":"assistant","content":""},'
             '"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n'
@@ -292,7 +293,7 @@ class TextEncoder(_Encoding):
     _object = "text_completion"
     has_role = False
 
-    def role(self) -> str:
+    def role(self, prompt_tokens: int) -> str:
         return ""
 
     def token(self, text_json: str) -> str:

@@ -117,9 +117,9 @@ def tests_vllm(session: nox.Session) -> None:
 
 @nox.session
 def tests_clients(session: nox.Session) -> None:
-    """Real JavaScript OpenAI clients from npm (openai-node, Vercel ``ai``, LangChain.js) against
-    a real gateway, in node and (openai-node) in headless Chromium where one is on PATH;
-    skips, saying why, where node or npm is missing (see docs/clients.md).
+    """Real JavaScript clients from npm (openai-node, Vercel ``ai``, LangChain.js, Anthropic's
+    SDK) against a real gateway, in node and (openai-node) in headless Chromium where one is
+    on PATH; skips, saying why, where node or npm is missing (see docs/clients.md).
 
     The pinned clients are installed with ``npm ci`` into .cache/js-clients, once per lock file.
     """

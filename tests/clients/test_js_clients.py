@@ -1,7 +1,8 @@
-"""Real JavaScript OpenAI clients from npm against a real gateway, each with its defaults.
+"""Real JavaScript clients from npm against a real gateway, each with its defaults.
 
-openai-node, the Vercel ``ai`` SDK (openai-compatible provider), LangChain.js and one
-plain ``fetch`` (no retry, as Open WebUI's backend sends it), run by
+openai-node, the Vercel ``ai`` SDK (openai-compatible provider), LangChain.js, one
+plain ``fetch`` (no retry, as Open WebUI's backend sends it) and Anthropic's SDK
+(Claude Code's client, on ``/v1/messages``), run by
 ``herdless/bench/js/run.mjs`` in node, against ``herdless serve --max-concurrency 8
 --max-queue 16`` in front of an emulator of 8 sequences: real processes on free ports.
 What they pin is today's behaviour; docs/clients.md says what each client retries.
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from herdless.bench.js_clients import (
+    CHAT_CLIENTS,
     CLIENTS,
     CallResult,
     Client,
@@ -31,7 +33,7 @@ from herdless.launch.vllm import read_metric
 
 pytestmark = [pytest.mark.clients, pytest.mark.server]
 
-RETRYING: tuple[Client, ...] = ("openai", "vercel", "langchain")
+RETRYING: tuple[Client, ...] = ("openai", "vercel", "langchain", "anthropic")
 MODEL = "emulated"  # the served name of every emulator here (conftest's too)
 
 
@@ -68,7 +70,7 @@ def test_each_client_gets_its_answers_through_the_gateway(
             assert r.chunks == 0
 
 
-@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("client", CHAT_CLIENTS)  # a Messages stream always has its usage
 def test_a_stream_that_asks_for_no_usage_is_settled_on_the_engines(
     js_clients: Path, client: Client
 ) -> None:
@@ -96,8 +98,9 @@ def test_a_stream_that_asks_for_no_usage_is_settled_on_the_engines(
 async def test_under_overload_the_retrying_clients_get_every_answer(
     js_clients: Path, gateway: ServerProcess, stream: bool
 ) -> None:
-    # As measured in issue 25: the four at once, 48 calls each, 24 at a time (96 in
-    # flight for 8 running and 16 queued), starting together whatever their import time.
+    # As measured in issue 25, and Anthropic's client beside them: the five at once, 48
+    # calls each, 24 at a time (120 in flight for 8 running and 16 queued), starting
+    # together whatever their import time.
     start_at = time.time() + 5.0
     runs = await asyncio.gather(
         *(
@@ -133,8 +136,8 @@ async def test_under_overload_the_retrying_clients_get_every_answer(
     # Which client meets the full queue depends on arrival order; one of them does.
     assert any(r.retried for client in RETRYING for r in by_client[client])
     # A retry waits out a full queue in the gateway, up to its hold (30 s, all its waits
-    # together): openai-node's says so (X-Stainless-Retry-Count), Vercel's and
-    # LangChain.js's say nothing but send the same request again.
+    # together): openai-node's and Anthropic's say so (X-Stainless-Retry-Count), Vercel's
+    # and LangChain.js's say nothing but send the same request again.
     assert {client: failures(by_client[client]) for client in RETRYING} == {
         client: [] for client in RETRYING
     }
@@ -162,8 +165,8 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
     # The client's calls leave at start_at; a second before, 24 long requests fill the
     # 8 running places and the 16 queued ones (about 4 s a wave), so each first attempt
     # meets a full queue. No answer of the wave has ended yet: the hints come from the
-    # engine's decode rate, no earlier than the wave's predicted end. Openai-node and
-    # Vercel retry twice: told a fraction of a second, they ran out before it ended.
+    # engine's decode rate, no earlier than the wave's predicted end. Openai-node, Vercel
+    # and Anthropic's retry twice: told a fraction of a second, they ran out before it ended.
     # The plain fetch never retries (user agent "node"): the gateway keeps it instead.
     start_at = time.time() + 4.0
     # A prompt of its own: the gateway remembers the overload case's refusals, and the
@@ -201,7 +204,7 @@ async def test_a_full_gateway_says_when_to_come_back_and_the_retrying_clients_do
 
 async def test_a_restart_no_one_knows_the_length_of_costs_no_call(js_clients: Path) -> None:
     # vLLM restarts: its port opens once its model is loaded (8 s), behind a gateway that
-    # never saw a load, so it cannot tell when. The four at once, 24 calls each, meanwhile.
+    # never saw a load, so it cannot tell when. The five at once, 24 calls each, meanwhile.
     port = free_port()
     vllm = ServerProcess(
         ["emulate", "--max-num-seqs", "8", "--model", MODEL, "--startup-delay", "8"],
@@ -241,7 +244,7 @@ def refusing_vllm() -> Iterator[ServerProcess]:
 
 
 # Each client's default retries of a 429 that carries no Retry-After (docs/clients.md).
-ATTEMPTS_ON_A_BARE_429 = {"openai": 3, "vercel": 3, "langchain": 1, "single": 1}
+ATTEMPTS_ON_A_BARE_429 = {"openai": 3, "vercel": 3, "langchain": 1, "single": 1, "anthropic": 3}
 
 
 @pytest.mark.parametrize("client", CLIENTS)

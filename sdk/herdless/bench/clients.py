@@ -44,7 +44,7 @@ import httpx
 from herdless._percentiles import percentile
 from herdless.bench.clients_report import figures, table
 from herdless.bench.js_clients import (
-    CLIENTS,
+    CHAT_CLIENTS,
     CallResult,
     Scenario,
     install,
@@ -239,14 +239,15 @@ async def _measure(
     runs: dict[str, list[dict[str, float]]] = {}
     # The hosted model's own latency, per client, straight at it: the spill's yardstick.
     straight = await _all(
-        [_scenario(c, stack.hosted.url, "x", model="hosted-llm") for c in CLIENTS], directory
+        [_scenario(c, stack.hosted.url, "x", model="hosted-llm") for c in CHAT_CLIENTS], directory
     )
     hosted_p50: dict[str, float] = {
         c: percentile([r.first_byte_s or r.total_s for r in rs], 50)
-        for c, rs in zip(CLIENTS, straight, strict=True)
+        for c, rs in zip(CHAT_CLIENTS, straight, strict=True)
     }
     hosted_p95: dict[str, float] = {
-        c: percentile([r.total_s for r in rs], 95) for c, rs in zip(CLIENTS, straight, strict=True)
+        c: percentile([r.total_s for r in rs], 95)
+        for c, rs in zip(CHAT_CLIENTS, straight, strict=True)
     }
     progress("hosted model alone")
     # The four at once (96 in flight against 8 running + 16 waiting); the retrying clients
@@ -261,11 +262,11 @@ async def _measure(
         ("overload, spill, queue 256", stack.roomy.url, "spill-key"),
     ]
     for case, url, key in cases:
-        keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in CLIENTS}
+        keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in CHAT_CLIENTS}
         started = time.monotonic()
-        results = await _all([_scenario(c, url, keys[c]) for c in CLIENTS], directory)
+        results = await _all([_scenario(c, url, keys[c]) for c in CHAT_CLIENTS], directory)
         wall = time.monotonic() - started
-        for client, result in zip(CLIENTS, results, strict=True):
+        for client, result in zip(CHAT_CLIENTS, results, strict=True):
             row = figures(result, hosted_p50[client])
             rows.append({"arm": f"{case}: {client}", **row})
             runs[f"{case}: {client}"] = [row]
@@ -282,9 +283,9 @@ async def _measure(
     )
     for case, window_key in windows:
         results = await _window(
-            stack, directory, window_key, CLIENTS, params.window, params.window_calls
+            stack, directory, window_key, CHAT_CLIENTS, params.window, params.window_calls
         )
-        for client, result in zip(CLIENTS, results, strict=True):
+        for client, result in zip(CHAT_CLIENTS, results, strict=True):
             row = figures(result, hosted_p50[client]) | {"hosted_p95_s": hosted_p95[client]}
             rows.append({"arm": f"{case}: {client}", **row})
             runs[f"{case}: {client}"] = [row]

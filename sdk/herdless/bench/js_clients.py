@@ -1,5 +1,7 @@
-"""Real JavaScript OpenAI clients from npm, run against a gateway: openai-node, the Vercel
-``ai`` SDK (its openai-compatible provider), LangChain.js, and one plain ``fetch``.
+"""Real JavaScript clients from npm, run against a gateway: openai-node, the Vercel ``ai``
+SDK (its openai-compatible provider), LangChain.js and one plain ``fetch`` on the chat
+completions API; Anthropic's SDK (``@anthropic-ai/sdk``, Claude Code's client) on the
+Messages API.
 
 Usage::
 
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 __all__ = [
+    "CHAT_CLIENTS",
     "CLIENTS",
     "CallResult",
     "Client",
@@ -52,10 +55,13 @@ __all__ = [
     "run_clients_async",
 ]
 
-Client = Literal["openai", "vercel", "langchain", "single"]
-"""openai-node, the Vercel ``ai`` SDK, LangChain.js, or one ``fetch`` POST and no retry."""
+Client = Literal["openai", "vercel", "langchain", "single", "anthropic"]
+"""openai-node, the Vercel ``ai`` SDK, LangChain.js, one ``fetch`` POST and no retry (the
+chat completions API), or Anthropic's SDK (``/v1/messages``)."""
 
 CLIENTS: tuple[Client, ...] = get_args(Client)
+CHAT_CLIENTS: tuple[Client, ...] = ("openai", "vercel", "langchain", "single")
+"""The clients of the chat completions API (all but Anthropic's)."""
 
 # run.mjs uses the global fetch and ReadableStream iteration (node 18+); the pinned
 # openai-node declares node >= 22 but runs on 20, where it is tested.
@@ -71,7 +77,8 @@ class JsClientsError(RuntimeError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """What ``run.mjs`` runs: ``calls`` chat completions, at most ``concurrency`` at once.
+    """What ``run.mjs`` runs: ``calls`` chat completions (Anthropic's: messages), at most
+    ``concurrency`` at once.
 
     Args:
         client: which client sends them, with its default retry settings.
@@ -84,7 +91,8 @@ class Scenario:
             range in a fixed order, the same in every run.
         stream: stream the answers.
         usage: a stream asks for its usage (``stream_options.include_usage``; the Vercel
-            AI SDK's ``includeUsage``, LangChain.js's ``streamUsage``).
+            AI SDK's ``includeUsage``, LangChain.js's ``streamUsage``; a Messages stream
+            always carries it).
         start_spacing_ms: call ``i`` starts no earlier than ``i * start_spacing_ms`` after
             the first.
         start_at: the wall-clock time (``time.time()``) of the first call's start, so

@@ -1,7 +1,8 @@
-// Runs chat completions through a real JavaScript OpenAI client, each with its defaults.
+// Runs chat completions through a real JavaScript OpenAI client, each with its defaults,
+// or messages through Anthropic's (Claude Code's client: the Messages API).
 //
 // Reads one JSON scenario on stdin:
-//   {client: "openai" | "vercel" | "langchain" | "single", base_url, api_key, model,
+//   {client: "openai" | "vercel" | "langchain" | "single" | "anthropic", base_url, api_key, model,
 //    calls, concurrency, max_tokens (a number, or [low, high] spread over the calls),
 //    stream, usage (a stream asks for its usage; default true), start_spacing_ms,
 //    start_at, headers, timeout_s, prompt}
@@ -15,6 +16,7 @@
 
 import { readFileSync } from "node:fs";
 
+import Anthropic from "@anthropic-ai/sdk";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
 import { generateText, streamText } from "ai";
@@ -168,6 +170,34 @@ async function runLangChain(record, maxTokens, signal) {
   return { model, usage };
 }
 
+// Anthropic's SDK on the Messages API: the key as a bearer token (its authToken, what
+// Claude Code sends for ANTHROPIC_AUTH_TOKEN); a stream always carries its usage.
+async function runAnthropic(record, maxTokens, signal) {
+  const client = new Anthropic({
+    baseURL: scenario.base_url.replace(/\/+$/, ""), // it adds /v1/messages
+    apiKey: null,
+    authToken: scenario.api_key,
+    fetch: recordingFetch(record),
+    defaultHeaders: scenario.headers,
+  });
+  const usageOf = (u) =>
+    u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
+  const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
+  if (!scenario.stream) {
+    const answer = await client.messages.create(request, { signal });
+    return { model: answer.model, usage: usageOf(answer.usage) };
+  }
+  const stream = await client.messages.create({ ...request, stream: true }, { signal });
+  let model = null;
+  let usage = null;
+  for await (const event of stream) {
+    if (event.type === "message_start") model = event.message.model;
+    else if (event.type === "message_delta") usage = usageOf(event.usage);
+    else if (event.type === "content_block_delta" && event.delta.text) record.chunk();
+  }
+  return { model, usage };
+}
+
 // One plain POST, no retry: what a chat front-end's backend does.
 async function runSingle(record, maxTokens, signal) {
   const body = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
@@ -213,9 +243,15 @@ async function runSingle(record, maxTokens, signal) {
   return { model, usage };
 }
 
-const RUNNERS = { openai: runOpenAI, vercel: runVercel, langchain: runLangChain, single: runSingle };
+const RUNNERS = {
+  openai: runOpenAI,
+  vercel: runVercel,
+  langchain: runLangChain,
+  single: runSingle,
+  anthropic: runAnthropic,
+};
 
-// The status an error carries: openai-node and LangChain (status), Vercel (statusCode,
+// The status an error carries: openai-node, Anthropic's and LangChain (status), Vercel (statusCode,
 // or its RetryError's last error), else the last answer's.
 function statusOf(error, record) {
   for (const e of [error, error?.lastError, error?.cause]) {

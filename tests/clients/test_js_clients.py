@@ -94,6 +94,25 @@ def test_a_stream_that_asks_for_no_usage_is_settled_on_the_engines(
     assert served == used > 0  # not 4 x (prompt + 2000)
 
 
+def test_anthropics_client_is_known_by_its_api_key_and_shown_the_gateways_refusal(
+    js_clients: Path,
+) -> None:
+    # Claude Code's ANTHROPIC_API_KEY: the SDK sends it as x-api-key (vLLM reads only a
+    # bearer token). A wrong one is a 401 it does not retry, and shows its message.
+    keys = {"HERDLESS_GATEWAY_API_KEYS": "sk-test"}
+    with (
+        emulator_process(model=MODEL) as vllm,
+        gateway_process(upstream=vllm.url, env=keys) as gateway,
+    ):
+        known = run_clients(scenario("anthropic", gateway.url, calls=2), directory=js_clients)
+        wrong = Scenario(client="anthropic", base_url=gateway.url, api_key="sk-no", model=MODEL)
+        [refused] = run_clients(wrong, directory=js_clients)
+    assert failures(known) == []
+    assert (refused.ok, refused.statuses) == (False, (401,))
+    assert refused.error is not None
+    assert "a valid API key is required" in refused.error  # the body's error.message
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_under_overload_the_retrying_clients_get_every_answer(
     js_clients: Path, gateway: ServerProcess, stream: bool

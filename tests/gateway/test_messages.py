@@ -193,3 +193,32 @@ async def test_a_message_without_max_tokens_is_a_400_vllm_never_sees(
     assert "Messages API" in response.json()["error"]["message"]
     assert no_key.status_code == 401
     assert fake_vllm.paths == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"x-api-key": "k1"}, 200),  # Anthropic's clients, given an API key
+        ({"authorization": "Bearer k1"}, 200),  # given an auth token, and the OpenAI ones
+        ({"x-api-key": "k2"}, 401),
+        ({"authorization": "Bearer k2", "x-api-key": "k1"}, 401),  # the bearer token wins
+        ({"authorization": "Basic k1"}, 401),
+        ({}, 401),
+    ],
+    ids=["x-api-key", "bearer", "wrong x-api-key", "wrong bearer", "basic", "none"],
+)
+async def test_the_key_is_the_bearer_token_else_x_api_key_and_never_forwarded(
+    gateway: GatewayFactory, fake_vllm: FakeVllm, headers: dict[str, str], status: int
+) -> None:
+    async with gateway(api_keys="k1") as (client, _):
+        answer = await client.post(MESSAGES, json=message_body(), headers=headers)
+        models = await client.get("/v1/models", headers=headers)
+    assert (answer.status_code, models.status_code) == (status, status)
+    if status == 401:
+        assert answer.json()["error"]["message"] == (
+            "a valid API key is required (Authorization: Bearer <key>, or x-api-key)"
+        )
+        assert fake_vllm.received == []
+        return
+    [(forwarded, _)] = fake_vllm.received
+    assert {"x-api-key", "authorization"}.isdisjoint(forwarded)

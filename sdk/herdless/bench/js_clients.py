@@ -83,7 +83,7 @@ class Scenario:
     Args:
         client: which client sends them, with its default retry settings.
         base_url: the server's root (``http://127.0.0.1:PORT``); ``/v1`` is added.
-        api_key: sent as the bearer token.
+        api_key: sent as the bearer token (Anthropic's client: as ``x-api-key``).
         model: the model name in each request.
         calls: how many completions in all.
         concurrency: the most in flight at once.

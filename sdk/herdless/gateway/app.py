@@ -37,7 +37,7 @@ from herdless.gateway.models import ModelList
 from herdless.gateway.proxy import AdmittedProxy
 from herdless.gateway.reload import HEALTH_CONNECTIONS, ConfigError, Reloader, SettingsLayers
 from herdless.gateway.routes import ROUTES
-from herdless.gateway.runtime import Runtime, audit, request_id
+from herdless.gateway.runtime import KEY_REQUIRED, Runtime, audit, request_id
 from herdless.gateway.settings import GatewaySettings, digest_matches, secret_digest
 from herdless.gateway.sleep import Sleeper
 from herdless.gateway.spill import Spill
@@ -239,7 +239,7 @@ class _Routes:
         echo = {"x-request-id": rid}
         if self._rt.identify(headers) is None:
             body = error_body(
-                "a valid API key is required (Authorization: Bearer <key>)",
+                KEY_REQUIRED,
                 code="invalid_api_key",
                 type="authentication_error",
             )

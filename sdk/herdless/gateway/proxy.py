@@ -57,7 +57,7 @@ from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.relay import relay, sniffer_for
 from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
-from herdless.gateway.runtime import AUDIT_LOG, Runtime, header_map, request_id
+from herdless.gateway.runtime import AUDIT_LOG, KEY_REQUIRED, Runtime, header_map, request_id
 from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import UpstreamUnavailable
@@ -265,8 +265,7 @@ class AdmittedProxy:
         rt, send, headers, access = self._rt, exchange.send, exchange.headers, exchange.access
         key_id = access.key_id = rt.identify(headers)
         if key_id is None:
-            message = "a valid API key is required (Authorization: Bearer <key>)"
-            await error(send, 401, "invalid_api_key", message, kind="authentication_error",
+            await error(send, 401, "invalid_api_key", KEY_REQUIRED, kind="authentication_error",
                          headers=[(b"www-authenticate", b"Bearer")])  # fmt: skip
         assert key_id is not None
         policy = access.policy = rt.policies.of(key_id)

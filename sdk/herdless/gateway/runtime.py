@@ -21,11 +21,21 @@ from herdless.gateway.upstream import Upstream
 if TYPE_CHECKING:
     from herdless.gateway.spill import Spill
 
-__all__ = ["ACCESS_LOG", "AUDIT_LOG", "Runtime", "audit", "header_map", "request_id"]
+__all__ = [
+    "ACCESS_LOG",
+    "AUDIT_LOG",
+    "KEY_REQUIRED",
+    "Runtime",
+    "audit",
+    "header_map",
+    "request_id",
+]
 
 ACCESS_LOG = logging.getLogger("herdless.gateway.access")
 AUDIT_LOG = logging.getLogger("herdless.gateway.audit")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII, bounded
+KEY_REQUIRED = "a valid API key is required (Authorization: Bearer <key>, or x-api-key)"
+"""The message of a 401: where :meth:`Runtime.identify` looks for the key."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -49,13 +59,16 @@ class Runtime:
     spill: Spill | None = None
 
     def identify(self, headers: dict[str, str]) -> str | None:
-        """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused."""
+        """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused.
+
+        The key is the bearer token (``Authorization``, as vLLM reads it), else
+        ``x-api-key``: what Anthropic's clients send (Claude Code's ``ANTHROPIC_API_KEY``).
+        Neither is forwarded upstream."""
         if self.keys is None:
             return ANONYMOUS
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return None
-        return self.keys.identify(token.strip())
+        presented = token if scheme.lower() == "bearer" else headers.get("x-api-key", "")
+        return self.keys.identify(presented.strip()) if presented.strip() else None
 
     @property
     def access_log(self) -> bool:

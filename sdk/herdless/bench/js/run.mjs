@@ -170,13 +170,13 @@ async function runLangChain(record, maxTokens, signal) {
   return { model, usage };
 }
 
-// Anthropic's SDK on the Messages API: the key as a bearer token (its authToken, what
-// Claude Code sends for ANTHROPIC_AUTH_TOKEN); a stream always carries its usage.
+// Anthropic's SDK on the Messages API: the key as its apiKey, sent as x-api-key (what
+// Claude Code sends for ANTHROPIC_API_KEY); a stream always carries its usage.
 async function runAnthropic(record, maxTokens, signal) {
   const client = new Anthropic({
     baseURL: scenario.base_url.replace(/\/+$/, ""), // it adds /v1/messages
-    apiKey: null,
-    authToken: scenario.api_key,
+    apiKey: scenario.api_key,
+    authToken: null,
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });

@@ -15,7 +15,10 @@ on an emulated GPU of 8 sequences, with an emulated hosted model at ``--speed 8`
   client got before), while the retrying clients' key takes the flags; both again with
   ``retries = false`` on the single-attempt client's key (a full queue keeps its
   requests waiting for their place);
-  then ``spill`` with the default ``--max-queue`` (256). Per client: errors, p95,
+  then ``spill`` with the default ``--max-queue`` (256); then the five at once, Claude
+  Code's client (Anthropic's SDK, on ``/v1/messages``) beside the four, straight at vLLM
+  alone and on the gateway with no key policy (``overload + Claude Code``: 120 in
+  flight). Per client: errors, p95,
   attempts per request, calls that reached the hosted model, and the spilled calls'
   first byte against the hosted model's own p50 (the same client straight at it, in the
   same run);
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -45,6 +49,7 @@ from herdless._percentiles import percentile
 from herdless.bench.clients_report import figures, table
 from herdless.bench.js_clients import (
     CHAT_CLIENTS,
+    CLIENTS,
     CallResult,
     Scenario,
     install,
@@ -251,23 +256,26 @@ async def _measure(
     }
     progress("hosted model alone")
     # The four at once (96 in flight against 8 running + 16 waiting); the retrying clients
-    # on a key of the flags ("apps"), the single-attempt one on the case's key.
+    # on a key of the flags ("apps"), the single-attempt one on the case's key. Then the
+    # five, Claude Code's client (Anthropic's SDK, on /v1/messages) beside them.
     cases = [
-        ("overload, vLLM alone", stack.alone.url, "any-key"),
-        ("overload, flags", stack.flags.url, "any-key"),
-        ("overload, spill", stack.keyed.url, "spill-key"),
-        ("overload, hold", stack.keyed.url, "hold-key"),
-        ("overload, hold, retries = false", stack.keyed.url, "wait-key"),
-        ("overload, spill, retries = false", stack.keyed.url, "spill-wait-key"),
-        ("overload, spill, queue 256", stack.roomy.url, "spill-key"),
+        ("overload, vLLM alone", stack.alone.url, "any-key", CHAT_CLIENTS),
+        ("overload, flags", stack.flags.url, "any-key", CHAT_CLIENTS),
+        ("overload, spill", stack.keyed.url, "spill-key", CHAT_CLIENTS),
+        ("overload, hold", stack.keyed.url, "hold-key", CHAT_CLIENTS),
+        ("overload, hold, retries = false", stack.keyed.url, "wait-key", CHAT_CLIENTS),
+        ("overload, spill, retries = false", stack.keyed.url, "spill-wait-key", CHAT_CLIENTS),
+        ("overload, spill, queue 256", stack.roomy.url, "spill-key", CHAT_CLIENTS),
+        ("overload + Claude Code, vLLM alone", stack.alone.url, "any-key", CLIENTS),
+        ("overload + Claude Code, flags", stack.flags.url, "any-key", CLIENTS),
     ]
-    for case, url, key in cases:
-        keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in CHAT_CLIENTS}
+    for case, url, key, clients in cases:
+        keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in clients}
         started = time.monotonic()
-        results = await _all([_scenario(c, url, keys[c]) for c in CHAT_CLIENTS], directory)
+        results = await _all([_scenario(c, url, keys[c]) for c in clients], directory)
         wall = time.monotonic() - started
-        for client, result in zip(CHAT_CLIENTS, results, strict=True):
-            row = figures(result, hosted_p50[client])
+        for client, result in zip(clients, results, strict=True):
+            row = figures(result, hosted_p50.get(client, math.nan))
             rows.append({"arm": f"{case}: {client}", **row})
             runs[f"{case}: {client}"] = [row]
         # Every call of the case: where the GPU answered them all (the same work in each

@@ -56,6 +56,18 @@ def table(
         and value(arm, "errors") == value(arm, "hosted") == 0
     ]
     targets = [
+        Target(  # Claude Code's client, its own retries, beside the four
+            label="overload + Claude Code, flags: errors, every client",
+            value=value("overload + Claude Code, flags: all", "errors"),
+            limit=0,
+        ),
+        Target(
+            label="overload + Claude Code, flags: wall time / vLLM alone's",
+            value=value("overload + Claude Code, flags: all", "wall_s")
+            / value("overload + Claude Code, vLLM alone: all", "wall_s"),
+            limit=1.1,
+            note="the same calls, the five clients at once",
+        ),
         *(  # flags: no key policy, the client shows it never retries
             Target(
                 label=f"overload, {arm}: single attempt errors",

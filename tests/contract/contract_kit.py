@@ -50,3 +50,21 @@ def decode_chunks(payloads: list[str]) -> list[dict[str, Any]]:
         assert json.dumps(chunk, separators=(",", ":"), ensure_ascii=False) == payload
         chunks.append(chunk)
     return chunks
+
+
+def named_events(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, data)`` of each event of a Messages API stream, checking vLLM's framing:
+    every event is ``event: NAME\ndata: DATA\n\n``, ``DATA`` compact JSON whose
+    ``type`` is ``NAME``."""
+    assert raw.endswith("\n\n"), raw[-80:]
+    out = []
+    for event in raw[:-2].split("\n\n"):
+        name, data = event.split("\n")
+        assert name.startswith("event: "), event
+        assert data.startswith("data: "), event
+        name, data = name.removeprefix("event: "), data.removeprefix("data: ")
+        parsed = json.loads(data)
+        assert json.dumps(parsed, separators=(",", ":"), ensure_ascii=False) == data
+        assert parsed["type"] == name
+        out.append((name, parsed))
+    return out

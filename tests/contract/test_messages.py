@@ -7,13 +7,12 @@ end before ``max_tokens``; each test holds for either ending.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import httpx
 import pytest
-from tests.contract.contract_kit import Upstream
+from tests.contract.contract_kit import Upstream, named_events
 
 BODY_KEYS = {"id", "type", "role", "content", "model", "stop_reason", "usage"}
 USAGE_KEYS = {"input_tokens", "output_tokens"}
@@ -46,27 +45,11 @@ def test_a_message_has_the_messages_api_fields(http: httpx.Client, upstream: Ups
     check_usage(body["usage"], body["stop_reason"], 4)
 
 
-def events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
-    """``(name, data)`` of each event, checking the framing: ``event: N\\ndata: D\\n\\n``
-    with compact JSON whose ``type`` is the event's name."""
-    raw = response.read().decode()
-    assert raw.endswith("\n\n"), raw[-80:]
-    out = []
-    for event in raw[:-2].split("\n\n"):
-        name, data = event.split("\n")
-        name, data = name.removeprefix("event: "), data.removeprefix("data: ")
-        parsed = json.loads(data)
-        assert json.dumps(parsed, separators=(",", ":"), ensure_ascii=False) == data
-        assert parsed["type"] == name
-        out.append((name, parsed))
-    return out
-
-
 def test_a_message_stream_has_the_messages_events(http: httpx.Client, upstream: Upstream) -> None:
     with http.stream("POST", "/v1/messages", json=message(upstream, stream=True)) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        sent = events(response)
+        sent = named_events(response.read().decode())
     names = [name for name, _ in sent]
     assert (names[0], names[-2:]) == ("message_start", ["message_delta", "message_stop"])
     texts = [data for name, data in sent if name == "content_block_delta"]

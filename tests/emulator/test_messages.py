@@ -3,10 +3,10 @@ in-process: vLLM 0.32's wire format, run through the same engine as a chat compl
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
+from tests.contract.contract_kit import named_events
 from tests.emulator.test_app import HI, MODEL, emulator
 
 pytestmark = [pytest.mark.server]
@@ -16,20 +16,6 @@ SYSTEM = "Answer briefly."
 
 def message(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": 5, "system": SYSTEM, "messages": HI, **extra}
-
-
-def sse(body: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(event, data)`` of each server-sent event (every one named, as vLLM sends them)."""
-    assert body.endswith("\n\n")
-    out = []
-    for block in body.split("\n\n")[:-1]:
-        name, data = block.split("\n")
-        assert name.startswith("event: ")
-        assert data.startswith("data: ")
-        parsed = json.loads(data[len("data: ") :])
-        assert parsed["type"] == name[len("event: ") :]
-        out.append((parsed["type"], parsed))
-    return out
 
 
 async def test_a_message_is_a_chat_of_its_system_prompt_and_messages() -> None:
@@ -56,7 +42,7 @@ async def test_a_stream_sends_the_messages_events_and_its_usage_twice() -> None:
         r = await client.post("/v1/messages", json=message(max_tokens=50, stream=True))
     assert r.headers["content-type"].startswith("text/event-stream")
     assert "[DONE]" not in r.text
-    events = sse(r.text)
+    events = named_events(r.text)
     names = [name for name, _ in events]
     assert names == [
         "message_start", "content_block_start", *["content_block_delta"] * 3,
@@ -80,7 +66,7 @@ async def test_a_stream_sends_the_messages_events_and_its_usage_twice() -> None:
 async def test_a_stream_cut_at_max_tokens_says_so() -> None:
     async with emulator() as (client, _):
         r = await client.post("/v1/messages", json=message(max_tokens=2, stream=True))
-    events = sse(r.text)
+    events = named_events(r.text)
     assert sum(name == "content_block_delta" for name, _ in events) == 2
     assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
     assert events[-2][1]["usage"]["output_tokens"] == 2

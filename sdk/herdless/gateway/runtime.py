@@ -67,8 +67,8 @@ class Runtime:
         if self.keys is None:
             return ANONYMOUS
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        presented = token if scheme.lower() == "bearer" else headers.get("x-api-key", "")
-        return self.keys.identify(presented.strip()) if presented.strip() else None
+        presented = (token if scheme.lower() == "bearer" else headers.get("x-api-key", "")).strip()
+        return self.keys.identify(presented) if presented else None
 
     @property
     def access_log(self) -> bool:

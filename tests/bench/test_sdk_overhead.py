@@ -65,7 +65,7 @@ async def test_the_async_count_is_what_most_calls_run() -> None:
     assert await sdk_overhead._abytecodes(now_and_then) == await sdk_overhead._abytecodes(never)
 
 
-def test_the_report_shows_cpu_and_bytecodes() -> None:
+def test_the_report_shows_cpu_bytecodes_and_collector_runs() -> None:
     arm = sdk_overhead.ArmResult(
         name="sync",
         httpx_us=900.0,
@@ -75,7 +75,42 @@ def test_the_report_shows_cpu_and_bytecodes() -> None:
         calls=10,
         httpx_bytecodes=20_000,
         herdless_bytecodes=21_000,
+        httpx_sweeps=40.0,
+        herdless_sweeps=60.0,
     )
     table = _sdk([arm], OverheadSizes()).to_markdown()
     assert "21,000 / 20,000" in table
     assert "1.050" in table  # the bytecode ratio
+    assert "60.0 / 40.0" in table  # collector runs per 1,000 calls
+
+
+def test_the_arms_take_turns_in_blocks_and_each_makes_every_call() -> None:
+    blocks = list(sdk_overhead._blocks(2 * sdk_overhead._BLOCK + 7))
+    assert [arm for arm, _ in blocks] == [0, 1, 1, 0, 0, 1]  # who goes first alternates
+    for arm in (0, 1):
+        assert sum(size for a, size in blocks if a == arm) == 2 * sdk_overhead._BLOCK + 7
+
+
+def _cycles() -> None:
+    for _ in range(100):
+        node: list[object] = []
+        node.append(node)  # garbage only the collector frees
+
+
+def test_each_arm_pays_for_the_garbage_collection_it_causes() -> None:
+    measured = sdk_overhead._round(lambda: None, _cycles, calls=60)
+    assert measured.sweeps[0] == 0  # allocates nothing: never collects another's garbage
+    assert measured.sweeps[1] > 0
+    assert measured.spent[1] > measured.spent[0]
+
+
+async def test_async_arms_pay_for_their_own_garbage_collection_too() -> None:
+    async def nothing() -> None:
+        return None
+
+    async def cycles() -> None:
+        _cycles()
+
+    measured = await sdk_overhead._around(nothing, cycles, calls=60)
+    assert measured.sweeps == [0, measured.sweeps[1]]
+    assert measured.sweeps[1] > 0

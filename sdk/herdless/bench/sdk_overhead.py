@@ -1,9 +1,9 @@
 """What the SDK costs: CPU time per call of herdless against raw httpx, same requests.
 
-``python -m herdless.bench.sdk_overhead [--calls N] [--rounds R]`` starts a tiny HTTP/1.1
-server in its own process on 127.0.0.1 (standard library only; it answers every
-``POST /v1/chat/completions`` with a canned vLLM answer, whole or as SSE) and, in this
-process, runs each arm ``calls`` times per round:
+``python -m herdless.bench.sdk_overhead [--calls N] [--rounds R]`` starts
+:mod:`herdless.bench.canned` in its own process on 127.0.0.1 (a canned vLLM answer, whole
+or as SSE, to every chat completion) and, in this process, runs each arm ``calls`` times
+per round:
 
 * ``httpx``: a raw ``httpx.Client`` posting the same JSON with the API key, as an app
   without herdless would, and decoding the answer (the content of the first choice);
@@ -38,9 +38,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -50,74 +49,13 @@ if TYPE_CHECKING:
 import httpx
 
 import herdless
-from herdless.bench.answers import chat_completion
+from herdless.bench import canned
 from herdless.bench.stats import median, ratio
 from herdless.launch.servers import free_port
 
 __all__ = ["ArmResult", "main", "run"]
 
 _MESSAGES = [{"role": "user", "content": "Say hello in five words."}]
-_COMPLETION = json.dumps(
-    chat_completion(
-        id_="chatcmpl-bench",
-        model="bench",
-        content="Hello there, how are you?",
-        prompt_tokens=12,
-        completion_tokens=7,
-    ),
-    separators=(",", ":"),
-).encode()
-_STREAM = b"".join(
-    b"data: "
-    + json.dumps(
-        {
-            "id": "c",
-            "model": "bench",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": end}],
-        },
-        separators=(",", ":"),
-    ).encode()
-    + b"\n\n"
-    for delta, end in [
-        ({"role": "assistant", "content": ""}, None),
-        *(({"content": word}, None) for word in ("Hello", " there,", " how", " are", " you?")),
-        ({"content": ""}, "stop"),
-    ]
-) + (
-    b'data: {"id":"c","model":"bench","choices":[],"usage":{"prompt_tokens":12,'
-    b'"completion_tokens":7,"total_tokens":19}}\n\ndata: [DONE]\n\n'
-)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM behind uvicorn
-    # Head and body are two writes: without this, Nagle + delayed ACK add 40 ms a call.
-    disable_nagle_algorithm = True
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        payload, kind = (
-            (_STREAM, "text/event-stream")
-            if body.get("stream")
-            else (_COMPLETION, "application/json")
-        )
-        self.send_response(200)
-        self.send_header("content-type", kind)
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_GET(self) -> None:  # readiness
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        return
-
-
-def _serve(port: int) -> None:
-    ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,15 +109,22 @@ class _Round:
     spent: list[float] = field(default_factory=lambda: [0.0, 0.0])
     sweeps: list[int] = field(default_factory=lambda: [0, 0])
 
+    @contextmanager
+    def block(self, arm: int) -> Iterator[None]:
+        """Time one block of ``arm``'s calls, from an empty young generation."""
+        gc.collect()
+        sweeps, start = _sweeps(), time.process_time()
+        yield
+        self.spent[arm] += time.process_time() - start
+        self.sweeps[arm] += _sweeps() - sweeps
+
 
 def _blocks(calls: int) -> Iterator[tuple[int, int]]:
-    """``(arm, calls)`` of each block of a round of ``calls`` calls per arm: the arms take
-    turns, and which of them goes first alternates from turn to turn, so that a neighbour
-    that slows the machine for a while slows both alike."""
+    """``(arm, calls)`` of each block of a round: the arms take turns, and which goes first
+    alternates, so that a neighbour that slows the machine for a while slows both alike."""
     for turn, start in enumerate(range(0, calls, _BLOCK)):
-        size = min(_BLOCK, calls - start)
         for arm in (0, 1) if turn % 2 == 0 else (1, 0):
-            yield arm, size
+            yield arm, min(_BLOCK, calls - start)
 
 
 def _sweeps() -> int:
@@ -191,12 +136,9 @@ def _round(raw: Callable[[], object], sdk: Callable[[], object], calls: int) -> 
     measured = _Round()
     for arm, size in _blocks(calls):
         call = sdk if arm else raw
-        gc.collect()
-        sweeps, start = _sweeps(), time.process_time()
-        for _ in range(size):
-            call()
-        measured.spent[arm] += time.process_time() - start
-        measured.sweeps[arm] += _sweeps() - sweeps
+        with measured.block(arm):
+            for _ in range(size):
+                call()
     return measured
 
 
@@ -207,12 +149,9 @@ async def _around(
     measured = _Round()
     for arm, size in _blocks(calls):
         call = sdk if arm else raw
-        gc.collect()
-        sweeps, start = _sweeps(), time.process_time()
-        for _ in range(size):
-            await call()
-        measured.spent[arm] += time.process_time() - start
-        measured.sweeps[arm] += _sweeps() - sweeps
+        with measured.block(arm):
+            for _ in range(size):
+                await call()
     return measured
 
 
@@ -360,12 +299,12 @@ def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
         raise ValueError("calls and rounds must be >= 1")
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "herdless.bench.sdk_overhead", "--serve", str(port)],
+        [sys.executable, "-m", "herdless.bench.canned", str(port)],
         stdin=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_ready(url, server)
+        canned.wait_ready(url, server)
         return [
             _sync_result(url, stream=False, rounds=rounds, calls=calls),
             _sync_result(url, stream=True, rounds=rounds, calls=calls),
@@ -376,30 +315,13 @@ def run(*, calls: int = 300, rounds: int = 7) -> list[ArmResult]:
         server.wait(10)
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError("the benchmark server exited")
-        try:
-            httpx.get(url, timeout=1.0)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise RuntimeError("the benchmark server did not start within 10 s")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m herdless.bench.sdk_overhead``: print a table (or JSON) and exit 0."""
     parser = argparse.ArgumentParser(prog="python -m herdless.bench.sdk_overhead")
     parser.add_argument("--calls", type=int, default=300, help="calls per arm per round")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve:
-        _serve(args.serve)
-        return 0
     results = run(calls=args.calls, rounds=args.rounds)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))

@@ -106,6 +106,37 @@ def test_max_tokens_over_the_context_is_400(http: httpx.Client, upstream: Upstre
     assert (error["type"], error["param"], error["code"]) == ("BadRequestError", "max_tokens", 400)
 
 
+def test_an_answer_asked_past_the_context_is_cut_where_it_ends(
+    http: httpx.Client, upstream: Upstream
+) -> None:
+    said = "word " * 2000  # about 2,000 tokens: what is left of the context is short
+    answer = http.post(
+        "/v1/chat/completions", json=upstream.chat(said, max_tokens=100, ignore_eos=True)
+    )
+    assert answer.status_code == 200  # not refused: cut
+    usage = answer.json()["usage"]
+    assert usage["prompt_tokens"] + 100 > MAX_MODEL_LEN
+    assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"]
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_prompt_past_the_context_is_400_naming_the_input(
+    http: httpx.Client, upstream: Upstream
+) -> None:
+    response = http.post("/v1/chat/completions", json=upstream.chat("word " * 2100))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"].startswith(
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your "
+        f"prompt contains at least {MAX_MODEL_LEN + 1} input tokens"
+    )
+    assert (error["type"], error["param"], error["code"]) == (
+        "BadRequestError",
+        "input_tokens",
+        400,
+    )
+
+
 def test_metrics_carry_vllms_names_and_labels(http: httpx.Client, upstream: Upstream) -> None:
     answer = forced_answer(2, ending="length")
     http.post("/v1/chat/completions", json=upstream.chat(**answer)).raise_for_status()

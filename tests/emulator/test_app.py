@@ -130,7 +130,12 @@ async def test_stream_stop_has_its_own_empty_chunk_and_fingerprint_without_usage
         ({"messages": "hi"}, 400, "Bad Request", "body.messages"),
         ({"messages": HI, "max_tokens": 0}, 400, "Bad Request", "body.max_tokens"),
         ({"messages": HI, "max_tokens": 5000}, 400, "BadRequestError", "max_tokens"),
-        ({"messages": HI, "max_tokens": 2045}, 400, "BadRequestError", "messages"),
+        (
+            {"messages": [{"role": "user", "content": "word " * 2100}]},
+            400,
+            "BadRequestError",
+            "input_tokens",
+        ),
         ({"messages": HI, "n": 2}, 400, "BadRequestError", "n"),
     ],
 )
@@ -144,6 +149,24 @@ async def test_errors_have_vllm_shape(
     assert list(error) == ["message", "type", "param", "code"]
     assert (error["type"], error["param"], error["code"]) == (type_, param, status)
     assert "Traceback" not in error["message"]
+
+
+async def test_an_answer_asked_past_the_context_is_cut_where_the_context_ends() -> None:
+    # vLLM 0.32 caps max_tokens at what the prompt leaves; a prompt that leaves nothing
+    # is a 400 naming max_tokens, one past the context a 400 naming the input.
+    async with emulator(max_model_len=64, kv_cache_tokens=4096) as (client, _):
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": HI, "max_tokens": 64, "ignore_eos": True}
+        )
+        prompt = r.json()["usage"]["prompt_tokens"]
+        assert r.json()["usage"]["completion_tokens"] == 64 - prompt
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        said = "word " * (64 - prompt + 2)
+        full = await client.post(
+            "/v1/chat/completions", json={"messages": [*HI, {"role": "user", "content": said}]}
+        )
+    assert full.status_code == 400
+    assert full.json()["error"]["param"] in ("max_tokens", "input_tokens")
 
 
 async def test_invalid_json_is_a_400_not_a_500() -> None:

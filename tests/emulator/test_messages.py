@@ -121,9 +121,9 @@ async def test_tool_calls_and_results_are_in_the_prompt() -> None:
     [
         (message(model="nope"), 404, "NotFoundError"),
         (message(max_tokens=5000), 400, "BadRequestError"),
-        (message(max_tokens=2045), 400, "BadRequestError"),
+        (message(messages=[{"role": "user", "content": "word " * 2100}]), 400, "BadRequestError"),
     ],
-    ids=["another model", "max_tokens over the context", "prompt and answer over it"],
+    ids=["another model", "max_tokens over the context", "a prompt over it"],
 )
 async def test_its_errors_have_the_messages_shape(
     payload: dict[str, Any], status: int, type_: str

@@ -72,7 +72,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
 
     @property
-    def max_completion_tokens(self) -> int:
+    def max_answer(self) -> int:
         return self.max_tokens
 
 

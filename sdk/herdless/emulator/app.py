@@ -2,7 +2,9 @@
 
 Routes as vLLM serves them: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/embeddings`` (emulated vectors), Anthropic's ``POST /v1/messages`` and
-``POST /v1/messages/count_tokens``, ``POST /tokenize``, ``GET /v1/models``,
+``POST /v1/messages/count_tokens``, OpenAI's ``POST /v1/responses`` (and
+``GET /v1/responses/{id}``, always a 404: vLLM stores none by default),
+``POST /tokenize``, ``GET /v1/models``,
 ``GET /health`` (200, empty), ``GET /ping``, ``GET /version``, ``GET /metrics``
 (which the ``metrics_error_for`` and ``metrics_stall_for`` faults fail or stall); vLLM's
 sleep mode ``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` (see
@@ -35,7 +37,9 @@ from herdless.emulator.completions import (
     completions,
     count_tokens,
     messages,
+    responses,
     tokenize,
+    unknown_response,
 )
 from herdless.emulator.embeddings import embeddings
 from herdless.emulator.faults import parse_faults
@@ -175,6 +179,8 @@ def create_app(
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", unknown_response),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/models", _models),
         Route("/health", _health),

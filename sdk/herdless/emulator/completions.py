@@ -1,5 +1,5 @@
 """The generation routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``,
-and the counts ``/tokenize`` and ``/v1/messages/count_tokens``.
+``/v1/responses``, and the counts ``/tokenize`` and ``/v1/messages/count_tokens``.
 
 Each validates as vLLM does, in vLLM's order (schema, model, limits), then hands
 the sequence to the engine and answers with ``responses.py``. A message's errors have
@@ -19,13 +19,21 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from herdless.emulator import anthropic, text, wire
+from herdless.emulator import anthropic, responses_api, text, wire
 from herdless.emulator.engine import Sequence
 from herdless.emulator.kvcache import block_hashes
 from herdless.emulator.responses import JsonGeneration, StreamGeneration, json_response
 from herdless.emulator.state import EmulatorState
 
-__all__ = ["chat_completions", "completions", "count_tokens", "messages", "tokenize"]
+__all__ = [
+    "chat_completions",
+    "completions",
+    "count_tokens",
+    "messages",
+    "responses",
+    "tokenize",
+    "unknown_response",
+]
 
 _ErrorBody = Callable[[str, str, int, str | None], bytes]
 
@@ -55,6 +63,7 @@ _Body = TypeVar(
     wire.TokenizeRequest,
     anthropic.MessagesRequest,
     anthropic.CountTokensRequest,
+    responses_api.ResponsesRequest,
 )
 
 
@@ -91,9 +100,11 @@ def _template_tokens(texts: list[str]) -> int:
     )
 
 
-def _chat_prompt(req: wire.ChatRequest | anthropic.MessagesRequest) -> _Prompt:
+def _chat_prompt(
+    req: wire.ChatRequest | anthropic.MessagesRequest | responses_api.ResponsesRequest,
+) -> _Prompt:
     texts = [t for _, t in req.turns()]
-    return _Prompt(_template_tokens(texts), req.max_completion_tokens or req.max_tokens, texts)
+    return _Prompt(_template_tokens(texts), req.max_answer, texts)
 
 
 def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
@@ -102,7 +113,11 @@ def _text_prompt(req: wire.CompletionRequest) -> _Prompt:
 
 
 def _prompt_hashes(
-    req: wire.ChatRequest | wire.CompletionRequest | anthropic.MessagesRequest, block_size: int
+    req: wire.ChatRequest
+    | wire.CompletionRequest
+    | anthropic.MessagesRequest
+    | responses_api.ResponsesRequest,
+    block_size: int,
 ) -> tuple[int, ...]:
     """The hashes of the prompt's full KV blocks: its tokens as :func:`_chat_prompt` and
     :func:`_text_prompt` count them, a message's role in its template header."""
@@ -118,56 +133,83 @@ def _prompt_hashes(
 
 
 _Generation = TypeVar(
-    "_Generation", wire.ChatRequest, wire.CompletionRequest, anthropic.MessagesRequest
+    "_Generation",
+    wire.ChatRequest,
+    wire.CompletionRequest,
+    anthropic.MessagesRequest,
+    responses_api.ResponsesRequest,
 )
+# Builds the answer's encoder from the request, the model served and the answer's cap.
+_Encode = Callable[[_Generation, str, int], wire.Encoder]
+
+
+def _completion(
+    encoder: type[wire.ChatEncoder | wire.TextEncoder | anthropic.MessageEncoder], id_prefix: str
+) -> Callable[[wire.GenerationRequest, str, int], wire.Encoder]:
+    """A completion's encoder, its id starting ``id_prefix``."""
+
+    def encode(req: wire.GenerationRequest, model: str, max_tokens: int) -> wire.Encoder:
+        return encoder(
+            id_=wire.new_completion_id(id_prefix),
+            created=int(time.time()),
+            model=model,
+            include_usage=req.include_usage,
+        )
+
+    return encode
+
+
+def _response(req: responses_api.ResponsesRequest, model: str, max_tokens: int) -> wire.Encoder:
+    return responses_api.ResponseEncoder(
+        req.echo(max_tokens), created=int(time.time()), model=model
+    )
 
 
 async def _generate(
     request: Request,
     kind: type[_Generation],
     measure: Callable[[_Generation], _Prompt],
-    encoder: type[wire.ChatEncoder | wire.TextEncoder | anthropic.MessageEncoder],
-    id_prefix: str,
+    encoder: _Encode[_Generation],
     shape: _ErrorBody = wire.error_body,
 ) -> Response:
     """Read a ``kind`` request; check ``n``, the limits, the faults and the queue cap;
-    then schedule it and answer in ``encoder``'s format (ids starting ``id_prefix``,
-    errors in ``shape``)."""
+    then schedule it and answer in ``encoder``'s format (errors in ``shape``)."""
     read = await _read(request, kind, shape)
     if isinstance(read, Response):
         return read
     state, req = read
     if req.n != 1:
         return _error("The emulator supports n=1 only.", "BadRequestError", 400, "n", shape)
+    if (refusal := req.refusal()) is not None:
+        return _error(*refusal, shape=shape)
     prompt, max_tokens, texts = measure(req)
     settings, faults = state.settings, state.faults
-    encode = encoder(
-        id_=wire.new_completion_id(id_prefix),
-        created=int(time.time()),
-        model=settings.model,
-        include_usage=req.include_usage,
-    )
-    limit = settings.max_model_len
+    limit, field = settings.max_model_len, req.max_field
     if max_tokens is not None and max_tokens > limit:
         return _error(
-            f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. "
-            "Please request fewer output tokens.",
+            f"{field}={max_tokens} cannot be greater than max_model_len={limit}. Please "
+            f"request fewer output tokens. (parameter={field}, value={max_tokens})",
             "BadRequestError",
             400,
-            "max_tokens",
+            field,
             shape,
         )
-    if prompt + (max_tokens or 1) > limit:
+    if prompt > limit:  # vLLM stops counting one token past the context
         return _error(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt + (max_tokens or 0)} tokens ({prompt} in the messages, "
-            f"{max_tokens or 0} in the completion). Please reduce the length of the messages "
-            "or completion.",
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains at least {limit + 1} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={limit + 1})",
             "BadRequestError",
             400,
-            "messages",
+            "input_tokens",
             shape,
         )
+    if (no_room := req.no_room(prompt, limit)) is not None:
+        return _error(*no_room, shape=shape)
+    # What the context leaves caps the answer: asked for more, it is cut there.
+    max_tokens = limit - prompt if max_tokens is None else min(max_tokens, limit - prompt)
+    encode = encoder(req, settings.model, max_tokens)
     if faults.should_fail(state.rng):
         return _error("Injected fault.", "InternalServerError", faults.error_status, None, shape)
     cap = settings.max_num_queued_reqs
@@ -187,7 +229,7 @@ async def _generate(
     seed = text.answer_seed(req.seed, texts)
     seq = Sequence(
         prompt_tokens=prompt,
-        max_tokens=max_tokens or limit - prompt,
+        max_tokens=max_tokens,
         content_tokens=None
         if req.ignore_eos
         else text.answer_length(seed, settings.answer_min_tokens, settings.answer_max_tokens),
@@ -201,12 +243,16 @@ async def _generate(
 
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    return await _generate(request, wire.ChatRequest, _chat_prompt, wire.ChatEncoder, "chatcmpl")
+    return await _generate(
+        request, wire.ChatRequest, _chat_prompt, _completion(wire.ChatEncoder, "chatcmpl")
+    )
 
 
 async def completions(request: Request) -> Response:
     """``POST /v1/completions``: a text prompt, ``max_tokens`` 16 by default."""
-    return await _generate(request, wire.CompletionRequest, _text_prompt, wire.TextEncoder, "cmpl")
+    return await _generate(
+        request, wire.CompletionRequest, _text_prompt, _completion(wire.TextEncoder, "cmpl")
+    )
 
 
 async def messages(request: Request) -> Response:
@@ -216,10 +262,21 @@ async def messages(request: Request) -> Response:
         request,
         anthropic.MessagesRequest,
         _chat_prompt,
-        anthropic.MessageEncoder,
-        "chatcmpl",
+        _completion(anthropic.MessageEncoder, "chatcmpl"),
         anthropic.error_body,
     )
+
+
+async def responses(request: Request) -> Response:
+    """``POST /v1/responses``: OpenAI's Responses API, run as a chat completion (as vLLM
+    does: ``instructions`` the system message, the input's items the messages)."""
+    return await _generate(request, responses_api.ResponsesRequest, _chat_prompt, _response)
+
+
+async def unknown_response(request: Request) -> Response:
+    """``GET /v1/responses/{id}``: vLLM keeps no response without its store (the default)."""
+    found = responses_api.not_found(request.path_params["response_id"])
+    return _error(*found)
 
 
 async def count_tokens(request: Request) -> Response:

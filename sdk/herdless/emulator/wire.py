@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import zlib
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,6 +63,10 @@ class _StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+# An error to answer: message, type, status, param.
+Refusal = tuple[str, str, int, str | None]
+
+
 class GenerationRequest(BaseModel):
     """What a chat and a text completion request share: the sampling and streaming
     fields the emulator acts on; others are accepted."""
@@ -75,9 +79,27 @@ class GenerationRequest(BaseModel):
     seed: int | None = None
     n: int = Field(1, ge=1)
 
+    # The field that caps the answer, as errors name it.
+    max_field: ClassVar[str] = "max_tokens"
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refusal(self) -> Refusal | None:
+        """A field the server refuses once the model is known, as ``Refusal``."""
+        return None
+
+    def no_room(self, prompt_tokens: int, limit: int) -> Refusal | None:
+        """The refusal of a prompt that leaves the answer no token of the context."""
+        if prompt_tokens < limit:
+            return None
+        return (
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "BadRequestError",
+            400,
+            "max_tokens",
+        )
 
 
 class ChatRequest(GenerationRequest):
@@ -86,6 +108,11 @@ class ChatRequest(GenerationRequest):
     messages: list[_Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+    @property
+    def max_answer(self) -> int | None:
+        """The answer's cap as asked (None: what the context leaves)."""
+        return self.max_completion_tokens or self.max_tokens
 
     def turns(self) -> list[tuple[str, str]]:
         """``(role, text)`` of each message."""

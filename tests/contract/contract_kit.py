@@ -68,3 +68,14 @@ def named_events(raw: str) -> list[tuple[str, dict[str, Any]]]:
         assert parsed["type"] == name
         out.append((name, parsed))
     return out
+
+
+def stream_named_events(
+    http: httpx.Client, path: str, body: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Post ``body`` to ``path`` and read its SSE answer with :func:`named_events`, checking
+    that it is a 200 of ``text/event-stream``."""
+    with http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return named_events(response.read().decode())

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.contract.contract_kit import Upstream, named_events
+from tests.contract.contract_kit import Upstream, stream_named_events
 
 BODY_KEYS = {"id", "type", "role", "content", "model", "stop_reason", "usage"}
 USAGE_KEYS = {"input_tokens", "output_tokens"}
@@ -46,10 +46,7 @@ def test_a_message_has_the_messages_api_fields(http: httpx.Client, upstream: Ups
 
 
 def test_a_message_stream_has_the_messages_events(http: httpx.Client, upstream: Upstream) -> None:
-    with http.stream("POST", "/v1/messages", json=message(upstream, stream=True)) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        sent = named_events(response.read().decode())
+    sent = stream_named_events(http, "/v1/messages", message(upstream, stream=True))
     names = [name for name, _ in sent]
     assert (names[0], names[-2:]) == ("message_start", ["message_delta", "message_stop"])
     texts = [data for name, data in sent if name == "content_block_delta"]

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 import httpx
-from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream, named_events
+from tests.contract.contract_kit import MAX_MODEL_LEN, Upstream, stream_named_events
 
 # vLLM's field order (its pydantic model's).
 RESPONSE_KEYS = [
@@ -106,10 +106,7 @@ def test_its_input_runs_as_a_chat_instructions_first(
 
 
 def test_a_response_stream_has_the_responses_events(http: httpx.Client, upstream: Upstream) -> None:
-    with http.stream("POST", "/v1/responses", json=request(upstream, stream=True)) as answer:
-        assert answer.status_code == 200
-        assert answer.headers["content-type"].startswith("text/event-stream")
-        sent = named_events(answer.read().decode())
+    sent = stream_named_events(http, "/v1/responses", request(upstream, stream=True))
     names = [name for name, _ in sent]
     deltas = [data["delta"] for name, data in sent if name == "response.output_text.delta"]
     assert names == OPEN + ITEM_OPEN + ["response.output_text.delta"] * len(deltas) + (

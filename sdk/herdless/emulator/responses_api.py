@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from herdless.emulator.wire import GenerationRequest, Refusal, dumps
+from herdless.emulator.wire import GenerationRequest, Refusal, dumps, too_few_tokens
 
 __all__ = ["ResponseEncoder", "ResponsesRequest", "not_found", "response_id"]
 
@@ -72,13 +72,7 @@ class ResponsesRequest(GenerationRequest):
         if self.previous_response_id is not None:
             return not_found(self.previous_response_id)
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
-            got = self.max_output_tokens
-            return (
-                f"max_tokens must be at least 1, got {got}. (parameter=max_tokens, value={got})",
-                "BadRequestError",
-                400,
-                "max_tokens",
-            )
+            return too_few_tokens(self.max_output_tokens)
         return None
 
     def no_room(self, prompt_tokens: int, limit: int) -> Refusal | None:
@@ -139,6 +133,11 @@ def _text_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
 
 def _part(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
     return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+
+
+def _status(reason: str) -> str:
+    """A response's status for the answer's finish reason."""
+    return "incomplete" if reason == "length" else "completed"
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -226,9 +225,6 @@ class ResponseEncoder:
         seq, self._seq = self._seq, self._seq + 1
         return f'event: {name}\ndata: {{{fields},"sequence_number":{seq},"type":"{name}"}}\n\n'
 
-    def _status(self) -> str:
-        return "incomplete" if self._reason == "length" else "completed"
-
     def role(self, prompt_tokens: int) -> str:
         """``response.created`` and ``response.in_progress``: the response, no output."""
         response = dumps(self._response("in_progress", [], None)).decode()
@@ -287,13 +283,12 @@ class ResponseEncoder:
                     "response.output_item.done", f'"item":{dumps(item).decode()},"output_index":0'
                 )
             )
-        response = dumps(self._response(self._status(), output, usage)).decode()
+        response = dumps(self._response(_status(self._reason), output, usage)).decode()
         return closed + self._event("response.completed", f'"response":{response}')
 
     def body(self, content: str, reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The whole response."""
-        self._reason = reason
         output = [_text_item(self._item, content, "completed")]
         return dumps(
-            self._response(self._status(), output, _usage(prompt_tokens, completion_tokens))
+            self._response(_status(reason), output, _usage(prompt_tokens, completion_tokens))
         )

@@ -92,14 +92,17 @@ class GenerationRequest(BaseModel):
 
     def no_room(self, prompt_tokens: int, limit: int) -> Refusal | None:
         """The refusal of a prompt that leaves the answer no token of the context."""
-        if prompt_tokens < limit:
-            return None
-        return (
-            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
-            "BadRequestError",
-            400,
-            "max_tokens",
-        )
+        return None if prompt_tokens < limit else too_few_tokens(0)
+
+
+def too_few_tokens(got: int) -> Refusal:
+    """vLLM's refusal of an answer capped below one token (its sampling check)."""
+    return (
+        f"max_tokens must be at least 1, got {got}. (parameter=max_tokens, value={got})",
+        "BadRequestError",
+        400,
+        "max_tokens",
+    )
 
 
 class ChatRequest(GenerationRequest):

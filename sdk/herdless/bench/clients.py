@@ -49,8 +49,8 @@ from herdless._percentiles import percentile
 from herdless.bench.clients_report import figures, table
 from herdless.bench.js_clients import (
     CHAT_CLIENTS,
-    CLIENTS,
     CallResult,
+    Client,
     Scenario,
     install,
     node_available,
@@ -72,6 +72,7 @@ _KEYS = {  # key -> (fallback, hold, retries); the retrying clients' key, "apps"
     "long": (False, 120.0, True),
 }
 _MODEL = "company-llm"
+_WITH_CLAUDE: tuple[Client, ...] = (*CHAT_CLIENTS, "anthropic")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,8 +267,8 @@ async def _measure(
         ("overload, hold, retries = false", stack.keyed.url, "wait-key", CHAT_CLIENTS),
         ("overload, spill, retries = false", stack.keyed.url, "spill-wait-key", CHAT_CLIENTS),
         ("overload, spill, queue 256", stack.roomy.url, "spill-key", CHAT_CLIENTS),
-        ("overload + Claude Code, vLLM alone", stack.alone.url, "any-key", CLIENTS),
-        ("overload + Claude Code, flags", stack.flags.url, "any-key", CLIENTS),
+        ("overload + Claude Code, vLLM alone", stack.alone.url, "any-key", _WITH_CLAUDE),
+        ("overload + Claude Code, flags", stack.flags.url, "any-key", _WITH_CLAUDE),
     ]
     for case, url, key, clients in cases:
         keys = {c: (key if c == "single" or key == "any-key" else "apps-key") for c in clients}

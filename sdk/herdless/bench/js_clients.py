@@ -1,7 +1,8 @@
 """Real JavaScript clients from npm, run against a gateway: openai-node, the Vercel ``ai``
 SDK (its openai-compatible provider), LangChain.js and one plain ``fetch`` on the chat
 completions API; Anthropic's SDK (``@anthropic-ai/sdk``, Claude Code's client) on the
-Messages API.
+Messages API; openai-node and the Vercel ``ai`` SDK's OpenAI provider
+(``@ai-sdk/openai``) on the Responses API.
 
 Usage::
 
@@ -55,13 +56,16 @@ __all__ = [
     "run_clients_async",
 ]
 
-Client = Literal["openai", "vercel", "langchain", "single", "anthropic"]
+Client = Literal[
+    "openai", "vercel", "langchain", "single", "anthropic", "responses", "vercel-responses"
+]
 """openai-node, the Vercel ``ai`` SDK, LangChain.js, one ``fetch`` POST and no retry (the
-chat completions API), or Anthropic's SDK (``/v1/messages``)."""
+chat completions API), Anthropic's SDK (``/v1/messages``), or the Responses API
+(``/v1/responses``) through openai-node or the Vercel ``ai`` SDK's OpenAI provider."""
 
 CLIENTS: tuple[Client, ...] = get_args(Client)
 CHAT_CLIENTS: tuple[Client, ...] = ("openai", "vercel", "langchain", "single")
-"""The clients of the chat completions API (all but Anthropic's)."""
+"""The clients of the chat completions API (not Anthropic's, not the Responses API's)."""
 
 # run.mjs uses the global fetch and ReadableStream iteration (node 18+); the pinned
 # openai-node declares node >= 22 but runs on 20, where it is tested.
@@ -77,7 +81,8 @@ class JsClientsError(RuntimeError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """What ``run.mjs`` runs: ``calls`` chat completions (Anthropic's: messages), at most
+    """What ``run.mjs`` runs: ``calls`` chat completions (Anthropic's: messages; ``responses``:
+    responses, ``max_tokens`` sent as ``max_output_tokens``), at most
     ``concurrency`` at once.
 
     Args:
@@ -91,8 +96,8 @@ class Scenario:
             range in a fixed order, the same in every run.
         stream: stream the answers.
         usage: a stream asks for its usage (``stream_options.include_usage``; the Vercel
-            AI SDK's ``includeUsage``, LangChain.js's ``streamUsage``; a Messages stream
-            always carries it).
+            AI SDK's ``includeUsage``, LangChain.js's ``streamUsage``; a Messages or
+            Responses stream always carries it).
         start_spacing_ms: call ``i`` starts no earlier than ``i * start_spacing_ms`` after
             the first.
         start_at: the wall-clock time (``time.time()``) of the first call's start, so

@@ -1,8 +1,11 @@
 // Runs chat completions through a real JavaScript OpenAI client, each with its defaults,
-// or messages through Anthropic's (Claude Code's client: the Messages API).
+// messages through Anthropic's (Claude Code's client: the Messages API), or responses
+// on OpenAI's Responses API (what OpenAI's Agents SDK and Codex speak) through openai-node
+// or the Vercel AI SDK's OpenAI provider (whose default model speaks it).
 //
 // Reads one JSON scenario on stdin:
-//   {client: "openai" | "vercel" | "langchain" | "single" | "anthropic", base_url, api_key, model,
+//   {client: "openai" | "vercel" | "langchain" | "single" | "anthropic" | "responses"
+//    | "vercel-responses", base_url, api_key, model,
 //    calls, concurrency, max_tokens (a number, or [low, high] spread over the calls),
 //    stream, usage (a stream asks for its usage; default true), start_spacing_ms,
 //    start_at, headers, timeout_s, prompt}
@@ -17,6 +20,7 @@
 import { readFileSync } from "node:fs";
 
 import Anthropic from "@anthropic-ai/sdk";
+import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
 import { generateText, streamText } from "ai";
@@ -120,12 +124,22 @@ async function runVercel(record, maxTokens, signal) {
     includeUsage: scenario.usage,
     fetch: recordingFetch(record),
   });
-  const options = {
-    model: provider.chatModel(scenario.model),
-    messages: messages(record),
-    maxOutputTokens: maxTokens,
-    abortSignal: signal,
-  };
+  return runAiSdk(record, provider.chatModel(scenario.model), maxTokens, signal);
+}
+
+// The AI SDK's OpenAI provider: its default model (provider(id)) is the Responses API.
+async function runVercelResponses(record, maxTokens, signal) {
+  const provider = createOpenAI({
+    baseURL,
+    apiKey: scenario.api_key,
+    headers: scenario.headers,
+    fetch: recordingFetch(record),
+  });
+  return runAiSdk(record, provider(scenario.model), maxTokens, signal);
+}
+
+async function runAiSdk(record, model, maxTokens, signal) {
+  const options = { model, messages: messages(record), maxOutputTokens: maxTokens, abortSignal: signal };
   const usageOf = (u) =>
     u ? { prompt_tokens: u.inputTokens ?? null, completion_tokens: u.outputTokens ?? null } : null;
   if (!scenario.stream) {
@@ -135,14 +149,14 @@ async function runVercel(record, maxTokens, signal) {
   // streamText does not throw: its errors arrive as parts of the stream.
   const result = streamText({ ...options, onError: () => {} });
   let usage = null;
-  let model = null;
+  let modelId = null;
   for await (const part of result.fullStream) {
     if (part.type === "text-delta" && part.text) record.chunk();
     else if (part.type === "error") throw part.error;
-    else if (part.type === "finish-step") model = part.response?.modelId ?? model;
+    else if (part.type === "finish-step") modelId = part.response?.modelId ?? modelId;
     else if (part.type === "finish") usage = usageOf(part.totalUsage);
   }
-  return { model, usage };
+  return { model: modelId, usage };
 }
 
 async function runLangChain(record, maxTokens, signal) {
@@ -198,6 +212,38 @@ async function runAnthropic(record, maxTokens, signal) {
   return { model, usage };
 }
 
+// openai-node on the Responses API: the prompt as its input, max_output_tokens for the
+// cap; a stream always ends with the whole response, its usage included.
+async function runResponses(record, maxTokens, signal) {
+  const client = new OpenAI({
+    baseURL,
+    apiKey: scenario.api_key,
+    fetch: recordingFetch(record),
+    defaultHeaders: scenario.headers,
+  });
+  const usageOf = (u) =>
+    u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
+  const input = messages(record)[0].content;
+  const request = { model: scenario.model, input, max_output_tokens: maxTokens };
+  if (!scenario.stream) {
+    const answer = await client.responses.create(request, { signal });
+    return { model: answer.model, usage: usageOf(answer.usage) };
+  }
+  const stream = await client.responses.create({ ...request, stream: true }, { signal });
+  let model = null;
+  let usage = null;
+  for await (const event of stream) {
+    if (event.type === "response.output_text.delta" && event.delta) record.chunk();
+    else if (event.type === "response.completed" || event.type === "response.incomplete") {
+      model = event.response.model;
+      usage = usageOf(event.response.usage);
+    } else if (event.type === "error" || event.type === "response.failed") {
+      throw new Error(`stream error: ${JSON.stringify(event)}`);
+    }
+  }
+  return { model, usage };
+}
+
 // One plain POST, no retry: what a chat front-end's backend does.
 async function runSingle(record, maxTokens, signal) {
   const body = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
@@ -249,6 +295,8 @@ const RUNNERS = {
   langchain: runLangChain,
   single: runSingle,
   anthropic: runAnthropic,
+  responses: runResponses,
+  "vercel-responses": runVercelResponses,
 };
 
 // The status an error carries: openai-node, Anthropic's and LangChain (status), Vercel (statusCode,

@@ -7,6 +7,7 @@ ending.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -99,10 +100,17 @@ def test_its_input_runs_as_a_chat_instructions_first(
         "/v1/chat/completions", json={"model": upstream.model, "messages": chat, "max_tokens": 1}
     ).json()
     assert response["usage"]["input_tokens"] == completion["usage"]["prompt_tokens"]
-    # Without a cap, the answer may take what the context leaves.
-    uncapped = http.post("/v1/responses", json=request(upstream, max_output_tokens=None)).json()
-    left = MAX_MODEL_LEN - uncapped["usage"]["input_tokens"]
-    assert uncapped["max_output_tokens"] == left
+    # Without a cap, the answer may take what the context leaves, as the stream's first
+    # event says (read no further: a sampled answer may run to the end of the context).
+    capped = http.post("/v1/responses", json=request(upstream)).json()
+    uncapped = request(upstream, max_output_tokens=None, stream=True)
+    with http.stream("POST", "/v1/responses", json=uncapped) as answer:
+        lines = answer.iter_lines()
+        name, data = next(lines), next(lines)
+    assert name == "event: response.created"
+    data = data.removeprefix("data: ")
+    left = MAX_MODEL_LEN - capped["usage"]["input_tokens"]
+    assert json.loads(data)["response"]["max_output_tokens"] == left
 
 
 def test_a_response_stream_has_the_responses_events(http: httpx.Client, upstream: Upstream) -> None:
@@ -182,3 +190,27 @@ def test_what_needs_the_response_store_is_refused_without_it(
     assert check_error(follow, 404, "invalid_request_error", "response_id") == message
     stored = http.get("/v1/responses/resp_x")
     assert check_error(stored, 404, "invalid_request_error", "response_id") == message
+    turns = [
+        {"role": "user", "content": "Name a colour."},
+        {"type": "item_reference", "id": "msg_x"},
+    ]
+    reference = http.post("/v1/responses", json=request(upstream, input=turns))
+    assert check_error(reference, 400, "BadRequestError", "input") == (
+        "Unsupported input item type: item_reference (parameter=input)"
+    )
+
+
+def test_an_output_item_sent_back_as_it_came_is_the_assistants_turn(
+    http: httpx.Client, upstream: Upstream
+) -> None:
+    # What a client sends instead of a reference (the gateway too, filling one in).
+    first = http.post("/v1/responses", json=request(upstream))
+    assert first.status_code == 200, first.text
+    [item] = first.json()["output"]
+    said = item["content"][0]["text"]
+    turns = [{"role": "user", "content": "Name a colour."}, item]
+    same = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": said}]
+    again = [http.post("/v1/responses", json=request(upstream, input=t)) for t in (turns, same)]
+    assert [r.status_code for r in again] == [200, 200], again[0].text
+    used = [r.json()["usage"]["input_tokens"] for r in again]
+    assert used[0] == used[1] > first.json()["usage"]["input_tokens"]

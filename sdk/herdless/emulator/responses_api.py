@@ -5,10 +5,11 @@ answer).
 
 What the emulator acts on: ``instructions``, the ``input`` (a string, or items: a
 message's text, other items as JSON, priced as a chat's messages), ``max_output_tokens``
-(else what the context leaves), ``stream`` and ``model``; ``background`` and
-``previous_response_id`` are refused as vLLM refuses them without its response store
-(the default). Errors have the chat completions' shape. A body echoes the request's
-settings, in vLLM's field order; ``usage`` always comes.
+(else what the context leaves), ``stream`` and ``model``; ``background``,
+``previous_response_id`` and an ``item_reference`` input item are refused as vLLM
+refuses them without its response store (the default). Errors have the chat
+completions' shape. A body echoes the request's settings, in vLLM's field order;
+``usage`` always comes.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class ResponsesRequest(GenerationRequest):
 
     def refusal(self) -> Refusal | None:
         """What vLLM refuses without its response store: a background response, one
-        that continues a stored one; and an answer of no token."""
+        that continues a stored one, a reference to a stored item; and an answer of no
+        token."""
         if self.background:
             return (
                 "This vLLM engine does not support `store=True` and therefore does not "
@@ -71,6 +73,11 @@ class ResponsesRequest(GenerationRequest):
             )
         if self.previous_response_id is not None:
             return not_found(self.previous_response_id)
+        if not isinstance(self.input, str) and (
+            kind := next((i.type for i in self.input if i.type == "item_reference"), None)
+        ):  # it stores no item to fill one in
+            return (f"Unsupported input item type: {kind} (parameter=input)", "BadRequestError",
+                    400, "input")  # fmt: skip
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             return too_few_tokens(self.max_output_tokens)
         return None

@@ -124,6 +124,31 @@ def test_anthropics_client_is_known_by_its_api_key_and_shown_the_gateways_refusa
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_ai_sdks_openai_provider_holds_a_conversation_through_the_gateway(
+    js_clients: Path, gateway: ServerProcess, stream: bool
+) -> None:
+    # Its default model sends an earlier answer as a reference to the stored item
+    # ({"type": "item_reference"}): vLLM stores none and refuses it, so every second turn
+    # failed; the gateway writes it out from the answers it relayed.
+    sent = scenario("vercel-responses", gateway.url, calls=2, turns=3, stream=stream)
+    results = run_clients(sent, directory=js_clients)
+    assert failures(results) == []
+    assert [r.statuses for r in results] == [(200, 200, 200)] * 2
+    with emulator_process(model=MODEL) as vllm:  # vLLM alone
+        [alone] = run_clients(
+            scenario("vercel-responses", vllm.url, turns=2, stream=stream), directory=js_clients
+        )
+    assert (alone.ok, alone.statuses) == (False, (200, 400))
+    assert alone.error is not None
+    assert "item_reference" in alone.error
+
+
+def test_a_conversation_is_for_the_ai_sdks_clients() -> None:
+    with pytest.raises(ValueError, match="turns"):
+        scenario("openai", "http://127.0.0.1:1", turns=2)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_under_overload_the_retrying_clients_get_every_answer(
     js_clients: Path, gateway: ServerProcess, stream: bool
 ) -> None:

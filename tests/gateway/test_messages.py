@@ -18,7 +18,7 @@ from tests.gateway.fakes import (
 )
 
 from herdless.gateway.core.decisions import Ticket
-from herdless.gateway.proxy import _settle
+from herdless.gateway.relay import settle
 from herdless.gateway.routes import parse_message_request, parse_message_tokens_request
 from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import BadRequest
@@ -139,13 +139,13 @@ def test_a_stream_cut_short_is_charged_its_events_not_its_starts_usage() -> None
     sniffer.feed(b"\n\n".join(events[:4]) + b"\n\n")  # start, block start, two tokens
     gate = Recorder()
     ticket = Ticket(id=1, key_id="k", price=60, offered_at=0.0, prompt=10)
-    _settle(gate, ticket, sniffer, whole=False)  # type: ignore[arg-type]
+    settle(gate, ticket, sniffer, whole=False)  # type: ignore[arg-type]
     assert gate.released["completion_tokens"] == 4
     assert gate.released["prompt_tokens"] == 10
     assert gate.released["whole"] is False
     whole = UsageSniffer()
     whole.feed(MESSAGE_SSE)
-    _settle(gate, ticket, whole, whole=True)  # type: ignore[arg-type]
+    settle(gate, ticket, whole, whole=True)  # type: ignore[arg-type]
     assert (gate.released["prompt_tokens"], gate.released["completion_tokens"]) == (10, 3)
 
 

@@ -45,6 +45,7 @@ from typing import Any, Literal, get_args
 __all__ = [
     "CHAT_CLIENTS",
     "CLIENTS",
+    "CONVERSING",
     "CallResult",
     "Client",
     "JsClientsError",
@@ -66,6 +67,8 @@ chat completions API), Anthropic's SDK (``/v1/messages``), or the Responses API
 CLIENTS: tuple[Client, ...] = get_args(Client)
 CHAT_CLIENTS: tuple[Client, ...] = ("openai", "vercel", "langchain", "single")
 """The clients of the chat completions API (not Anthropic's, not the Responses API's)."""
+CONVERSING: tuple[Client, ...] = ("vercel", "vercel-responses")
+"""The clients that hold a conversation of several ``turns`` (the Vercel ``ai`` SDK's)."""
 
 # run.mjs uses the global fetch and ReadableStream iteration (node 18+); the pinned
 # openai-node declares node >= 22 but runs on 20, where it is tested.
@@ -91,6 +94,9 @@ class Scenario:
         api_key: sent as the bearer token (Anthropic's client: as ``x-api-key``).
         model: the model name in each request.
         calls: how many completions in all.
+        turns: requests in each call's conversation: each next turn sends the earlier
+            ones and their answers as the client gives them back (the Vercel ``ai`` SDK's
+            ``response.messages``; its two clients only). ``attempts`` counts them all.
         concurrency: the most in flight at once.
         max_tokens: each call's ``max_tokens``, or ``(low, high)``: spread over that
             range in a fixed order, the same in every run.
@@ -103,7 +109,7 @@ class Scenario:
         start_at: the wall-clock time (``time.time()``) of the first call's start, so
             that runs in separate processes start together (default: at once).
         headers: extra request headers (a user header, ``X-Herdless-Priority`` ...).
-        timeout_s: the longest one call may take, its retries included.
+        timeout_s: the longest one call may take, its retries and turns included.
         prompt: the user message; each call sends it numbered (``... (3)``): requests differ.
     """
 
@@ -112,6 +118,7 @@ class Scenario:
     api_key: str = field(repr=False)
     model: str
     calls: int = 1
+    turns: int = 1
     concurrency: int = 1
     max_tokens: int | tuple[int, int] = 32
     stream: bool = False
@@ -125,9 +132,11 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.client not in CLIENTS:
             raise ValueError(f"client must be one of {CLIENTS}, got {self.client!r}")
-        for name in ("calls", "concurrency"):
+        for name in ("calls", "turns", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.turns > 1 and self.client not in CONVERSING:
+            raise ValueError(f"turns > 1 is for the clients {CONVERSING}, not {self.client!r}")
         low, high = self._token_range()
         if not 1 <= low <= high:
             raise ValueError(f"max_tokens must be >= 1 (low <= high), got {self.max_tokens!r}")
@@ -149,6 +158,7 @@ class Scenario:
             "api_key": self.api_key,
             "model": self.model,
             "calls": self.calls,
+            "turns": self.turns,
             "concurrency": self.concurrency,
             "max_tokens": low if low == high else [low, high],
             "stream": self.stream,

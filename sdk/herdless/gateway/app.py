@@ -1,10 +1,9 @@
 """The gateway's Starlette application: routes only.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/embeddings``
-(admitted, see :mod:`herdless.gateway.proxy` and :mod:`herdless.gateway.routes`),
-``GET /v1/models`` (authenticated like chat, shared and cached, see
-:mod:`herdless.gateway.models`), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
-``POST /admin/drain``, ``POST /admin/resume`` and ``POST /admin/reload`` (audited on
+Routes: the admitted ``POST`` routes (:data:`~herdless.gateway.routes.ROUTES`, served by
+:mod:`herdless.gateway.proxy`), ``GET /v1/models`` (authenticated like chat, shared and
+cached: :mod:`herdless.gateway.models`), ``GET /healthz``, ``/readyz`` and ``/metrics``,
+``POST /admin/drain``, ``/admin/resume`` and ``/admin/reload`` (audited on
 ``herdless.gateway.audit``; the reload is :mod:`herdless.gateway.reload`). Any other path,
 a trailing slash included, is a JSON 404 (405 for a known path and another method): never
 a redirect, whose ``Location`` would be built from the client's ``Host`` header. A 404

@@ -52,16 +52,16 @@ from herdless.gateway.edge import (
     unless_gone,
     waited_out,
 )
-from herdless.gateway.gate import Gate
+from herdless.gateway.items import ItemMemory
 from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
-from herdless.gateway.relay import relay, sniffer_for
-from herdless.gateway.routes import CHAT, AdmittedRoute, Priced
+from herdless.gateway.relay import relay, settle, sniffer_for, unrun
+from herdless.gateway.routes import CHAT, RESPONSES, AdmittedRoute, Priced
 from herdless.gateway.runtime import AUDIT_LOG, KEY_REQUIRED, Runtime, header_map, request_id
 from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
 from herdless.gateway.upstream import UpstreamUnavailable
-from herdless.gateway.usage import UsageSniffer, asking_usage
+from herdless.gateway.usage import asking_usage
 from herdless.gateway.wire import (
     BadRequest,
     capacity_header,
@@ -214,6 +214,10 @@ class AdmittedProxy:
         outcome = await unless_gone(receive, work)
         return (CLIENT_CLOSED, "client_closed") if outcome is None else outcome
 
+    def _items(self) -> ItemMemory | None:
+        """Where a response's output items are kept, for the Responses API's references."""
+        return self._rt.items if self._route is RESPONSES else None
+
     def _spill(
         self, policy: KeyPolicy, deadline: float | None, klass: Priority | None
     ) -> Spill | None:
@@ -294,6 +298,8 @@ class AdmittedProxy:
             await send_refusal(send, early)
             raise Answered(early.status, early.code)
         try:
+            if (items := self._items()) is not None:  # its references, written out
+                raw = items.resolve(key_id, raw)
             request = self._route.parse(
                 raw, max_messages=settings.max_messages, max_tokens_cap=settings.max_tokens_cap
             )
@@ -332,7 +338,7 @@ class AdmittedProxy:
             body = asking_usage(raw) if usage else raw
             response = await rt.upstream.open("POST", self._route.path, body=body, headers=headers)
         except UpstreamUnavailable as exc:
-            _unrun(rt.gate, ticket)
+            unrun(rt.gate, ticket)
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
             refused = rt.gate.unavailable(exc.code, str(exc))
@@ -342,48 +348,27 @@ class AdmittedProxy:
             return 503, exc.code
         if spill is not None and response.status_code in (429, 503):  # vLLM's own refusal
             await response.aclose()
-            _unrun(rt.gate, ticket)
+            unrun(rt.gate, ticket)
             code = "upstream_busy" if response.status_code == 429 else "upstream_unavailable"
             said = f"the model server answered {response.status_code}"
             refused = Refuse(status=response.status_code, code=code, message=said,
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
             return await self._spilled(exchange, spill, raw, refused)
-        sniffer, whole = sniffer_for(response, omit=usage), False
+        items, key = self._items(), exchange.access.key_id or ""
+        keep = (
+            None if items is None or not items.max_bytes else functools.partial(items.remember, key)
+        )
+        sniffer, whole = sniffer_for(response, omit=usage, keep=keep), False
         try:
             waited = exchange.access.kept + ticket.queue_wait
             whole = await relay(send, response, sniffer, rid, started, rt, waited)
         finally:  # its client gone too (cancelled): it is settled on what vLLM sent
             await response.aclose()
             if response.status_code >= 400 and response.status_code != 500:
-                _unrun(rt.gate, ticket)  # vLLM refused it: a 400, a 404, its own 429 or 503
+                unrun(rt.gate, ticket)  # vLLM refused it: a 400, a 404, its own 429 or 503
             else:
-                _settle(rt.gate, ticket, sniffer, whole=whole and response.status_code != 500)
+                settle(rt.gate, ticket, sniffer, whole=whole and response.status_code != 500)
         return response.status_code, None
-
-
-def _unrun(gate: Gate, ticket: Ticket) -> None:
-    """End a ticket vLLM did not run (not reached, or it refused it): no token is charged."""
-    gate.release(ticket, used_tokens=0, prompt_tokens=0, completion_tokens=0, whole=False)
-
-
-def _settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
-    """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
-    stream broke, vLLM failed with a 500) has none, or only its start's (a Messages
-    stream's first event: 0 output tokens): a stream is settled on its events, about a
-    token each (an employee who stops an answer is charged what it used, not its
-    ``max_tokens``); one with no event on the engine's measured decode rate
-    (:meth:`~herdless.gateway.core.admission.Admission.release`). A cut answer teaches no
-    answer length."""
-    completion = sniffer.completion_tokens
-    if not whole and sniffer.events:
-        completion = max(completion or 0, sniffer.events)
-    gate.release(
-        ticket,
-        used_tokens=sniffer.total_tokens,
-        prompt_tokens=sniffer.prompt_tokens,
-        completion_tokens=completion,
-        whole=whole,
-    )
 
 
 def _sender(exchange: _Exchange) -> Sender:

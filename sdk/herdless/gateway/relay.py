@@ -8,28 +8,38 @@ obeys."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import httpx
 from starlette.types import Send
 
-from herdless.gateway.core.decisions import Refuse
+from herdless.gateway.core.decisions import Refuse, Ticket
+from herdless.gateway.gate import Gate
+from herdless.gateway.items import OutputItems
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import capacity_header, refusal_headers, upstream_hint
 
-__all__ = ["relay", "sniffer_for"]
+__all__ = ["relay", "settle", "sniffer_for", "unrun"]
 
 _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 
 
-def sniffer_for(response: httpx.Response, *, omit: bool) -> UsageSniffer:
+def sniffer_for(
+    response: httpx.Response, *, omit: bool, keep: Callable[[Mapping[str, Any]], None] | None
+) -> UsageSniffer:
     """What reads ``response``'s usage as it passes (``omit``: the usage event the gateway
-    asked for is left out, of a 200 event stream whose bytes are not compressed)."""
+    asked for is left out, of a 200 event stream whose bytes are not compressed); with
+    ``keep``, also its output items (:class:`~.items.OutputItems`, a 200 answer's)."""
     head = response.headers
     events = head.get("content-type", "").startswith("text/event-stream")
     plain = head.get("content-encoding", "identity") == "identity"  # else bytes unread
-    return UsageSniffer(omit=omit and response.status_code == 200 and events and plain)
+    omit = omit and response.status_code == 200 and events and plain
+    if keep is not None and response.status_code == 200 and plain:
+        return OutputItems(keep, stream=events, omit=omit)
+    return UsageSniffer(omit=omit)
 
 
 async def relay(
@@ -72,3 +82,28 @@ async def relay(
         whole = False
     await send({"type": "http.response.body", "body": sniffer.end(), "more_body": False})
     return whole
+
+
+def unrun(gate: Gate, ticket: Ticket) -> None:
+    """End a ticket vLLM did not run (not reached, or it refused it): no token is charged."""
+    gate.release(ticket, used_tokens=0, prompt_tokens=0, completion_tokens=0, whole=False)
+
+
+def settle(gate: Gate, ticket: Ticket, sniffer: UsageSniffer, *, whole: bool) -> None:
+    """End ``ticket`` on the usage vLLM reported. An answer cut short (its client left, the
+    stream broke, vLLM failed with a 500) has none, or only its start's (a Messages
+    stream's first event: 0 output tokens): a stream is settled on its events, about a
+    token each (an employee who stops an answer is charged what it used, not its
+    ``max_tokens``); one with no event on the engine's measured decode rate
+    (:meth:`~herdless.gateway.core.admission.Admission.release`). A cut answer teaches no
+    answer length."""
+    completion = sniffer.completion_tokens
+    if not whole and sniffer.events:
+        completion = max(completion or 0, sniffer.events)
+    gate.release(
+        ticket,
+        used_tokens=sniffer.total_tokens,
+        prompt_tokens=sniffer.prompt_tokens,
+        completion_tokens=completion,
+        whole=whole,
+    )

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from starlette.types import Scope
 
 from herdless.gateway.gate import Gate
+from herdless.gateway.items import ItemMemory
 from herdless.gateway.logs import event
 from herdless.gateway.metrics import GatewayMetrics
 from herdless.gateway.policies import KeyPolicies
@@ -45,7 +46,9 @@ class Runtime:
     ``settings`` holds no client key nor admin token (see
     :meth:`GatewaySettings.without_secrets`): ``keys`` and ``admin_digest`` hold
     their digests; ``users`` hashes the end users requests name; ``policies`` says what
-    each key's requests may do (no secret); ``spill`` is the hosted fallback, if any.
+    each key's requests may do (no secret); ``spill`` is the hosted fallback, if any;
+    ``items`` the Responses API's output items kept for later references
+    (:mod:`~herdless.gateway.items`; none with ``item_memory_bytes`` 0).
     """
 
     settings: GatewaySettings
@@ -57,6 +60,10 @@ class Runtime:
     users: UserIds
     policies: KeyPolicies
     spill: Spill | None = None
+    items: ItemMemory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.items = ItemMemory(self.settings.item_memory_bytes)
 
     def identify(self, headers: dict[str, str]) -> str | None:
         """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused.

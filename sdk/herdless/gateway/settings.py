@@ -88,6 +88,9 @@ class GatewaySettings(BaseSettings):
     """largest request body in bytes, else 413"""
     body_timeout: float = Field(default=5.0, gt=0)
     """seconds a client has to send its whole body, else 408"""
+    item_memory_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    """memory for the Responses API's output items, kept by key so a later request may refer to
+    one (item_reference: vLLM stores none); the least recently used go first (0: none kept)"""
     max_messages: int = Field(default=2048, gt=0)
     """most messages in one chat request, else 400"""
     max_tokens_cap: int = Field(default=32_768, gt=0)

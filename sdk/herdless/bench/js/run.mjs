@@ -6,7 +6,7 @@
 // Reads one JSON scenario on stdin:
 //   {client: "openai" | "vercel" | "langchain" | "single" | "anthropic" | "responses"
 //    | "vercel-responses", base_url, api_key, model,
-//    calls, concurrency, max_tokens (a number, or [low, high] spread over the calls),
+//    calls, turns, concurrency, max_tokens (a number, or [low, high] spread over the calls),
 //    stream, usage (a stream asks for its usage; default true), start_spacing_ms,
 //    start_at, headers, timeout_s, prompt}
 // and prints one JSON line per call as it ends, then one summary line ({summary: true}).
@@ -36,6 +36,7 @@ const KEPT_HEADERS = [
 
 const scenario = {
   calls: 1,
+  turns: 1,
   concurrency: 1,
   max_tokens: 32,
   stream: false,
@@ -138,25 +139,38 @@ async function runVercelResponses(record, maxTokens, signal) {
   return runAiSdk(record, provider(scenario.model), maxTokens, signal);
 }
 
+// A conversation of scenario.turns requests: each next turn sends the earlier ones and the
+// answers as the SDK gives them back (response.messages), as a chat app's useChat does.
 async function runAiSdk(record, model, maxTokens, signal) {
-  const options = { model, messages: messages(record), maxOutputTokens: maxTokens, abortSignal: signal };
+  const conversation = messages(record);
+  let answer;
+  for (let turn = 1; turn <= scenario.turns; turn++) {
+    if (turn > 1) conversation.push({ role: "user", content: `Go on. (${turn})` });
+    answer = await aiSdkTurn(record, { model, messages: conversation, maxOutputTokens: maxTokens, abortSignal: signal });
+    conversation.push(...answer.messages);
+  }
+  return { model: answer.model, usage: answer.usage };
+}
+
+async function aiSdkTurn(record, options) {
   const usageOf = (u) =>
     u ? { prompt_tokens: u.inputTokens ?? null, completion_tokens: u.outputTokens ?? null } : null;
   if (!scenario.stream) {
     const answer = await generateText(options);
-    return { model: answer.response?.modelId ?? null, usage: usageOf(answer.usage) };
+    const { modelId, messages } = answer.response;
+    return { model: modelId ?? null, usage: usageOf(answer.usage), messages };
   }
   // streamText does not throw: its errors arrive as parts of the stream.
   const result = streamText({ ...options, onError: () => {} });
   let usage = null;
-  let modelId = null;
+  let model = null;
   for await (const part of result.fullStream) {
     if (part.type === "text-delta" && part.text) record.chunk();
     else if (part.type === "error") throw part.error;
-    else if (part.type === "finish-step") modelId = part.response?.modelId ?? modelId;
+    else if (part.type === "finish-step") model = part.response?.modelId ?? model;
     else if (part.type === "finish") usage = usageOf(part.totalUsage);
   }
-  return { model: modelId, usage };
+  return { model, usage, messages: (await result.response).messages };
 }
 
 async function runLangChain(record, maxTokens, signal) {
@@ -299,6 +313,8 @@ const RUNNERS = {
   "vercel-responses": runVercelResponses,
 };
 
+const CONVERSING = new Set(["vercel", "vercel-responses"]);
+
 // The status an error carries: openai-node, Anthropic's and LangChain (status), Vercel (statusCode,
 // or its RetryError's last error), else the last answer's.
 function statusOf(error, record) {
@@ -361,6 +377,9 @@ function quantile(values, q) {
 
 async function main() {
   if (!RUNNERS[scenario.client]) throw new Error(`unknown client ${JSON.stringify(scenario.client)}`);
+  if (scenario.turns > 1 && !CONVERSING.has(scenario.client)) {
+    throw new Error(`turns > 1: only ${[...CONVERSING].join(" and ")} hold a conversation here`);
+  }
   // start_at (epoch seconds): runs in separate processes start their first calls together.
   if (scenario.start_at != null) {
     const wait = scenario.start_at * 1000 - Date.now();

@@ -130,11 +130,15 @@ def test_a_whole_answers_items_are_kept_when_it_parses() -> None:
     assert cut == []
 
 
-def test_an_answer_past_the_limit_passes_unread() -> None:
+@pytest.mark.parametrize("is_stream", [False, True], ids=["whole", "stream"])
+def test_an_answer_past_the_limit_passes_unread(is_stream: bool) -> None:
     kept: list[Any] = []
-    body = json.dumps({"output": [message("msg_a", text="x" * 500)]}).encode()
-    assert fed(OutputItems(kept.append, stream=False, most=100), body, 64) == body
+    item = message("msg_a", text="x" * 500)
+    body = stream(item) if is_stream else json.dumps({"output": [item]}).encode()
+    assert fed(OutputItems(kept.append, stream=is_stream, most=400), body, 64) == body
     assert kept == []
+    fed(OutputItems(kept.append, stream=is_stream, most=4000), body, 64)
+    assert kept == [item]
 
 
 # -- through a gateway ------------------------------------------------------------------

@@ -121,7 +121,7 @@ class OutputItems(UsageSniffer):
     when cut at its ``max_output_tokens``), which holds the whole response; a body when it
     parses. An answer past ``most`` bytes (a stream: one event past them) gives none."""
 
-    __slots__ = ("_keep", "_most", "_read", "_stream")
+    __slots__ = ("_keep", "_most", "_parts", "_read", "_size", "_stream")
 
     def __init__(
         self, keep: Callable[[Mapping[str, Any]], None], *, stream: bool, omit: bool = False,
@@ -131,7 +131,9 @@ class OutputItems(UsageSniffer):
         self._keep: Callable[[Mapping[str, Any]], None] | None = keep
         self._stream = stream
         self._most = most
-        self._read = b""  # a whole body so far, or a stream's event not ended yet
+        self._read = b""  # a stream's event not ended yet
+        self._parts: list[bytes] = []  # a whole body so far
+        self._size = 0
 
     def feed(self, chunk: bytes) -> bytes:
         if self._keep is not None:
@@ -141,19 +143,19 @@ class OutputItems(UsageSniffer):
     def end(self) -> bytes:
         if self._keep is not None and not self._stream:
             try:
-                response = json.loads(self._read)
+                response = json.loads(b"".join(self._parts))
             except ValueError:
                 response = None  # cut short
             self._give(response)
         return super().end()
 
     def _look(self, chunk: bytes) -> None:
-        read = self._read + chunk
-        if len(read) > self._most:
-            self._keep, self._read = None, b""  # too large to keep: it passes unread
-            return
         if not self._stream:
-            self._read = read
+            self._size += len(chunk)
+            self._parts.append(chunk)
+        read = self._read + chunk if self._stream else b""
+        if max(self._size, len(read)) > self._most:
+            self._keep, self._read, self._parts = None, b"", []  # too large: passes unread
             return
         *events, self._read = read.split(_EVENT_END)
         for raw in events:

@@ -88,6 +88,12 @@ function messages(record) {
   return [{ role: "user", content: `${scenario.prompt} (${record.index + 1})` }];
 }
 
+// Usage named input_tokens and output_tokens (Anthropic's, the Responses API's, LangChain's
+// usage_metadata) in the OpenAI names.
+function usageOf(u) {
+  return u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
+}
+
 // Each runner takes (record, maxTokens, signal), returns {model, usage} (usage in the
 // OpenAI names, or null), and calls record.chunk() for every piece of text a stream yields.
 
@@ -153,12 +159,12 @@ async function runAiSdk(record, model, maxTokens, signal) {
 }
 
 async function aiSdkTurn(record, options) {
-  const usageOf = (u) =>
+  const tokens = (u) =>
     u ? { prompt_tokens: u.inputTokens ?? null, completion_tokens: u.outputTokens ?? null } : null;
   if (!scenario.stream) {
     const answer = await generateText(options);
     const { modelId, messages } = answer.response;
-    return { model: modelId ?? null, usage: usageOf(answer.usage), messages };
+    return { model: modelId ?? null, usage: tokens(answer.usage), messages };
   }
   // streamText does not throw: its errors arrive as parts of the stream.
   const result = streamText({ ...options, onError: () => {} });
@@ -168,7 +174,7 @@ async function aiSdkTurn(record, options) {
     if (part.type === "text-delta" && part.text) record.chunk();
     else if (part.type === "error") throw part.error;
     else if (part.type === "finish-step") model = part.response?.modelId ?? model;
-    else if (part.type === "finish") usage = usageOf(part.totalUsage);
+    else if (part.type === "finish") usage = tokens(part.totalUsage);
   }
   return { model, usage, messages: (await result.response).messages };
 }
@@ -182,8 +188,6 @@ async function runLangChain(record, maxTokens, signal) {
     streamUsage: scenario.usage,
     configuration: { baseURL, fetch: recordingFetch(record), defaultHeaders: scenario.headers },
   });
-  const usageOf = (u) =>
-    u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
   if (!scenario.stream) {
     const answer = await chat.invoke(messages(record), { signal });
     return { model: answer.response_metadata?.model_name ?? null, usage: usageOf(answer.usage_metadata) };
@@ -208,8 +212,6 @@ async function runAnthropic(record, maxTokens, signal) {
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });
-  const usageOf = (u) =>
-    u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
   const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
   if (!scenario.stream) {
     const answer = await client.messages.create(request, { signal });
@@ -235,8 +237,6 @@ async function runResponses(record, maxTokens, signal) {
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });
-  const usageOf = (u) =>
-    u ? { prompt_tokens: u.input_tokens ?? null, completion_tokens: u.output_tokens ?? null } : null;
   const input = messages(record)[0].content;
   const request = { model: scenario.model, input, max_output_tokens: maxTokens };
   if (!scenario.stream) {

@@ -79,12 +79,17 @@ def test_the_least_recently_used_go_first_within_the_budget() -> None:
 
 
 def test_an_item_past_the_budget_or_without_an_id_is_not_kept() -> None:
-    memory = ItemMemory(300)
+    memory = ItemMemory(500)
     memory.remember("k", message("msg_a", text="x" * 400))
     memory.remember("k", {"type": "message", "content": []})
     assert (len(memory), memory.held_bytes) == (0, 0)
     with pytest.raises(ValueError, match="max_bytes"):
         ItemMemory(-1)
+    assert ItemMemory(0).keeper("k") is None  # it keeps none: answers pass unread
+    keep = memory.keeper("k")
+    assert keep is not None
+    keep(message("msg_b"))
+    assert memory.recall("k", "msg_b") == message("msg_b")
 
 
 # -- what reads them off an answer ------------------------------------------------------

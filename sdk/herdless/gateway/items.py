@@ -16,6 +16,7 @@ how to send the item itself. The items live in the gateway's memory only, never 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -67,6 +68,10 @@ class ItemMemory:
         while self.held_bytes > self.max_bytes:
             _, (_, dropped) = self._items.popitem(last=False)
             self.held_bytes -= dropped
+
+    def keeper(self, key_id: str) -> Callable[[Mapping[str, Any]], None] | None:
+        """What keeps the items of an answer to ``key_id``; ``None`` when this keeps none."""
+        return functools.partial(self.remember, key_id) if self.max_bytes else None
 
     def recall(self, key_id: str, item_id: str) -> dict[str, Any] | None:
         """The item ``key_id``'s requests were answered with, or ``None``."""

@@ -355,9 +355,7 @@ class AdmittedProxy:
                              retry_after=rt.settings.upstream_retry_after)  # fmt: skip
             return await self._spilled(exchange, spill, raw, refused)
         items, key = self._items(), exchange.access.key_id or ""
-        keep = (
-            None if items is None or not items.max_bytes else functools.partial(items.remember, key)
-        )
+        keep = None if items is None else items.keeper(key)
         sniffer, whole = sniffer_for(response, omit=usage, keep=keep), False
         try:
             waited = exchange.access.kept + ticket.queue_wait

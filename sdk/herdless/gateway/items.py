@@ -25,12 +25,15 @@ from typing import Any
 from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import BadRequest, json_object
 
-__all__ = ["ItemMemory", "OutputItems"]
+__all__ = ["ItemMemory", "Keep", "OutputItems"]
+
+Keep = Callable[[Mapping[str, Any]], None]
+"""What keeps one output item of an answer (:meth:`ItemMemory.keeper`)."""
 
 _REFERENCE = b'"item_reference"'
 _EVENT_END = b"\n\n"  # vLLM ends each SSE event with a blank line
-_LAST, _CUT = b'"response.completed"', b'"response.incomplete"'
-_ENDS = ("response.completed", "response.incomplete")
+_ENDS = ("response.completed", "response.incomplete")  # the events that hold the response
+_END_MARKS = tuple(f'"{name}"'.encode() for name in _ENDS)
 _OVERHEAD = 200  # bytes a kept item costs beyond its JSON (its key, its place in the order)
 
 
@@ -69,7 +72,7 @@ class ItemMemory:
             _, (_, dropped) = self._items.popitem(last=False)
             self.held_bytes -= dropped
 
-    def keeper(self, key_id: str) -> Callable[[Mapping[str, Any]], None] | None:
+    def keeper(self, key_id: str) -> Keep | None:
         """What keeps the items of an answer to ``key_id``; ``None`` when this keeps none."""
         return functools.partial(self.remember, key_id) if self.max_bytes else None
 
@@ -129,11 +132,11 @@ class OutputItems(UsageSniffer):
     __slots__ = ("_keep", "_most", "_parts", "_read", "_size", "_stream")
 
     def __init__(
-        self, keep: Callable[[Mapping[str, Any]], None], *, stream: bool, omit: bool = False,
+        self, keep: Keep, *, stream: bool, omit: bool = False,
         most: int = 4 * 1024 * 1024,
     ) -> None:  # fmt: skip
         super().__init__(omit=omit)
-        self._keep: Callable[[Mapping[str, Any]], None] | None = keep
+        self._keep: Keep | None = keep
         self._stream = stream
         self._most = most
         self._read = b""  # a stream's event not ended yet
@@ -158,16 +161,19 @@ class OutputItems(UsageSniffer):
         if not self._stream:
             self._size += len(chunk)
             self._parts.append(chunk)
-        read = self._read + chunk if self._stream else b""
-        if max(self._size, len(read)) > self._most:
-            self._keep, self._read, self._parts = None, b"", []  # too large: passes unread
+            if self._size > self._most:
+                self._keep, self._parts = None, []  # too large: it passes unread
+            return
+        read = self._read + chunk
+        if len(read) > self._most:
+            self._keep, self._read = None, b""
             return
         *events, self._read = read.split(_EVENT_END)
         for raw in events:
-            if _LAST in raw or _CUT in raw:
-                data = _data(raw)
-                if data.get("type") in _ENDS:
-                    self._give(data.get("response"))
+            if not any(mark in raw for mark in _END_MARKS):
+                continue  # a delta: parsed by no one here
+            if (data := _data(raw)).get("type") in _ENDS:
+                self._give(data.get("response"))
 
     def _give(self, response: object) -> None:
         keep, self._keep = self._keep, None
@@ -180,12 +186,11 @@ class OutputItems(UsageSniffer):
 
 
 def _data(event: bytes) -> dict[str, Any]:
-    """The JSON object of an SSE event's ``data:`` line (``{}`` when it has none)."""
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            try:
-                value = json.loads(line[5:])
-            except ValueError:
-                return {}
-            return value if isinstance(value, dict) else {}
-    return {}
+    """The JSON object of an SSE event's ``data:`` (its last line, as vLLM writes it);
+    ``{}`` for anything else."""
+    _, _, data = event.partition(b"data:")
+    try:
+        value = json.loads(data)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {}

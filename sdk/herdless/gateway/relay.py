@@ -8,15 +8,13 @@ obeys."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
 
 import httpx
 from starlette.types import Send
 
 from herdless.gateway.core.decisions import Refuse, Ticket
 from herdless.gateway.gate import Gate
-from herdless.gateway.items import OutputItems
+from herdless.gateway.items import Keep, OutputItems
 from herdless.gateway.runtime import Runtime
 from herdless.gateway.usage import UsageSniffer
 from herdless.gateway.wire import capacity_header, refusal_headers, upstream_hint
@@ -27,9 +25,7 @@ _PASS_HEADERS = (b"content-type", b"content-encoding", b"cache-control")
 _UPSTREAM = (b"x-herdless-backend", b"upstream")
 
 
-def sniffer_for(
-    response: httpx.Response, *, omit: bool, keep: Callable[[Mapping[str, Any]], None] | None
-) -> UsageSniffer:
+def sniffer_for(response: httpx.Response, *, omit: bool, keep: Keep | None) -> UsageSniffer:
     """What reads ``response``'s usage as it passes (``omit``: the usage event the gateway
     asked for is left out, of a 200 event stream whose bytes are not compressed); with
     ``keep``, also its output items (:class:`~.items.OutputItems`, a 200 answer's)."""

@@ -56,6 +56,7 @@ def test_a_reference_is_written_out_as_the_item_its_key_was_answered_with() -> N
     assert (refused.value.code, refused.value.param) == ("item_not_found", "input[1]")
     assert "'msg_a'" in str(refused.value)
     assert "store = false" in str(refused.value)
+    assert memory.references == {"written": 1, "not_held": 1}
 
 
 def test_a_body_without_references_passes_as_it_came() -> None:
@@ -75,7 +76,7 @@ def test_the_least_recently_used_go_first_within_the_budget() -> None:
     assert (memory.recall("k", "msg_b"), len(memory)) == (None, 2)
     assert memory.held_bytes == cost(a) + cost(c)
     memory.remember("k", a)  # again: counted once
-    assert memory.held_bytes == cost(a) + cost(c)
+    assert (memory.held_bytes, memory.dropped) == (cost(a) + cost(c), 1)
 
 
 def test_an_item_past_the_budget_or_without_an_id_is_not_kept() -> None:
@@ -192,6 +193,7 @@ async def test_a_second_turn_may_refer_to_the_first_answer(stream: bool) -> None
             "/v1/responses", json=turn(hi, reference, more), headers={"x-api-key": "k2"}
         )
         held = runtime.items.held_bytes
+        metrics = metric_lines((await client.get("/metrics")).text, "herdless_gateway_item")
     assert second.status_code == 200, second.text
     # The engine ran the answer itself: the same prompt as the item sent in full.
     assert second.json()["usage"]["input_tokens"] == spelled.json()["usage"]["input_tokens"]
@@ -199,6 +201,20 @@ async def test_a_second_turn_may_refer_to_the_first_answer(stream: bool) -> None
     error = other.json()["error"]
     assert (error["code"], error["param"]) == ("item_not_found", "input[1]")
     assert held > 0
+    # The three answers' items kept, none dropped; one reference written, one not held.
+    assert metrics == {
+        "herdless_gateway_item_memory_bytes": held,
+        "herdless_gateway_item_memory_items": 3.0,
+        "herdless_gateway_item_memory_dropped_total": 0.0,
+        'herdless_gateway_item_references_total{outcome="not_held"}': 1.0,
+        'herdless_gateway_item_references_total{outcome="written"}': 1.0,
+    }
+
+
+def metric_lines(text: str, prefix: str) -> dict[str, float]:
+    """The samples of ``/metrics`` whose names start with ``prefix``."""
+    samples = (line.rpartition(" ") for line in text.splitlines() if line.startswith(prefix))
+    return {name: float(value) for name, _, value in samples}
 
 
 async def test_with_no_memory_a_reference_is_the_gateways_clear_400() -> None:
@@ -213,5 +229,6 @@ async def test_with_no_memory_a_reference_is_the_gateways_clear_400() -> None:
             "/v1/responses", json=turn(reference), headers={"authorization": "Bearer k1"}
         )
         assert len(runtime.items) == 0
+        assert runtime.items.references == {"written": 0, "not_held": 1}
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "item_not_found"

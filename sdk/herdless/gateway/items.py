@@ -39,9 +39,10 @@ _OVERHEAD = 200  # bytes a kept item costs beyond its JSON (its key, its place i
 
 class ItemMemory:
     """Output items by (key id, item id), the most recently used kept within ``max_bytes``
-    (their JSON and a fixed overhead each); one larger than the budget is not kept."""
+    (their JSON and a fixed overhead each); one larger than the budget is not kept. Its
+    counts are ``/metrics``' (:class:`~herdless.gateway.metrics.GatewayMetrics`)."""
 
-    __slots__ = ("_items", "held_bytes", "max_bytes")
+    __slots__ = ("_items", "dropped", "held_bytes", "max_bytes", "references")
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
@@ -49,6 +50,10 @@ class ItemMemory:
         self.max_bytes = max_bytes
         self.held_bytes = 0
         """Bytes the kept items cost now."""
+        self.dropped = 0
+        """Items dropped for newer ones within the budget so far."""
+        self.references = {"written": 0, "not_held": 0}
+        """References met so far: written out as their item, or refused (not held)."""
         self._items: OrderedDict[tuple[str, str], tuple[dict[str, Any], int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -71,6 +76,7 @@ class ItemMemory:
         while self.held_bytes > self.max_bytes:
             _, (_, dropped) = self._items.popitem(last=False)
             self.held_bytes -= dropped
+            self.dropped += 1
 
     def keeper(self, key_id: str) -> Keep | None:
         """What keeps the items of an answer to ``key_id``; ``None`` when this keeps none."""
@@ -104,9 +110,11 @@ class ItemMemory:
                 item_id = item.get("id")
                 found = self.recall(key_id, item_id) if isinstance(item_id, str) else None
                 if found is None:
+                    self.references["not_held"] += 1
                     raise BadRequest(_not_held(index, item_id), param=f"input[{index}]",
                                      code="item_not_found")  # fmt: skip
                 item = found
+                self.references["written"] += 1
             written.append(item)
         data["input"] = written
         return json.dumps(data, separators=(",", ":")).encode()

@@ -42,6 +42,10 @@ Exposed (all names prefixed ``herdless_gateway_``):
   found in the engine's prefix cache),
   ``engine_preemptions_total`` (preemptions seen), ``engine_readings_stale`` (1 while
   the limit is the last good one);
+* the Responses API's kept output items (read from :class:`~herdless.gateway.items.ItemMemory`
+  at scrape time): ``item_memory_bytes``, ``item_memory_items`` (gauges),
+  ``item_memory_dropped_total`` (items dropped for newer ones) and
+  ``item_references_total{outcome}`` (``written``, ``not_held``);
 * ``build_info{version,python}`` (always 1) and the standard ``process_*`` series
   (CPU seconds, resident and virtual memory, open and maximum file descriptors, start
   time: :func:`herdless._exposition.process_metrics`).
@@ -54,9 +58,13 @@ import platform
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from herdless._exposition import CONTENT_TYPE, Exposition, Histogram, labels, process_metrics
 from herdless._version import __version__
+
+if TYPE_CHECKING:
+    from herdless.gateway.items import ItemMemory
 
 __all__ = ["CONTENT_TYPE", "HOLDS", "Fairness", "GatewayMetrics", "SizingFigures", "top_users"]
 
@@ -152,6 +160,7 @@ class GatewayMetrics:
         "fairness",
         "gauges",
         "held",
+        "items",
         "queue_wait",
         "rejections",
         "requests",
@@ -189,6 +198,8 @@ class GatewayMetrics:
         self.waited_out: Counter[str] = Counter()
         """Refusals not sent: a request of a key whose clients do not retry waited for
         the place each named, by reason."""
+        self.items: ItemMemory | None = None
+        """The Responses API's kept output items, where the gateway keeps them."""
         self.queue_wait = Histogram(_LATENCY_BUCKETS)
         self.ttfb = Histogram(_LATENCY_BUCKETS)
         self.duration = Histogram(_LATENCY_BUCKETS)
@@ -262,6 +273,8 @@ class GatewayMetrics:
             self._fair_share(out, self.fairness())
         if self.sizing is not None:
             self._sizing(out, self.sizing())
+        if self.items is not None:
+            self._items(out, self.items)
         for attribute, (name, help) in _HISTOGRAMS.items():
             out.histogram(p + name, help, getattr(self, attribute))
         build = labels(version=__version__, python=platform.python_version())
@@ -315,6 +328,27 @@ class GatewayMetrics:
             "gauge",
             "1 while the readings are stale and the last good limit holds.",
             int(size.stale),
+        )
+
+    @staticmethod
+    def _items(out: Exposition, memory: ItemMemory) -> None:
+        p = _PREFIX
+        out.one(
+            p + "item_memory_bytes", "gauge", "Bytes the kept output items cost.", memory.held_bytes
+        )
+        out.one(p + "item_memory_items", "gauge", "Output items kept for references.", len(memory))
+        out.one(
+            p + "item_memory_dropped_total",
+            "counter",
+            "Kept output items dropped for newer ones within --item-memory-bytes.",
+            memory.dropped,
+        )
+        out.by(
+            p + "item_references_total",
+            "counter",
+            "item_reference inputs: written out as their item, or refused (not_held).",
+            "outcome",
+            memory.references,
         )
 
     def _fair_share(self, out: Exposition, fair: Fairness) -> None:

@@ -63,7 +63,7 @@ class Runtime:
     items: ItemMemory = field(init=False)
 
     def __post_init__(self) -> None:
-        self.items = ItemMemory(self.settings.item_memory_bytes)
+        self.items = self.metrics.items = ItemMemory(self.settings.item_memory_bytes)
 
     def identify(self, headers: dict[str, str]) -> str | None:
         """The caller's key id, ``ANONYMOUS`` when keys are off, ``None`` if refused.

@@ -39,8 +39,9 @@ _OVERHEAD = 200  # bytes a kept item costs beyond its JSON (its key, its place i
 
 class ItemMemory:
     """Output items by (key id, item id), the most recently used kept within ``max_bytes``
-    (their JSON and a fixed overhead each); one larger than the budget is not kept. Its
-    counts are ``/metrics``' (:class:`~herdless.gateway.metrics.GatewayMetrics`)."""
+    (their JSON and a fixed overhead each); one larger than the budget is not kept.
+    ``/metrics`` reads its figures at scrape time
+    (:class:`~herdless.gateway.metrics.GatewayMetrics`)."""
 
     __slots__ = ("_items", "dropped", "held_bytes", "max_bytes", "references")
 

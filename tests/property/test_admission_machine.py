@@ -46,7 +46,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.adm = Admission(self.config, clock=self.clock)
         self.tickets: list[Ticket] = []  # every ticket handed out, live or done
         self.refilled: dict[str, float] = {}  # key -> tokens the clock refilled since creation
-        self.last_queue_retry_at: dict[tuple[str, str, bool], float] = {}  # class, user, stays
+        self.last_queue_retry_at: dict[tuple[str, str], float] = {}  # per class and user
         self.told: dict[tuple[str, str], float] = {}  # per call: the time its last refusal named
 
     @initialize(
@@ -96,7 +96,6 @@ class AdmissionMachine(RuleBasedStateMachine):
         prompt=st.none() | st.integers(0, 400),
         call=st.none() | st.sampled_from(["req-1", "req-2", "req-3"]),  # a herdless client's
         kept_back=st.booleans(),  # without a call: another client's, its retry kept
-        stays=st.booleans(),  # without a call: another client's, kept through a full queue
     )
     def offer(
         self,
@@ -107,7 +106,6 @@ class AdmissionMachine(RuleBasedStateMachine):
         prompt: int | None,
         call: str | None,
         kept_back: bool,
-        stays: bool = False,
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         before = {t: t.state for t in self.tickets}
@@ -116,12 +114,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         places: dict[tuple[str, str], int] = {}  # (class, user) -> places it waits in
         for t in self._live("queued"):
             places[(t.priority, t.unit)] = places.get((t.priority, t.unit), 0) + 1
-        stays = stays and call is None
-        if stays:  # the gateway's own id for the request it keeps: back at its time
-            call = f"kept {price % 3}"
         decision = self.adm.offer(
             key_id, price, user=user, priority=priority, prompt=prompt, call=call,
-            returns=call is not None and not stays, kept_back=kept_back or stays, stays=stays,
+            returns=call is not None, kept_back=kept_back and call is None,
         )  # fmt: skip
         if isinstance(decision, Admit | Enqueued):
             ticket = decision.ticket
@@ -152,7 +147,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             mine = None if call is None else (key_id, call)
             if mine is not None and abs(at - self.told.get(mine, -1.0)) < 1e-9:
                 return  # back before its time, which it keeps: told before the later ones
-            self._check_queue_order(decision, klass, unit, stays=stays)
+            self._check_queue_order(decision, klass, unit)
             if mine is not None:
                 self.told[mine] = at
 
@@ -171,18 +166,11 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.offer(key_id, price, "u-heavy", "interactive", None, "req-1", False)
         self.offer(key_id, price, "u-new", "interactive", None, None, True)
 
-    def _check_queue_order(
-        self, refused: Refuse, klass: str, unit: str, *, stays: bool = False
-    ) -> None:
-        """A user's refusals are told later and later times, those of the requests the
-        gateway keeps (``stays``) among themselves; one told to come back, after all."""
+    def _check_queue_order(self, refused: Refuse, klass: str, unit: str) -> None:
         at = self.clock.monotonic() + refused.retry_after
-        told = self.last_queue_retry_at
-        last = told.get((klass, unit, stays), float("-inf"))
-        if not stays:
-            last = max(last, told.get((klass, unit, True), float("-inf")))
+        last = self.last_queue_retry_at.get((klass, unit), float("-inf"))
         assert at >= last - 1e-9, "a later refusal of a user was told an earlier time"
-        told[(klass, unit, stays)] = at
+        self.last_queue_retry_at[(klass, unit)] = at
 
     @precondition(lambda self: any(t.state != "done" for t in self.tickets))
     @rule(index=st.integers(0, 100), used=st.none() | st.integers(0, 1500))

@@ -409,29 +409,6 @@ def test_a_kept_request_waits_its_hold_in_all_outside_then_in_the_queue() -> Non
     assert refused.code == "queue_timeout"
 
 
-def test_a_kept_request_is_told_a_place_before_the_callers_told_to_come_back() -> None:
-    """Forty retrying callers were told to come back, one place a second, the last in
-    40 s, past a 30 s hold. A request the queue keeps is told the next place among the
-    kept ones only: its client would show a 429 as an error, theirs wait in their own
-    memory. The callers told later move one place on for each such place."""
-    config = AdmissionConfig(max_concurrency=1, max_queue=1, queue_timeout=30.0)
-    adm = Admission(config, clock=FakeClock())
-    assert isinstance(adm.offer("a", 1), Admit)
-    assert isinstance(adm.offer("a", 1), Enqueued)
-
-    def told(**options: Any) -> float:
-        refused = adm.offer("a", 1, kept_back=True, **options)
-        assert isinstance(refused, Refuse)
-        assert refused.code == "queue_full"
-        return refused.retry_after
-
-    assert [told() for _ in range(40)] == [float(n) for n in range(1, 41)]
-    assert [told(call=f"kept {n}", stays=True) for n in (1, 2)] == [1.0, 2.0]
-    assert told() == 43.0  # after the forty and the two kept ones
-    assert told(call="kept 3", stays=True) == 3.0
-    assert told() == 45.0
-
-
 def test_a_queue_run_dry_wakes_the_kept_request_told_the_earliest_time() -> None:
     """Told 8 s and 4 s, two kept requests wait. An end while others wait in the queue
     wakes neither (the callers told later times count on those places); the end that

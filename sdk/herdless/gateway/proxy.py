@@ -172,7 +172,6 @@ class AdmittedProxy:
             waits=kept and spill is None,  # an upstream out for a time no one knows: it waits
             returns=not kept,  # with a call id: a herdless client, back at its time
             kept_back=access.sent is not None,  # its retry is known by its body, and kept
-            stays=kept,  # ahead of the callers told to come back (its 429 is an error)
         )
         decision: Admit | Enqueued | Refuse = offer()
         if kept and isinstance(decision, Refuse):

@@ -25,9 +25,7 @@ answer, in docs/gateway.md, "Admission"; the code cites them by number):
    Nothing starts while draining.
 6. else waits, unless the queue or its key's share is full -> 429 ``queue_full``
    (``kv_budget``), told its user's share of the places that free, or all of them for
-   a caller whose retry waits here (``kept_back``); a caller that waits here for its
-   time (``stays``) is told the next place after its user's other such callers only,
-   ahead of the times told to callers that come back; a caller back before the time a
+   a caller whose retry waits here (``kept_back``); a caller back before the time a
    place is held for it keeps that time; a waiter not started within its
    key's hold (``queue_timeout``, or the key policy's ``hold``; the request's
    ``x-llm-d-inference-ttl`` when shorter; less what a kept request waited before its
@@ -83,7 +81,6 @@ class OfferOptions(TypedDict, total=False):
     waits: bool
     returns: bool
     kept_back: bool
-    stays: bool
 
 
 class Admission:
@@ -418,7 +415,6 @@ class Admission:
         waits: bool = False,
         returns: bool = False,
         kept_back: bool = False,
-        stays: bool = False,
     ) -> Admit | Enqueued | Refuse:
         """Decide on a new request.
 
@@ -450,11 +446,6 @@ class Admission:
                 client's than herdless's: its retry is known and kept, or it is a kept
                 request): a full queue tells it the next place its user gets at the
                 whole rate places free, not at its share of them (rule 6).
-            stays: its caller waits here for the time a full queue tells it (a request
-                the queue keeps: its refusal would be an error on a screen). It is told
-                the next place among its user's callers that stay, before the times told
-                to those that come back: they wait in their own memory, and their retry
-                waits here too (rule 6).
         """
         cfg = self.config
         now = self._clock.monotonic()
@@ -511,11 +502,11 @@ class Admission:
                 code = self._full_code(ticket)
                 due = None if mine is None else self._holds.due(mine)
                 if due is not None:  # back before its time, to a queue still full
-                    told = self._queue_time(flow, now, code, whole=kept_back, stays=stays)
+                    told = self._queue_time(flow, now, code, whole=kept_back)
                     wait = min(due - now, cfg.max_retry_after)  # (its time: within the cap)
                     return dataclasses.replace(told, retry_after=wait)  # it keeps it
                 return self._queue_refusal(
-                    flow, now, code, deadline=deadline, call=mine, whole=kept_back, stays=stays
+                    flow, now, code, deadline=deadline, call=mine, whole=kept_back
                 )
         if deadline is not None:
             wait = self._queue.place(flow) / self._drain_hope()
@@ -711,11 +702,10 @@ class Admission:
 
     def _queue_time(
         self, flow: Flow, now: float, code: str, *, deadline: float | None = None,
-        message: str | None = None, whole: bool = False, stays: bool = False,
+        message: str | None = None, whole: bool = False,
     ) -> Refuse:  # fmt: skip
         """The queue refusal a caller of ``flow`` would be told now (nothing moves);
-        ``whole``: told at the whole rate places free, not at the user's share;
-        ``stays``: it waits here, after its user's callers that stay only."""
+        ``whole``: told at the whole rate places free, not at the user's share."""
         gap, first = self._slots(now)
         return self._reservations.queue(
             now,
@@ -725,7 +715,7 @@ class Admission:
             gap=gap,
             first=first,
             share=1.0 if whole else self._queue.share(flow),
-            horizon=flow.stays if stays else flow.horizon,
+            horizon=flow.horizon,
             queued=self._queued,
             deadline=deadline,
         )
@@ -751,21 +741,13 @@ class Admission:
         message: str | None = None,
         call: Call | None = None,
         whole: bool = False,
-        stays: bool = False,
     ) -> Refuse:
         """A queue refusal at the user's own place: its share of the slots that free
         (``whole``: all of them); ``call``: the caller comes back with this id, so a
-        place is held for it then; ``stays``: the caller waits here (:meth:`offer`)."""
-        refused = self._queue_time(
-            flow, now, code, deadline=deadline, message=message, whole=whole, stays=stays
-        )
+        place is held for it then."""
+        refused = self._queue_time(flow, now, code, deadline=deadline, message=message, whole=whole)
         if refused.code != "deadline_unattainable":
-            at = now + refused.retry_after
-            if stays:  # a place before the times told to come back: later ones move on
-                step = self._slots(now)[0] / (1.0 if whole else self._queue.share(flow))
-                flow.stays, flow.horizon = at, max(flow.horizon + step, at)
-            else:
-                flow.horizon = at
+            flow.horizon = now + refused.retry_after
             if call is not None and refused.retry:
-                self._holds.promise(call, at)
+                self._holds.promise(call, flow.horizon)
         return refused

@@ -107,10 +107,7 @@ class Flow(_Member):
         priority: the class.
         waiting: its queued tickets, oldest first.
         running: its tickets running upstream.
-        horizon: the latest time a queue refusal promised one of its callers that come
-            back (they wait in their own memory).
-        stays: the latest time a queue refusal promised one of its callers that wait in
-            the gateway (a request a full queue keeps): their places come first.
+        horizon: the latest time a queue refusal promised one of its callers.
         since: when it started waiting (``None`` while it does not).
     """
 
@@ -122,7 +119,6 @@ class Flow(_Member):
         "priority",
         "running",
         "since",
-        "stays",
         "user",
         "waiting",
         "window",
@@ -139,7 +135,7 @@ class Flow(_Member):
         self.waiting: deque[Ticket] = deque()
         self.running = 0
         self.predicted: float | None = None  # EWMA of its completions (tokens)
-        self.horizon = self.stays = -math.inf
+        self.horizon = -math.inf
         self.since: float | None = None
         self.window = ServiceWindow(window)
 

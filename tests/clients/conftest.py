@@ -35,6 +35,16 @@ def js_clients() -> Path:
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[ServerProcess]:
     """``herdless serve`` (8 running, 16 queued) in front of an emulator of 8 sequences."""
+    yield from _gateway()
+
+
+@pytest.fixture
+def own_gateway() -> Iterator[ServerProcess]:
+    """The same, for one test: a gateway that has learned nothing from the others."""
+    yield from _gateway()
+
+
+def _gateway() -> Iterator[ServerProcess]:
     with emulator_process(max_num_seqs=8, model=MODEL) as vllm:
         with gateway_process(upstream=vllm.url, max_concurrency=8, max_queue=16) as server:
             yield server

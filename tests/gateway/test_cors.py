@@ -87,7 +87,7 @@ async def test_only_v1_is_open_to_pages_not_health_metrics_or_admin(
     async with gateway(allowed_origins="*", admin_token="admin-secret") as (client, runtime):
         preflight = await client.options(path, headers=asked)
         answer = await client.request(method, path, headers=PAGE)
-        assert runtime.gate.draining is False
+        assert runtime.gate.admission.draining is False
     assert preflight.status_code == 405
     assert cors_headers(preflight) == {}
     assert cors_headers(answer) == {}

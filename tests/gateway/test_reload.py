@@ -233,7 +233,7 @@ async def test_resume_takes_the_load_time_measured_by_maintain(gateway: GatewayF
         await client.post("/admin/drain", headers=ADMIN)
         answer = await client.post("/admin/resume?load_time=12.5", headers=ADMIN)
         assert answer.status_code == 200
-        assert rt.gate.load_time == 12.5
+        assert rt.gate.admission.load_time == 12.5
         assert answer.json()["load_time"] == 12.5
         bad = await client.post("/admin/resume?load_time=soon", headers=ADMIN)
         assert bad.status_code == 400

@@ -165,7 +165,7 @@ async def test_a_bad_window_is_a_400_after_the_token_is_checked(
     async with gateway(admin_token="admin-secret") as (client, runtime):
         denied = await client.post(f"/admin/drain?expect={expect}")
         bad = await client.post(f"/admin/drain?expect={expect}", headers=ADMIN)
-        assert runtime.gate.draining is False
+        assert runtime.gate.admission.draining is False
     assert denied.status_code == 401
     assert bad.status_code == 400
     assert "expect" in bad.json()["error"]["message"]
@@ -179,7 +179,7 @@ async def test_a_full_queue_or_a_wait_past_the_hold_spills_at_once(
         running = asyncio.create_task(
             client.post("/v1/chat/completions", json=chat_body(), headers=KEEP)
         )
-        await until(lambda: runtime.gate.inflight == 1)
+        await until(lambda: runtime.gate.admission.inflight == 1)
         # One running for about a second (the first guess): a wait past the 0.5 s hold.
         late = await client.post("/v1/chat/completions", json=chat_body(), headers=SPILL)
         waiting = asyncio.create_task(

@@ -80,7 +80,9 @@ async def fill(client: httpx.AsyncClient, runtime: Runtime) -> list[asyncio.Task
         post = client.post("/v1/chat/completions", json=chat_body(), headers=APPS)
         tasks.append(asyncio.create_task(post))
         await until(
-            lambda: runtime.gate.inflight + runtime.gate.admission.queue_depth == len(tasks)
+            lambda: (
+                runtime.gate.admission.inflight + runtime.gate.admission.queue_depth == len(tasks)
+            )
         )
     return tasks
 
@@ -234,7 +236,7 @@ async def test_a_request_that_waited_out_its_hold_is_known_when_sent_again(
     fake_vllm.hold = asyncio.Event()
     async with gateway(max_concurrency=1, max_queue=4, queue_timeout=0.05) as (client, runtime):
         running = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body()))
-        await until(lambda: runtime.gate.inflight == 1)
+        await until(lambda: runtime.gate.admission.inflight == 1)
         timed_out = [
             await client.post("/v1/chat/completions", json=chat_body(seed=1)) for _ in range(2)
         ]
@@ -358,7 +360,7 @@ async def test_a_caller_that_goes_away_while_it_waits_leaves_nothing_behind(
         # Told one place after the refusal before it: past twice that, it would be back.
         await asyncio.sleep(2 * float(told.headers["retry-after-ms"]) / 1000 + 0.2)
         assert waited(runtime) == 1
-        assert (runtime.gate.inflight, runtime.gate.admission.queue_depth) == (0, 0)
+        assert (runtime.gate.admission.inflight, runtime.gate.admission.queue_depth) == (0, 0)
     assert len(fake_vllm.received) == 2
 
 

@@ -113,7 +113,7 @@ async def test_the_gateway_sizes_itself_from_the_engine_and_says_so(
         assert "herdless_gateway_engine_shared_prompt_tokens 0" in text  # no prefix cache
         response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=8))
         assert response.status_code == 200
-        assert int(response.headers["x-herdless-capacity"]) == runtime.gate.key_capacity
+        assert int(response.headers["x-herdless-capacity"]) == runtime.gate.admission.key_capacity
     logged = rendered(caplog.records)
     assert "engine sized from its metrics" in logged
     assert f"kv_capacity_tokens={2912 * 16}" in logged

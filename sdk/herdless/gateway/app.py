@@ -227,7 +227,7 @@ class _Routes:
 
     async def readyz(self, request: Request) -> Response:
         gate = self._rt.gate
-        return _json(200 if gate.ready else 503, gate.status())
+        return _json(200 if gate.admission.ready else 503, gate.status())
 
     async def metrics(self, request: Request) -> Response:
         return Response(self._rt.metrics.render(), media_type=CONTENT_TYPE)
@@ -247,7 +247,7 @@ class _Routes:
         try:
             answer = await self._models.get(rid)
         except UpstreamUnavailable as exc:
-            refused = self._rt.gate.unavailable(exc.code, str(exc))
+            refused = self._rt.gate.admission.unavailable(exc.code, str(exc))
             body = error_body(refused.message, code=refused.code, type="service_unavailable")
             for name, value in refusal_headers(refused):
                 echo[name.decode()] = value.decode()
@@ -274,10 +274,11 @@ class _Routes:
             load = _seconds(request, "load_time")
             if isinstance(load, Response):
                 return load
+            admission = self._rt.gate.admission
             if load is not None:
-                self._rt.gate.load_time = load
-            if self._rt.gate.draining:  # those waiting now were held through the window
-                self._rt.metrics.drain_held += self._rt.gate.admission.queue_depth
+                admission.load_time = load
+            if admission.draining:  # those waiting now were held through the window
+                self._rt.metrics.drain_held += admission.queue_depth
             self._rt.gate.resume()
             return {} if load is None else {"load_time": load}
 
@@ -314,7 +315,7 @@ class _Routes:
         if isinstance(did, Response):
             audit(action, f"refused {did.status_code}", request.scope, rid)
             return did
-        audit(action, "done", request.scope, rid, inflight=self._rt.gate.inflight, **did)
+        audit(action, "done", request.scope, rid, inflight=self._rt.gate.admission.inflight, **did)
         return _json(200, self._rt.gate.status())
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
@@ -351,7 +352,7 @@ async def _poll_forever(runtime: Runtime) -> None:
     slow = 0
     while True:
         interval = runtime.settings.health_interval
-        if runtime.gate.upstream_out:
+        if not runtime.gate.admission.upstream_ready:
             interval = min(interval, _OUT_POLL)
         await asyncio.sleep(interval)
         slow = await _poll_once(runtime, slow)

@@ -167,6 +167,6 @@ def drain_on_signal(runtime: Runtime, sig: int) -> None:
         f"{signal.Signals(sig).name} received: draining",
         signal=signal.Signals(sig).name,
         refused_waiting=refused,
-        inflight=runtime.gate.inflight,
+        inflight=runtime.gate.admission.inflight,
         shutdown_grace=runtime.settings.shutdown_grace,
     )

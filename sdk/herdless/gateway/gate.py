@@ -4,8 +4,9 @@ Admission decides; this module only parks the queued requests on futures and
 wakes them when the core starts them, times them out, or drains them, and the kept
 requests (refused, waiting here to be offered again) when the queue runs dry. Offers
 that are admitted or refused at once never touch the event loop (the refusal
-path stays cheap). :class:`Gate` is the only face of the admission core the HTTP
-edge touches: the routes, the watcher and ``/metrics`` go through it.
+path stays cheap). Whatever may start or wake a request goes through :class:`Gate`;
+the HTTP edge reads the core's state, and asks it what wakes no one (a precheck, a 503),
+on ``gate.admission``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import logging
 from collections.abc import Callable
 from typing import Unpack
 
-from herdless.gateway.core.admission import Admission, OfferOptions
+from herdless.gateway.core.admission import Admission, OfferOptions, ReleaseOptions
 from herdless.gateway.core.comebacks import Comebacks
 from herdless.gateway.core.decisions import Admit, Enqueued, Refuse, Ticket
 from herdless.gateway.core.engine import Reading
 from herdless.gateway.core.keys import KeyLimits
 from herdless.gateway.core.limits import CLASSES, AdmissionConfig
-from herdless.gateway.core.sizing import Sizing
 from herdless.gateway.logs import LOG, event
 from herdless.gateway.metrics import Fairness, SizingFigures
 
@@ -145,24 +145,11 @@ class Gate:
                 self._kept = [item for item in self._kept if not item[2].done()]
                 heapq.heapify(self._kept)
 
-    def release(
-        self,
-        ticket: Ticket,
-        *,
-        used_tokens: int | None = None,
-        prompt_tokens: int | None = None,
-        completion_tokens: int | None = None,
-        whole: bool = True,
-    ) -> None:
-        """End a ticket (settled against the usage given) and start whoever now fits."""
+    def release(self, ticket: Ticket, **usage: Unpack[ReleaseOptions]) -> None:
+        """End a ticket (settled against the usage given, see :meth:`Admission.release`)
+        and start whoever now fits."""
         self._early.pop(ticket.id, None)
-        self.admission.release(
-            ticket,
-            used_tokens=used_tokens,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            whole=whole,
-        )
+        self.admission.release(ticket, **usage)
         self._dispatch(ended=True)
 
     def drain(self, expect: float | None = None) -> int:
@@ -181,11 +168,6 @@ class Gate:
         """Admit again; the requests held through the drain start as room allows."""
         self.admission.resume()
         self._dispatch()
-
-    @property
-    def asleep(self) -> bool:
-        """Whether the engine sleeps (nothing starts; arrivals wait for the wake)."""
-        return self.admission.paused
 
     def pause(self) -> None:
         """The engine is going to sleep: nothing starts from now on."""
@@ -232,53 +214,6 @@ class Gate:
             self._dispatch()
 
     # -- what the edge reads ---------------------------------------------------------------
-
-    def precheck(
-        self, key_id: str, *, deadline: float | None = None, ttl: float | None = None,
-        waits: bool = False,
-    ) -> Refuse | None:  # fmt: skip
-        """The refusals that need no body (see :meth:`Admission.precheck`)."""
-        return self.admission.precheck(key_id, deadline=deadline, ttl=ttl, waits=waits)
-
-    def unavailable(self, code: str, message: str | None = None) -> Refuse:
-        """A 503 with a reservation (see :meth:`Admission.unavailable`)."""
-        return self.admission.unavailable(code, message)
-
-    @property
-    def ready(self) -> bool:
-        """Whether the upstream is ready and the gateway admits (``/readyz``)."""
-        return self.admission.ready
-
-    @property
-    def draining(self) -> bool:
-        """Whether the gateway is draining for maintenance."""
-        return self.admission.draining
-
-    @property
-    def inflight(self) -> int:
-        """Requests running upstream."""
-        return self.admission.inflight
-
-    @property
-    def load_time(self) -> float | None:
-        """Seconds the upstream took to load, last measured (see
-        :attr:`Admission.load_time`); ``herdless maintain`` sets what it measured."""
-        return self.admission.load_time
-
-    @load_time.setter
-    def load_time(self, seconds: float) -> None:
-        self.admission.load_time = seconds
-
-    @property
-    def upstream_out(self) -> bool:
-        """Whether the upstream is out now (health polls then come closer together)."""
-        return not self.admission.upstream_ready
-
-    @property
-    def sizing(self) -> Sizing:
-        """The sizing rule and what it learned of the engine (read it; the proxy gives it
-        a prompt to count, the watcher the engine's count)."""
-        return self.admission.sizing
 
     def status(self) -> dict[str, object]:
         """What ``/readyz`` and the admin routes answer."""
@@ -347,11 +282,6 @@ class Gate:
         whoever now fits."""
         self.admission.observe(reading)
         self._dispatch()
-
-    @property
-    def key_capacity(self) -> int:
-        """``X-Herdless-Capacity``: requests of one key the gateway holds at once now."""
-        return self.admission.key_capacity
 
     def _dispatch(self, ended: bool = False) -> None:
         """Start whoever fits. ``ended``: a request just ended or left the queue; where

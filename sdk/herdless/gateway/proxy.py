@@ -238,7 +238,7 @@ class AdmittedProxy:
         reason = refused.code
         extra = [
             (b"x-request-id", rid.encode()),
-            capacity_header(rt.gate.key_capacity),
+            capacity_header(rt.gate.admission.key_capacity),
             _HOSTED,
             (b"x-herdless-fallback-reason", reason.encode()),
         ]
@@ -280,7 +280,7 @@ class AdmittedProxy:
         except BadRequest as exc:
             await error(send, 400, exc.code, str(exc), param=exc.param)
         ttl, own = ttl_header(headers), decides_itself(headers, deadline)
-        check = functools.partial(rt.gate.precheck, key_id, deadline=deadline, ttl=ttl)
+        check = functools.partial(rt.gate.admission.precheck, key_id, deadline=deadline, ttl=ttl)
         stays = self._spill(policy, deadline, access.klass) is None  # else an outage spills it
         early, spilled = check(waits=stays and keeps(policy, headers, deadline)), None
         if early is not None and not stays and spills(early):
@@ -333,7 +333,7 @@ class AdmittedProxy:
         rid = exchange.access.request_id or ""
         headers = exchange.headers | {"x-request-id": rid}
         started = time.perf_counter()
-        rt.gate.sizing.sample_prompt(raw, ticket.prompt)  # for the engine to count
+        rt.gate.admission.sizing.sample_prompt(raw, ticket.prompt)  # for the engine to count
         try:
             body = asking_usage(raw) if usage else raw
             response = await rt.upstream.open("POST", self._route.path, body=body, headers=headers)
@@ -341,7 +341,7 @@ class AdmittedProxy:
             unrun(rt.gate, ticket)
             if exc.down:
                 rt.gate.set_upstream(ready=False, code=exc.code)
-            refused = rt.gate.unavailable(exc.code, str(exc))
+            refused = rt.gate.admission.unavailable(exc.code, str(exc))
             if spill is not None:
                 return await self._spilled(exchange, spill, raw, refused)
             await send_refusal(send, refused)

@@ -53,7 +53,7 @@ async def relay(
     ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
-    out.append(capacity_header(rt.gate.key_capacity))
+    out.append(capacity_header(rt.gate.admission.key_capacity))
     out.append(_UPSTREAM)
     if queued > 0:
         out.append((b"x-herdless-queue-ms", b"%d" % round(queued * 1000)))

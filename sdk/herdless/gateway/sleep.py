@@ -57,19 +57,20 @@ class Sleeper:
         gate.on_held = self._wanted.set
 
     def _busy(self) -> bool:
-        gate = self._gate
-        return bool(gate.inflight or gate.admission.queue_depth)
+        admission = self._gate.admission
+        return bool(admission.inflight or admission.queue_depth)
 
     async def run(self) -> None:
         """Watch for idleness and wake-ups, for ever."""
         tick = min(1.0, self._idle / 4)
+        admission = self._gate.admission
         while True:
-            if self._gate.asleep:
+            if admission.paused:
                 await self._wanted.wait()
                 await self._wake()
                 continue
             await asyncio.sleep(tick)
-            if self._busy() or self._gate.draining or not self._gate.admission.upstream_ready:
+            if self._busy() or admission.draining or not admission.upstream_ready:
                 self._busy_at = self._now()
             elif self._now() - self._busy_at >= self._idle:
                 await self._sleep()

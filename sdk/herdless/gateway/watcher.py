@@ -199,7 +199,7 @@ class Watcher:
     async def _count_prompt(self) -> None:
         """Ask the engine to count the sampled prompt, if any (at most ``_TOKENIZE_TRIES``
         asks fail in all: an engine without ``/tokenize`` is asked no more)."""
-        sizing = self._gate.sizing
+        sizing = self._gate.admission.sizing
         sample = sizing.take_prompt_sample()
         if sample is None or self.tokenize_failures >= _TOKENIZE_TRIES:
             return
@@ -213,14 +213,14 @@ class Watcher:
             sizing.count_prompt(sample[1], count)
 
     def _asleep(self) -> bool:
-        return self._gate.asleep
+        return self._gate.admission.paused
 
     def _say(self, state: str, reading: Reading | None = None) -> None:
         """Log a change of state once: sized (with what was found), static, stale."""
         if state == self._told:
             return
         previous, self._told = self._told, state
-        sizing = self._gate.sizing
+        sizing = self._gate.admission.sizing
         if state == "stale":
             event(
                 LOG,

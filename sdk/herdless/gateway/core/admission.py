@@ -61,7 +61,7 @@ from herdless.gateway.core.reservations import Reservations, unattainable
 from herdless.gateway.core.service import DrainRate
 from herdless.gateway.core.sizing import Hold, Sizing
 
-__all__ = ["Admission", "OfferOptions"]
+__all__ = ["Admission", "OfferOptions", "ReleaseOptions"]
 
 _FEWER = "a user that waits in fewer places took this request's place in the full queue"
 
@@ -81,6 +81,15 @@ class OfferOptions(TypedDict, total=False):
     waits: bool
     returns: bool
     kept_back: bool
+
+
+class ReleaseOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Admission.release` (for those that pass them on)."""
+
+    used_tokens: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    whole: bool
 
 
 class Admission:
@@ -163,7 +172,8 @@ class Admission:
     @property
     def sizing(self) -> Sizing:
         """The sizing rule and what it learned of the engine (read it; feed it readings
-        through :meth:`observe`)."""
+        through :meth:`observe`; the proxy gives it prompts to count, the watcher the
+        engine's counts)."""
         return self._sizing
 
     @property

@@ -1,5 +1,10 @@
 """herdless: run your own LLM next to a hosted one."""
 
+# The error tree and the value types are public whole: their modules' ``__all__`` are
+# re-exported as they stand (httpx's ``__init__`` does this for every module), so a new
+# error is listed in ``herdless.errors.__all__`` and here, not in an import list too.
+# ruff: noqa: F403, F405
+
 from herdless._async_client import AsyncClient
 from herdless._backend import Backend, Price, Timeouts
 from herdless._breaker import BreakerPolicy
@@ -11,41 +16,10 @@ from herdless._retry import RetryPolicy
 from herdless._routing import FallbackPolicy
 from herdless._stats import ClientStats
 from herdless._stream import AsyncStream, Stream
-from herdless._types import (
-    AttemptRecord,
-    ChatResult,
-    Chunk,
-    FunctionCall,
-    FunctionCallDelta,
-    ToolCall,
-    ToolCallDelta,
-    Usage,
-    WaitEstimate,
-)
+from herdless._types import *
 from herdless._version import __version__
 from herdless._window import WindowPolicy
-from herdless.errors import (
-    AllBackendsFailed,
-    APIConnectionError,
-    APIStatusError,
-    APITimeoutError,
-    AuthenticationError,
-    BadRequestError,
-    ConfigurationError,
-    ConflictError,
-    DeadlineExceeded,
-    FallbackNotAllowed,
-    HerdlessError,
-    InternalServerError,
-    NotFoundError,
-    PermissionDeniedError,
-    RateLimitError,
-    ServiceUnavailableError,
-    SpendLimitExceeded,
-    StreamDeadlineExceeded,
-    StreamInterrupted,
-    UnprocessableEntityError,
-)
+from herdless.errors import *
 
 __all__ = [
     "APIConnectionError",

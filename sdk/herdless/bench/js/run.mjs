@@ -97,13 +97,18 @@ function usageOf(u) {
 // Each runner takes (record, maxTokens, signal), returns {model, usage} (usage in the
 // OpenAI names, or null), and calls record.chunk() for every piece of text a stream yields.
 
-async function runOpenAI(record, maxTokens, signal) {
-  const client = new OpenAI({
+// openai-node as an app makes it: the gateway's /v1, the scenario's key and headers.
+function openAI(record) {
+  return new OpenAI({
     baseURL,
     apiKey: scenario.api_key,
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });
+}
+
+async function runOpenAI(record, maxTokens, signal) {
+  const client = openAI(record);
   const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
   if (!scenario.stream) {
     const answer = await client.chat.completions.create(request, { signal });
@@ -238,12 +243,7 @@ async function runAnthropic(record, maxTokens, signal) {
 // openai-node on the Responses API: the prompt as its input, max_output_tokens for the
 // cap; a stream always ends with the whole response, its usage included.
 async function runResponses(record, maxTokens, signal) {
-  const client = new OpenAI({
-    baseURL,
-    apiKey: scenario.api_key,
-    fetch: recordingFetch(record),
-    defaultHeaders: scenario.headers,
-  });
+  const client = openAI(record);
   const input = messages(record)[0].content;
   const request = { model: scenario.model, input, max_output_tokens: maxTokens };
   return created(client.responses, request, signal, (event, seen) => {

@@ -55,7 +55,7 @@ from herdless.bench.fairness_report import (
 from herdless.bench.fairness_stats import CallRecord, FairnessParams, cumulative_service
 from herdless.bench.plots import service_panels
 from herdless.bench.report import ScenarioResult
-from herdless.bench.runner import Arm, Progress, run_arms
+from herdless.bench.runner import Arm, Progress, Runs, run_arms
 from herdless.bench.servers import quiet_emulator, quiet_gateway
 
 __all__ = ["ALONE", "ARMS", "RESERVES", "run"]
@@ -278,48 +278,45 @@ def _measure(
 
 
 def run(p: FairnessParams, out: Path, progress: Progress | None = None) -> list[ScenarioResult]:
-    """The three scenarios, every arm; returns their tables and writes their plots."""
+    """The four scenarios, every arm; returns their tables and writes their plots."""
     results = []
     with _emulators(p) as (gpu, hosted):
-        kept: dict[str, list[CallRecord]] = {}
-        specs: dict[str, Spec] = {arm: ({"scheduler": arm}, _two_users) for arm in ARMS}
-        specs[ALONE] = (None, _two_users)
-        runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
-        result = tokens_table(runs, p)
-        result.plots.append(_plot(out / "fairness-tokens.png", kept, p, result.title))
-        results.append(result)
 
-        kept = {}
+        def scenario(
+            specs: dict[str, Spec],
+            figures: Callable[[list[CallRecord], FairnessParams], dict[str, float]],
+            table: Callable[[Runs, FairnessParams], ScenarioResult],
+        ) -> None:
+            """Measure the arms; the table, with each arm's first run plotted beside it."""
+            kept: dict[str, list[CallRecord]] = {}
+            runs = _measure(gpu, p, specs, progress, kept, lambda r: figures(r, p))
+            result = table(runs, p)
+            result.plots.append(_plot(out / f"{result.name}.png", kept, p, result.title))
+            results.append(result)
+
+        scenario(_arms(_two_users), tokens_figures, tokens_table)
         stops = functools.partial(_two_users, stops=True)
-        specs = {arm: ({"scheduler": arm}, stops) for arm in ARMS}
-        specs[ALONE] = (None, stops)
-        runs = _measure(gpu, p, specs, progress, kept, lambda r: tokens_figures(r, p))
-        result = tokens_table(runs, p, stops=True)
-        result.plots.append(_plot(out / "fairness-stops.png", kept, p, result.title))
-        results.append(result)
-
-        kept = {}
+        scenario(_arms(stops), tokens_figures, functools.partial(tokens_table, stops=True))
         crowd = _crowd(batch=True, priorities=True, hosted=hosted)
-        specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
-        for reserve in RESERVES:  # the latency / throughput trade-off of a static reserve
-            static = {"sizing": "static", "interactive_reserve": reserve}
-            specs[f"vtc, static, reserve {reserve}"] = (static, crowd)
-        specs[ALONE] = (None, crowd)
-        specs[BASELINE] = ({}, _crowd(batch=False, priorities=True, hosted=hosted))
-        runs = _measure(gpu, p, specs, progress, kept, lambda r: priority_figures(r, p))
-        result = priority_table(runs, p, baseline=BASELINE)
-        result.plots.append(_plot(out / "fairness-priority.png", kept, p, result.title))
-        results.append(result)
-
-        kept = {}
+        reserves = {  # the latency / throughput trade-off of a static reserve
+            f"vtc, static, reserve {n}": {"sizing": "static", "interactive_reserve": n}
+            for n in RESERVES
+        }
+        chats = _crowd(batch=False, priorities=True, hosted=hosted)
+        specs = _arms(crowd, reserves) | {BASELINE: ({}, chats)}
+        scenario(specs, priority_figures, functools.partial(priority_table, baseline=BASELINE))
         crowd = _crowd(batch=True, priorities=False, hosted=hosted)
-        specs = {arm: ({"scheduler": arm}, crowd) for arm in ARMS}
-        specs[ALONE] = (None, crowd)
-        runs = _measure(gpu, p, specs, progress, kept, lambda r: window_figures(r, p))
-        result = window_table(runs, p)
-        result.plots.append(_plot(out / "fairness-no-priority.png", kept, p, result.title))
-        results.append(result)
+        scenario(_arms(crowd), window_figures, window_table)
     return results
+
+
+def _arms(load: Load, statics: dict[str, dict[str, Any]] | None = None) -> dict[str, Spec]:
+    """``load`` against a gateway per scheduler (then one per ``statics`` flags), and
+    straight at the emulator (last: the arms' order is the tables')."""
+    specs: dict[str, Spec] = {arm: ({"scheduler": arm}, load) for arm in ARMS}
+    specs |= {name: (flags, load) for name, flags in (statics or {}).items()}
+    specs[ALONE] = (None, load)
+    return specs
 
 
 def _plot(path: Path, kept: dict[str, list[CallRecord]], p: FairnessParams, title: str) -> Path:

@@ -97,13 +97,18 @@ function usageOf(u) {
 // Each runner takes (record, maxTokens, signal), returns {model, usage} (usage in the
 // OpenAI names, or null), and calls record.chunk() for every piece of text a stream yields.
 
-async function runOpenAI(record, maxTokens, signal) {
-  const client = new OpenAI({
+// openai-node as an app makes it: the gateway's /v1, the scenario's key and headers.
+function openAI(record) {
+  return new OpenAI({
     baseURL,
     apiKey: scenario.api_key,
     fetch: recordingFetch(record),
     defaultHeaders: scenario.headers,
   });
+}
+
+async function runOpenAI(record, maxTokens, signal) {
+  const client = openAI(record);
   const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
   if (!scenario.stream) {
     const answer = await client.chat.completions.create(request, { signal });
@@ -202,6 +207,21 @@ async function runLangChain(record, maxTokens, signal) {
   return { model, usage };
 }
 
+// One create() of an SDK's API (Anthropic's Messages, openai-node's Responses): unstreamed,
+// the answer's model and usage; streamed, each event given to read(event, seen), which
+// notes the model and the usage in seen and calls record.chunk() for each piece of text.
+async function created(api, request, signal, read) {
+  if (!scenario.stream) {
+    const answer = await api.create(request, { signal });
+    return { model: answer.model, usage: usageOf(answer.usage) };
+  }
+  const seen = { model: null, usage: null };
+  for await (const event of await api.create({ ...request, stream: true }, { signal })) {
+    read(event, seen);
+  }
+  return seen;
+}
+
 // Anthropic's SDK on the Messages API: the key as its apiKey, sent as x-api-key (what
 // Claude Code sends for ANTHROPIC_API_KEY); a stream always carries its usage.
 async function runAnthropic(record, maxTokens, signal) {
@@ -213,49 +233,28 @@ async function runAnthropic(record, maxTokens, signal) {
     defaultHeaders: scenario.headers,
   });
   const request = { model: scenario.model, messages: messages(record), max_tokens: maxTokens };
-  if (!scenario.stream) {
-    const answer = await client.messages.create(request, { signal });
-    return { model: answer.model, usage: usageOf(answer.usage) };
-  }
-  const stream = await client.messages.create({ ...request, stream: true }, { signal });
-  let model = null;
-  let usage = null;
-  for await (const event of stream) {
-    if (event.type === "message_start") model = event.message.model;
-    else if (event.type === "message_delta") usage = usageOf(event.usage);
+  return created(client.messages, request, signal, (event, seen) => {
+    if (event.type === "message_start") seen.model = event.message.model;
+    else if (event.type === "message_delta") seen.usage = usageOf(event.usage);
     else if (event.type === "content_block_delta" && event.delta.text) record.chunk();
-  }
-  return { model, usage };
+  });
 }
 
 // openai-node on the Responses API: the prompt as its input, max_output_tokens for the
 // cap; a stream always ends with the whole response, its usage included.
 async function runResponses(record, maxTokens, signal) {
-  const client = new OpenAI({
-    baseURL,
-    apiKey: scenario.api_key,
-    fetch: recordingFetch(record),
-    defaultHeaders: scenario.headers,
-  });
+  const client = openAI(record);
   const input = messages(record)[0].content;
   const request = { model: scenario.model, input, max_output_tokens: maxTokens };
-  if (!scenario.stream) {
-    const answer = await client.responses.create(request, { signal });
-    return { model: answer.model, usage: usageOf(answer.usage) };
-  }
-  const stream = await client.responses.create({ ...request, stream: true }, { signal });
-  let model = null;
-  let usage = null;
-  for await (const event of stream) {
+  return created(client.responses, request, signal, (event, seen) => {
     if (event.type === "response.output_text.delta" && event.delta) record.chunk();
     else if (event.type === "response.completed" || event.type === "response.incomplete") {
-      model = event.response.model;
-      usage = usageOf(event.response.usage);
+      seen.model = event.response.model;
+      seen.usage = usageOf(event.response.usage);
     } else if (event.type === "error" || event.type === "response.failed") {
       throw new Error(`stream error: ${JSON.stringify(event)}`);
     }
-  }
-  return { model, usage };
+  });
 }
 
 // One plain POST, no retry: what a chat front-end's backend does.

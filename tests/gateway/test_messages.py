@@ -4,6 +4,7 @@ vLLM behind that answers as vLLM 0.32 does)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -14,7 +15,9 @@ from tests.gateway.fakes import (
     MESSAGE_TOKENS,
     FakeVllm,
     GatewayFactory,
+    RefusingTransport,
     message_body,
+    until,
 )
 
 from herdless.gateway.core.decisions import Ticket
@@ -165,10 +168,10 @@ async def test_messages_are_proxied_as_vllm_wrote_them_and_settled_on_their_usag
             COUNT, json={"model": "m", "messages": question, "metadata": {"user_id": "cy"}}
         )
         queue, admission = runtime.gate.admission.queue, runtime.gate.admission
-        # vLLM's usage, weighted (input 1, output 2): 10 + 3 * 2; a count is its input.
+        # vLLM's usage, weighted (input 1, output 2): 10 + 3 * 2; a count runs on no GPU.
         assert queue.counter("interactive", f"anonymous/{runtime.users('ann')}") == 16
         assert queue.counter("interactive", f"anonymous/{runtime.users('bob')}") == 16
-        assert queue.counter("interactive", f"anonymous/{runtime.users('cy')}") == 10
+        assert queue.counter("interactive", f"anonymous/{runtime.users('cy')}") is None
         assert admission.inflight_tokens == 0
     assert (whole.status_code, whole.content) == (200, MESSAGE)
     assert (stream.status_code, stream.content) == (200, MESSAGE_SSE)  # nothing left out
@@ -177,6 +180,43 @@ async def test_messages_are_proxied_as_vllm_wrote_them_and_settled_on_their_usag
     sent = [json.loads(body) for _, body in fake_vllm.received]
     assert "stream_options" not in sent[1]  # the Messages API has none to ask for
     assert sent[1]["metadata"] == {"user_id": "bob"}
+
+
+async def test_a_count_goes_to_vllm_past_a_full_gateway_and_takes_no_place(
+    gateway: GatewayFactory, fake_vllm: FakeVllm
+) -> None:
+    """vLLM counts without the GPU: a count never waits behind the chats, nor is refused
+    for their full queue."""
+    held = fake_vllm.hold = asyncio.Event()
+    question = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    async with gateway(max_concurrency=1, max_queue=1, sizing="static") as (client, runtime):
+        admission = runtime.gate.admission
+        chats = [asyncio.create_task(client.post(MESSAGES, json=message_body())) for _ in "ab"]
+        await until(lambda: (admission.inflight, admission.queue_depth) == (1, 1))
+        full = await client.post(MESSAGES, json=message_body())
+        fake_vllm.hold = None  # what comes next is answered; the running chat stays held
+        counted = await client.post(COUNT, json=question)
+        unread = await client.post(COUNT, content=b"{", headers={"content-type": "x"})
+        after = (admission.inflight, admission.queue_depth, admission.inflight_tokens > 0)
+        held.set()
+        answers = await asyncio.gather(*chats)
+    assert full.status_code == 429  # the chats' queue is full
+    assert (counted.status_code, counted.content) == (200, MESSAGE_TOKENS)
+    assert counted.headers["x-request-id"]
+    assert unread.status_code == 400  # what vLLM would refuse is still read first
+    assert after == (1, 1, True)  # the count took no place
+    assert [a.status_code for a in answers] == [200, 200]
+    assert fake_vllm.paths == [MESSAGES, COUNT, MESSAGES]  # ahead of the queued chat
+
+
+async def test_a_count_while_vllm_is_unreachable_is_a_503_with_its_hints(
+    gateway: GatewayFactory,
+) -> None:
+    async with gateway(transport=RefusingTransport()) as (client, _):
+        answer = await client.post(COUNT, json=message_body())
+    assert answer.status_code == 503
+    assert answer.json()["error"]["type"] == "service_unavailable"
+    assert float(answer.headers["retry-after"]) > 0
 
 
 async def test_a_message_without_max_tokens_is_a_400_vllm_never_sees(

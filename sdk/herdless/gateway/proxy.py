@@ -56,7 +56,7 @@ from herdless.gateway.items import ItemMemory
 from herdless.gateway.logs import event
 from herdless.gateway.policies import KeyPolicy
 from herdless.gateway.relay import relay, settle, sniffer_for, unrun
-from herdless.gateway.routes import CHAT, RESPONSES, AdmittedRoute, Priced
+from herdless.gateway.routes import CHAT, MESSAGE_TOKENS, RESPONSES, AdmittedRoute, Priced
 from herdless.gateway.runtime import AUDIT_LOG, KEY_REQUIRED, Runtime, header_map, request_id
 from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.spill import Spill
@@ -142,6 +142,8 @@ class AdmittedProxy:
         assert access.policy is not None
         policy = access.policy
         access.request_id = request_id(headers)
+        if self._route is MESSAGE_TOKENS:  # vLLM counts without the GPU: not admitted
+            return *await self._until_gone(exchange.receive, self._counted(exchange, raw)), None
         spill = self._spill(policy, deadline, access.klass)
         if early is not None:  # only when it may spill: the upstream is out or draining
             assert spill is not None
@@ -213,6 +215,23 @@ class AdmittedProxy:
         or the hosted model frees the request at once)."""
         outcome = await unless_gone(receive, work)
         return (CLIENT_CLOSED, "client_closed") if outcome is None else outcome
+
+    async def _counted(self, exchange: _Exchange, raw: bytes) -> tuple[int, str | None]:
+        """Relay vLLM's answer to a request the engine does not run (never queued)."""
+        rt, rid = self._rt, exchange.access.request_id or ""
+        headers = exchange.headers | {"x-request-id": rid}
+        try:
+            response = await rt.upstream.open("POST", self._route.path, body=raw, headers=headers)
+        except UpstreamUnavailable as exc:
+            refused = rt.gate.admission.unavailable(exc.code, str(exc))
+            await send_refusal(exchange.send, refused)
+            return 503, exc.code
+        try:
+            sniffer = sniffer_for(response, omit=False, keep=None)
+            await relay(exchange.send, response, sniffer, rid, None, rt, 0.0)
+        finally:
+            await response.aclose()
+        return response.status_code, None
 
     def _items(self) -> ItemMemory | None:
         """Where a response's output items are kept, for the Responses API's references."""

@@ -43,14 +43,16 @@ async def relay(
     response: httpx.Response,
     sniffer: UsageSniffer,
     rid: str,
-    started: float,
+    started: float | None,
     rt: Runtime,
     queued: float,
 ) -> bool:
     """Pass the upstream response through, byte for byte, as ``sniffer`` lets it (it reads
     the usage); returns whether it ended whole (``False``: vLLM cut it).
 
-    ``queued``: seconds it waited in the gateway (``X-Herdless-Queue-Ms`` when any)."""
+    ``started``: when it was sent upstream, for the time to its first byte (``None``: an
+    answer nothing generates, not timed); ``queued``: seconds it waited in the gateway
+    (``X-Herdless-Queue-Ms`` when any)."""
     out = [(name, value) for name, value in response.headers.raw if name.lower() in _PASS_HEADERS]
     out.append((b"x-request-id", rid.encode()))
     out.append(capacity_header(rt.gate.admission.key_capacity))
@@ -68,7 +70,7 @@ async def relay(
     first, whole = True, True
     try:
         async for chunk in response.aiter_raw():
-            if first:
+            if first and started is not None:
                 rt.metrics.ttfb.observe(time.perf_counter() - started)
                 first = False
             if passed := sniffer.feed(chunk):

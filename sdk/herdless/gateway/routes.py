@@ -20,7 +20,7 @@ differs:
   the Anthropic SDKs send): the ``system``, the ``messages`` and the ``tools``' JSON,
   plus ``max_tokens``, which that API requires; ``metadata.user_id`` is the fairness
   unit. Its stream ends with its usage (``message_delta``), asked for or not;
-* ``/v1/messages/count_tokens``: the same, no completion tokens.
+* ``/v1/messages/count_tokens``: read as a message, then sent on unadmitted (no GPU counts).
 
 Strings are estimated at 4 characters a token; token ids count one each. The price is
 settled against vLLM's ``usage`` afterwards, so it only needs to be in range. A list of

@@ -247,26 +247,38 @@ async def test_a_request_that_waited_out_its_hold_is_known_when_sent_again(
 
 
 @pytest.mark.parametrize(
-    "headers",
+    ("headers", "comes_back"),
     [
-        BRIEF,  # it holds 0.2 s
-        WEBUI | {"x-stainless-read-timeout": "0.2"},  # openai-python times out each read
-        TOLD | NODE_FETCH,  # its key says its clients retry, whatever the client shows
+        (BRIEF, False),  # it holds 0.2 s
+        (WEBUI | {"x-stainless-read-timeout": "0.2"}, False),  # openai-python's read timeout
+        (TOLD | NODE_FETCH, True),  # its key says its clients retry, whatever the client shows
     ],
     ids=["its hold", "its client's timeout", "its key's retries = true"],
 )
 async def test_a_refusal_it_may_not_wait_out_is_answered_at_once(
-    keyed: Callable[..., Started], fake_vllm: FakeVllm, headers: dict[str, str]
+    keyed: Callable[..., Started], fake_vllm: FakeVllm, headers: dict[str, str], comes_back: bool
 ) -> None:
+    """And only a caller that comes back takes the place it is told: the user's next
+    request is told a later one. A kept request's refusal is its answer: its place
+    stays its user's next (else each refusal would push the next past its hold too)."""
     fake_vllm.hold = asyncio.Event()
     async with keyed() as (client, runtime):
         filling = await fill(client, runtime)
-        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+        told = [  # two requests (two bodies: the same one again would be its retry)
+            await client.post("/v1/chat/completions", json=chat_body(seed=n), headers=headers)
+            for n in range(2)
+        ]
         fake_vllm.hold.set()
         await asyncio.gather(*filling)
         assert waited(runtime) == 0
-    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
-    assert float(refused.headers["retry-after-ms"]) > 200  # past 0.2 s: a place frees at ~1 s
+    for refused in told:
+        assert (refused.status_code, refused.json()["error"]["code"]) == (429, "queue_full")
+    first, second = (float(refused.headers["retry-after-ms"]) for refused in told)
+    assert first > 200  # past 0.2 s: a place frees at ~1 s
+    if comes_back:
+        assert second > first + 200  # the place after the first one's
+    else:
+        assert second <= first  # the same place, a moment later
     assert len(fake_vllm.received) == 2
 
 
@@ -510,3 +522,29 @@ def test_what_a_kept_request_waited_counts_against_an_announced_drain() -> None:
     assert draining is not None
     assert draining.code == "draining"
     assert adm.precheck("a") is None
+
+
+def test_a_kept_request_told_past_its_hold_leaves_its_users_schedule_as_it_was() -> None:
+    """Each refusal a caller comes back for moves its user's next place on. A kept
+    request told a place past its hold gets the refusal as its answer, and its caller
+    never comes back: that place stays the user's next. Were it taken, a client that
+    never retries, sending its next request at once, would be told a later place each
+    time and refused each time, however soon the GPU frees."""
+    config = AdmissionConfig(
+        max_concurrency=1, max_queue=1, queue_timeout=30.0, initial_service_time=10.0
+    )
+    adm = Admission(config, clock=FakeClock())
+    assert isinstance(adm.offer("a", 1, user="other"), Admit)
+    assert isinstance(adm.offer("a", 1, user="other"), Enqueued)
+
+    def told(n: int, **kept: float) -> float:
+        refused = adm.offer("a", 1, user="u", call=f"kept {n}", kept_back=True, **kept)
+        assert isinstance(refused, Refuse)
+        assert refused.code == "queue_full"
+        return refused.retry_after
+
+    # A place frees each 10 s; the user gets each one (a kept request: the whole rate).
+    assert [told(n, kept_for=30.0) for n in range(5)] == [10.0, 20.0, 30.0, 40.0, 40.0]
+    assert told(5, kept=12.0, kept_for=30.0) == 40.0  # 18 s of its hold left: not within
+    assert told(6) == 40.0  # a caller that comes back takes it, and the next is after it
+    assert told(7) == 50.0

@@ -5,7 +5,8 @@ never more than ``max_concurrency`` running upstream, never more than
 ``max_queue`` waiting (nor more than a key's share), the KV budget never exceeded,
 the core's counters equal the live tickets (per class too), a refused request always
 says when to come back (``0 < retry_after <= max_retry_after``), each user's queue
-reservations are handed out in order, only waiting requests are displaced (``vtc``):
+reservations are handed out in order (a kept request told a place past its hold takes
+none), only waiting requests are displaced (``vtc``):
 batch ones by an interactive arrival, or those whose client comes back of the user of the
 arrival's class that waited in two or more places beyond the arrival's own, and
 token-budget tokens are conserved: a request
@@ -96,6 +97,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         prompt=st.none() | st.integers(0, 400),
         call=st.none() | st.sampled_from(["req-1", "req-2", "req-3"]),  # a herdless client's
         kept_back=st.booleans(),  # without a call: another client's, its retry kept
+        kept_for=st.none() | st.sampled_from([0.5, 5.0]),  # without a call: a kept request
     )
     def offer(
         self,
@@ -106,6 +108,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         prompt: int | None,
         call: str | None,
         kept_back: bool,
+        kept_for: float | None = None,
     ) -> None:
         self.refilled.setdefault(key_id, 0.0)
         before = {t: t.state for t in self.tickets}
@@ -114,9 +117,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         places: dict[tuple[str, str], int] = {}  # (class, user) -> places it waits in
         for t in self._live("queued"):
             places[(t.priority, t.unit)] = places.get((t.priority, t.unit), 0) + 1
+        kept_for = None if call is not None else kept_for
+        flow = self.adm.queue.flow(klass, key_id, user)
+        horizon = flow.horizon
         decision = self.adm.offer(
             key_id, price, user=user, priority=priority, prompt=prompt, call=call,
-            returns=call is not None, kept_back=kept_back and call is None,
+            returns=call is not None, kept_back=kept_back and call is None, kept_for=kept_for,
         )  # fmt: skip
         if isinstance(decision, Admit | Enqueued):
             ticket = decision.ticket
@@ -148,6 +154,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             if mine is not None and abs(at - self.told.get(mine, -1.0)) < 1e-9:
                 return  # back before its time, which it keeps: told before the later ones
             self._check_queue_order(decision, klass, unit)
+            if kept_for is not None and decision.retry_after > kept_for:
+                assert flow.horizon == horizon, "a kept request's answer took a place"
             if mine is not None:
                 self.told[mine] = at
 

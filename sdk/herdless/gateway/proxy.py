@@ -158,6 +158,7 @@ class AdmittedProxy:
         kept = keeps(policy, headers, deadline, again=again)  # it waits out a full queue
         ttl = ttl_header(headers)
         call = f"kept {next(_KEPT)}" if kept else call_id(headers, access.request_id)
+        hold = kept_for(policy, headers, ttl) if kept else None
         offer = functools.partial(
             rt.gate.offer,
             access.key_id,
@@ -171,14 +172,14 @@ class AdmittedProxy:
             prefix=request.prefix,
             ttl=ttl,  # a cap on its queue wait, never its deadline
             call=call,
+            kept_for=hold,
             waits=kept and spill is None,  # an upstream out for a time no one knows: it waits
             returns=not kept,  # with a call id: a herdless client, back at its time
             kept_back=access.sent is not None,  # its retry is known by its body, and kept
         )
         decision: Admit | Enqueued | Refuse = offer()
-        if kept and isinstance(decision, Refuse):
+        if hold is not None and isinstance(decision, Refuse):
             assert call is not None
-            hold = kept_for(policy, headers, ttl)
             waiting = waited_out(
                 lambda s: offer(kept=s), decision, hold, rt.metrics.waited_out, rt.gate.until_place
             )

@@ -78,6 +78,7 @@ class OfferOptions(TypedDict, total=False):
     ttl: float | None
     call: str | None
     kept: float
+    kept_for: float | None
     waits: bool
     returns: bool
     kept_back: bool
@@ -422,6 +423,7 @@ class Admission:
         ttl: float | None = None,
         call: str | None = None,
         kept: float = 0.0,
+        kept_for: float | None = None,
         waits: bool = False,
         returns: bool = False,
         kept_back: bool = False,
@@ -447,6 +449,11 @@ class Admission:
             kept: seconds it already waited in the gateway for a place, outside the
                 queue (a request a full queue kept): spent of its hold, so that its
                 whole wait is its hold.
+            kept_for: seconds it waits here, in all, for the place a full queue names
+                (a kept request's hold): a refusal naming a later time is its answer,
+                and it takes no place in its user's schedule, as its caller never comes
+                back for it (the user's next request is told the same time, not a later
+                one).
             waits: its client would show a 503 as an error (it never retries, or this is
                 its retry): it waits out an upstream out for a time no one knows.
             returns: its caller comes back when refused, with ``call`` (a herdless
@@ -515,8 +522,9 @@ class Admission:
                     told = self._queue_time(flow, now, code, whole=kept_back)
                     wait = min(due - now, cfg.max_retry_after)  # (its time: within the cap)
                     return dataclasses.replace(told, retry_after=wait)  # it keeps it
+                stays = None if kept_for is None else kept_for - kept
                 return self._queue_refusal(
-                    flow, now, code, deadline=deadline, call=mine, whole=kept_back
+                    flow, now, code, deadline=deadline, call=mine, whole=kept_back, stays=stays
                 )
         if deadline is not None:
             wait = self._queue.place(flow) / self._drain_hope()
@@ -751,11 +759,15 @@ class Admission:
         message: str | None = None,
         call: Call | None = None,
         whole: bool = False,
+        stays: float | None = None,
     ) -> Refuse:
         """A queue refusal at the user's own place: its share of the slots that free
         (``whole``: all of them); ``call``: the caller comes back with this id, so a
-        place is held for it then."""
+        place is held for it then; ``stays``: the caller waits here that long for its
+        place, and a later one is no place (see ``kept_for`` in :meth:`offer`)."""
         refused = self._queue_time(flow, now, code, deadline=deadline, message=message, whole=whole)
+        if stays is not None and refused.retry_after > stays:
+            return refused  # its answer: nobody comes for this place, so it is not taken
         if refused.code != "deadline_unattainable":
             flow.horizon = now + refused.retry_after
             if call is not None and refused.retry:

@@ -6,6 +6,7 @@ until told)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -548,3 +549,78 @@ def test_a_kept_request_told_past_its_hold_leaves_its_users_schedule_as_it_was()
     assert told(5, kept=12.0, kept_for=30.0) == 40.0  # 18 s of its hold left: not within
     assert told(6) == 40.0  # a caller that comes back takes it, and the next is after it
     assert told(7) == 50.0
+
+
+@pytest.mark.parametrize("patient", [True, False], ids=["patient", "spills"])
+def test_a_kept_request_told_past_its_hold_waits_for_a_place_the_gpu_would_leave_idle(
+    patient: bool,
+) -> None:
+    """Told 40 s with a hold of 30 s (run times learned on longer answers): a patient
+    request (its key may not spill) waits anyway, taking no place; the queue runs dry at
+    5 s, and it takes the place there, first in line. A key that may spill gets the
+    refusal at once."""
+
+    async def scenario() -> tuple[Admit | Enqueued | Refuse, float]:
+        loop = asyncio.get_running_loop()
+        config = AdmissionConfig(
+            max_concurrency=1, max_queue=1, queue_timeout=30.0, initial_service_time=40.0
+        )
+        gate = Gate(Admission(config, clock=VirtualClock(loop)))
+        running, waiting = gate.offer("a", 1, user="other"), gate.offer("a", 1, user="other")
+        assert isinstance(running, Admit)
+        assert isinstance(waiting, Enqueued)
+
+        def offer(kept: float) -> Admit | Enqueued | Refuse:
+            return gate.offer("a", 1, user="u", call="kept 1", kept=kept, kept_for=30.0)
+
+        refused = offer(0.0)
+        assert isinstance(refused, Refuse)
+        assert refused.retry_after > 30.0
+
+        async def kept() -> tuple[Admit | Enqueued | Refuse, float]:
+            counted: Counter[str] = Counter()
+            decision = await waited_out(
+                offer, refused, 30.0, counted, gate.until_place, patient=patient
+            )
+            return decision, loop.time()
+
+        answer = asyncio.ensure_future(kept())
+        await asyncio.sleep(5.0)
+        gate.release(running.ticket)  # the waiter starts: the queue has run dry
+        await asyncio.sleep(1.0)
+        gate.release(waiting.ticket)
+        return await answer
+
+    decision, at = run_virtual(scenario())
+    if patient:
+        assert isinstance(decision, Enqueued)
+        assert (at, decision.ticket.started_at) == (5.0, 6.0)
+    else:
+        assert isinstance(decision, Refuse)
+        assert at == 0.0
+
+
+def test_a_patient_request_the_gpu_never_frees_for_is_answered_before_its_hold_ends() -> None:
+    """No place frees: it is offered once more a second before its hold ends (a client
+    whose timeout is its hold reads the refusal), and that refusal is its answer."""
+
+    async def scenario() -> tuple[list[float], Refuse, float]:
+        loop = asyncio.get_running_loop()
+        offers: list[float] = []
+        told = Refuse(status=429, code="queue_full", message="m", retry_after=40.0)
+
+        def offer(kept: float) -> Admit | Enqueued | Refuse:
+            offers.append(kept)
+            return dataclasses.replace(told, retry_after=40.0 - kept)
+
+        async def place(seconds: float) -> bool:
+            await asyncio.sleep(seconds)
+            return False
+
+        last = await waited_out(offer, told, 30.0, Counter(), place, patient=True)
+        assert isinstance(last, Refuse)
+        return offers, last, loop.time()
+
+    offers, last, at = run_virtual(scenario())
+    assert (offers, at) == ([29.0], 29.0)
+    assert last.retry_after == 11.0

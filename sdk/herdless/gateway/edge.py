@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 _OWN_LIMITS = ("rate_limited", "token_budget")  # the key's own limits: never spilled
 _WAITED_OUT = ("queue_full", "kv_budget")  # a busy GPU: a place frees at a known time
+# A request that waits on past its told time answers this long before its hold ends, so
+# that a client whose own timeout is its hold reads the refusal, not its timeout.
+_ANSWER_TIME = 1.0
 _JSON_TYPE = (b"content-type", b"application/json")
 CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics only
 
@@ -156,7 +159,12 @@ def waits_out(refused: Refuse, left: float) -> bool:
     """Whether a caller that does not retry waits here for the place ``refused`` names
     rather than get it: a full queue's reservation (``queue_full``, ``kv_budget``) due
     within the ``left`` seconds of its hold."""
-    return refused.code in _WAITED_OUT and refused.retry and refused.retry_after <= left
+    return _busy(refused) and refused.retry_after <= left
+
+
+def _busy(refused: Refuse) -> bool:
+    """A full queue's refusal, with a time a place frees: only a busy GPU."""
+    return refused.code in _WAITED_OUT and refused.retry
 
 
 async def unless_gone(receive: Receive, work: Awaitable[T]) -> T | None:
@@ -183,25 +191,42 @@ async def waited_out(
     hold: float,
     counted: Counter[str],
     place: Callable[[float], Awaitable[bool]],
+    *,
+    patient: bool = False,
 ) -> Admit | Enqueued | Refuse:
     """A request a full queue keeps (:func:`keeps`) waits here for the place the
     refusal names, and is offered again, with the seconds it waited (``offer`` passes
     the id the refusal held the place for: it comes back on time; and its queue wait is
     what is left of its hold). Waiting in the gateway is free; a refusal its caller
     shows as an error is not. A refusal its ``hold`` (seconds from now) does not cover
-    is the answer; each one waited out is ``counted``.
+    is the answer, unless the request is ``patient``; each one waited out is ``counted``.
 
     It waits with ``place`` (:meth:`herdless.gateway.gate.Gate.until_place`), which
     ends the wait early where the queue runs dry before that time: the request is
-    offered then, and where it is refused it keeps its time (not counted again)."""
+    offered then, and where it is refused it keeps its time (not counted again).
+
+    ``patient`` (a key that may not spill): a full queue's time past its hold is a
+    prediction too, and a pessimistic one where run times were learned on longer
+    answers. The request waits for the queue to run dry, up to its hold less
+    ``_ANSWER_TIME``, and is offered once more then; its answer comes after that. It
+    takes no place meanwhile (see ``kept_for`` in
+    :meth:`~herdless.gateway.core.admission.Admission.offer`): only one the GPU would
+    leave idle."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     decision: Admit | Enqueued | Refuse = refused
     early = False
-    while isinstance(decision, Refuse) and waits_out(decision, began + hold - loop.time()):
+    while isinstance(decision, Refuse):
+        left = began + hold - loop.time()
+        if waits_out(decision, left):
+            told = decision.retry_after
+        elif patient and _busy(decision) and left > _ANSWER_TIME:
+            told = left - _ANSWER_TIME
+        else:
+            break
         if not early:
             counted[decision.code] += 1
-        early = await place(decision.retry_after)
+        early = await place(told)
         decision = offer(loop.time() - began)
     return decision
 

@@ -180,9 +180,8 @@ class AdmittedProxy:
         decision: Admit | Enqueued | Refuse = offer()
         if hold is not None and isinstance(decision, Refuse):
             assert call is not None
-            waiting = waited_out(
-                lambda s: offer(kept=s), decision, hold, rt.metrics.waited_out, rt.gate.until_place
-            )
+            waiting = waited_out(lambda s: offer(kept=s), decision, hold, rt.metrics.waited_out,
+                                 rt.gate.until_place, patient=spill is None)  # fmt: skip
             began = time.perf_counter()
             waited = await unless_gone(exchange.receive, waiting)
             access.kept = time.perf_counter() - began

@@ -192,7 +192,10 @@ async def test_a_count_goes_to_vllm_past_a_full_gateway_and_takes_no_place(
     async with gateway(max_concurrency=1, max_queue=1, sizing="static") as (client, runtime):
         admission = runtime.gate.admission
         chats = [asyncio.create_task(client.post(MESSAGES, json=message_body())) for _ in "ab"]
-        await until(lambda: (admission.inflight, admission.queue_depth) == (1, 1))
+        # One chat held by vLLM, one waiting here.
+        await until(
+            lambda: (admission.inflight, admission.queue_depth, len(fake_vllm.paths)) == (1, 1, 1)
+        )
         full = await client.post(MESSAGES, json=message_body())
         fake_vllm.hold = None  # what comes next is answered; the running chat stays held
         counted = await client.post(COUNT, json=question)

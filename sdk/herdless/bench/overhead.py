@@ -91,11 +91,21 @@ def _failed(name: str, exc: Exception) -> ScenarioResult:
 
 def _gateway(gw: OverheadResult, sizes: OverheadSizes) -> ScenarioResult:
     ms = 1000.0
+    arms = (
+        ("emulator directly", "direct"),
+        ("through a bare relay", "relay"),
+        ("through the gateway", "gateway"),
+    )
     rows: list[dict[str, object]] = [
-        {"arm": "emulator directly", "p50": gw.direct_p50 * ms, "p99": gw.direct_p99 * ms},
-        {"arm": "through the gateway", "p50": gw.gateway_p50 * ms, "p99": gw.gateway_p99 * ms},
-        {"arm": "added by the gateway", "p50": gw.added_p50 * ms, "p99": gw.added_p99 * ms},
+        {
+            "arm": label,
+            "p50": getattr(gw, f"{arm}_p50") * ms,
+            "p99": getattr(gw, f"{arm}_p99") * ms,
+            "cpu": getattr(gw, f"{arm}_cpu") * 1e6,
+        }
+        for label, arm in arms
     ]
+    rows.append({"arm": "added by the gateway", "p50": gw.added_p50 * ms, "p99": gw.added_p99 * ms})
     return ScenarioResult(
         name="overhead-gateway",
         title="what the gateway adds, and what refusing costs",
@@ -103,11 +113,18 @@ def _gateway(gw: OverheadResult, sizes: OverheadSizes) -> ScenarioResult:
         columns=[
             Column(key="p50", label="p50 (ms)"),
             Column(key="p99", label="p99 (ms)"),
+            Column(key="cpu", label="its server's CPU µs / request", fmt="{:.0f}"),
         ],
         rows=rows,
         targets=[
             Target(label="added latency p50 (ms)", value=gw.added_p50 * ms, limit=1.0),
             Target(label="added latency p99 (ms)", value=gw.added_p99 * ms, limit=3.0),
+            Target(
+                label="gateway CPU per request / the bare relay's",
+                value=gw.cpu_ratio,
+                limit=1.2,
+                note="what herdless's rules cost over Starlette, uvicorn and httpx",
+            ),
             Target(
                 label="refusals per second, one core",
                 value=gw.refusals_per_s,
@@ -123,7 +140,11 @@ def _gateway(gw: OverheadResult, sizes: OverheadSizes) -> ScenarioResult:
         ],
         notes=[
             "Each request's time to the end of its stream, 100 concurrent streams, arms "
-            "interleaved (herdless.bench.gateway_overhead).",
+            "interleaved (herdless.bench.gateway_overhead). The bare relay "
+            "(herdless.bench.relay) is the gateway's stack with none of its rules: "
+            "Starlette, uvicorn with httptools, one pooled httpx client. Where three "
+            "processes share two cores, latency is mostly waiting for a core; CPU per "
+            "request is each server's own.",
             f"10x overload ({gw.overload_callers} callers) for {sizes.overload_seconds:g} s: "
             f"served {gw.overload_served_per_s:.0f}/s, refused {gw.overload_refused_per_s:.0f}/s, "
             f"answers {dict(sorted(gw.overload_codes.items()))}; gateway RSS "

@@ -92,6 +92,8 @@ class ServerProcess(Launched):
 
     Args:
         command: the subcommand and its flags, without ``--host``/``--port``.
+        module: the module run with ``python -m`` (another one takes ``--host`` and
+            ``--port`` too, as :mod:`herdless.bench.relay` does).
         ready_path: the path that answers 200 once the server is ready.
         ready_timeout: seconds to wait for readiness before giving up.
         port: the port to use (default: a free one).
@@ -108,10 +110,12 @@ class ServerProcess(Launched):
         port: int | None = None,
         log_path: str | Path | None = None,
         env: Mapping[str, str] | None = None,
+        module: str = "herdless",
     ) -> None:
         if ready_timeout <= 0:
             raise ValueError(f"ready_timeout must be > 0, got {ready_timeout!r}")
         self.command = list(command)
+        self.module = module
         self.ready_path = ready_path
         self.ready_timeout = ready_timeout
         self.host = "127.0.0.1"
@@ -119,7 +123,8 @@ class ServerProcess(Launched):
         self.port = port or free_port()
         self.env = dict(env or {})
         if log_path is None:
-            fd, name = tempfile.mkstemp(prefix=f"herdless-{self.command[0]}-", suffix=".log")
+            what = self.command[0] if module == "herdless" else module.rpartition(".")[2]
+            fd, name = tempfile.mkstemp(prefix=f"herdless-{what}-", suffix=".log")
             os.close(fd)
             log_path = name
         self.log_path = Path(log_path)
@@ -169,7 +174,7 @@ class ServerProcess(Launched):
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
 
     def _spawn(self) -> None:
-        argv = [sys.executable, "-m", "herdless", *self.command]
+        argv = [sys.executable, "-m", self.module, *self.command]
         argv += ["--host", self.host, "--port", str(self.port)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(

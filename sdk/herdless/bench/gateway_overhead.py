@@ -102,7 +102,8 @@ class OverheadResult:
     gateway_cpu: float
     """The gateway's CPU seconds per request (its own process)."""
     cpu_ratio: float
-    """``gateway_cpu / relay_cpu``: what herdless's rules cost over their stack."""
+    """The median of the rounds' gateway / relay CPU ratios (not of the medians above):
+    what herdless's rules cost over their stack."""
     refusals_per_s: float
     healthz_per_s: float
     refusal_ratio: float

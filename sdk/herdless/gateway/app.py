@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from herdless._clock import SYSTEM_CLOCK, Clock
+from herdless.gateway.asgi import GatewayApp
 from herdless.gateway.core.admission import Admission
 from herdless.gateway.cors import CrossOrigin
 from herdless.gateway.gate import Gate
@@ -98,8 +99,10 @@ def create_app(
     routes = _Routes(
         runtime, ModelList(runtime.upstream, ttl=settings.models_cache_ttl, clock=clock), reloader
     )
-    app = Starlette(
-        routes=routes.table(),
+    admitted = {r.path: AdmittedProxy(runtime, r) for r in ROUTES}
+    app = GatewayApp(
+        routes=routes.table(admitted),
+        direct=admitted,  # a POST from no web page skips Starlette's stack (gateway.asgi)
         exception_handlers={404: routes.not_found, 405: routes.not_allowed},
         lifespan=_lifespan(runtime, watcher, shown, sleeper),
     )
@@ -203,16 +206,16 @@ def _lifespan(
 
 
 class _Routes:
-    """The routes that are not admitted: health, metrics, models, admin, and the 404s."""
+    """The routes: the admitted ones (given), health, metrics, models, admin, the 404s."""
 
     def __init__(self, runtime: Runtime, model_list: ModelList, reloader: Reloader) -> None:
         self._rt = runtime
         self._models = model_list
         self._reloader = reloader
 
-    def table(self) -> list[Route]:
+    def table(self, admitted: dict[str, AdmittedProxy]) -> list[Route]:
         return [
-            *(Route(r.path, AdmittedProxy(self._rt, r), methods=["POST"]) for r in ROUTES),
+            *(Route(path, proxy, methods=["POST"]) for path, proxy in admitted.items()),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -237,11 +240,7 @@ class _Routes:
         rid = request_id(headers)
         echo = {"x-request-id": rid}
         if self._rt.identify(headers) is None:
-            body = error_body(
-                KEY_REQUIRED,
-                code="invalid_api_key",
-                type="authentication_error",
-            )
+            body = error_body(KEY_REQUIRED, code="invalid_api_key", type="authentication_error")
             echo["www-authenticate"] = "Bearer"
             return Response(body, 401, echo, media_type="application/json")
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from collections.abc import AsyncIterator, Sequence
 
@@ -24,9 +25,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from herdless.gateway.settings import GatewaySettings
 from herdless.gateway.upstream import KEEPALIVE_EXPIRY
 
 __all__ = ["build_app", "main"]
+
+# `herdless serve`'s default --keep-alive-timeout, as the gateway under test runs.
+_KEEP_ALIVE: float = GatewaySettings.model_fields["keep_alive_timeout"].default
 
 
 def build_app(upstream: str) -> Starlette:
@@ -86,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         http="httptools",
         ws="none",
-        timeout_keep_alive=10,
+        timeout_keep_alive=math.ceil(_KEEP_ALIVE),
         log_level="warning",
         access_log=False,
     )

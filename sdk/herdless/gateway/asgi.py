@@ -23,6 +23,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from herdless.gateway.cors import from_page
+
 __all__ = ["GatewayApp"]
 
 
@@ -44,7 +46,7 @@ class GatewayApp(Starlette):
             scope["type"] == "http"
             and scope["method"] == "POST"
             and (app := self._direct.get(scope["path"])) is not None
-            and not any(name == b"origin" for name, _ in scope["headers"])
+            and not from_page(scope)
         ):
             scope["app"] = self
             await app(scope, receive, send)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the settings read parse_origins where the server extra is not installed
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["EXPOSED", "CrossOrigin", "parse_origins"]
+__all__ = ["EXPOSED", "CrossOrigin", "from_page", "parse_origins"]
 
 EXPOSED = (
     "retry-after",
@@ -70,6 +70,12 @@ def parse_origins(text: str) -> tuple[str, ...]:
     return tuple(origins)
 
 
+def from_page(scope: Scope) -> bool:
+    """Whether an HTTP request comes from a web page: it carries an ``Origin`` header
+    (a browser sends one with every cross-origin request; other clients send none)."""
+    return any(name == b"origin" for name, _ in scope["headers"])
+
+
 class CrossOrigin:
     """ASGI middleware: a browser's request under ``/v1/`` goes through Starlette's
     ``CORSMiddleware`` for the origins ``origins()`` gives (the settings in force, so that a
@@ -83,11 +89,7 @@ class CrossOrigin:
         self._cors: ASGIApp = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"].startswith("/v1/")
-            and any(name == b"origin" for name, _ in scope["headers"])
-        ):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and from_page(scope):
             await self._for(self._origins())(scope, receive, send)
         else:
             await self._app(scope, receive, send)
